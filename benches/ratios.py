@@ -1,0 +1,50 @@
+"""Print a pytest-benchmark JSON file as a Markdown table: medians per core and their ratio.
+
+Usage:
+    pytest benches --benchmark-enable --benchmark-json=bench.json
+    python benches/ratios.py bench.json
+
+One row per benchmark group: the Python core's median, the Rust core's median, and how many
+times faster the Rust core is (Python median / Rust median). Medians from one run on one
+machine are what compare; absolute times drift between runs on a shared machine.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+
+
+def core_of(bench: dict) -> str:
+    return bench["params"]["core"] if bench.get("params") else "?"
+
+
+def format_time(seconds: float) -> str:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
+
+
+def ratio_table(report: dict) -> str:
+    medians: dict[str, dict[str, float]] = defaultdict(dict)
+    for bench in report["benchmarks"]:
+        medians[bench["group"] or bench["name"]][core_of(bench)] = bench["stats"]["median"]
+    lines = [
+        "| workload | Python core (median) | Rust core (median) | Rust speed-up |",
+        "|---|---:|---:|---:|",
+    ]
+    for group, by_core in medians.items():
+        python, rust = by_core.get("python"), by_core.get("rust")
+        speedup = f"{python / rust:.1f}x" if python and rust else "n/a"
+        cells = [format_time(t) if t else "n/a" for t in (python, rust)]
+        lines.append(f"| {group} | {cells[0]} | {cells[1]} | {speedup} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    with open(sys.argv[1]) as handle:
+        print(ratio_table(json.load(handle)))

@@ -1,0 +1,73 @@
+"""Picks the core that does the per-lane bookkeeping: Rust (``rlmesh._core``) or pure Python.
+
+``RLMESH_CORE=rust`` demands the Rust core and fails at import if it is missing;
+``RLMESH_CORE=python`` selects the pure-Python core (``rlmesh._pycore``); unset means the Rust
+core when it imports, else the Python core with a one-line warning. Both expose the same
+classes and functions with the same results.
+
+Example:
+    >>> from rlmesh.core import core, core_name
+    >>> ledger = core.RouteLedger(num_lanes=4, episodes=10)
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import warnings
+from types import ModuleType
+
+CORE_NAMES = ("rust", "python")
+_MODULES = {"rust": "rlmesh._core", "python": "rlmesh._pycore"}
+
+
+def load_core(name: str) -> ModuleType:
+    """The core module called ``name`` (``"rust"`` or ``"python"``), whatever is active.
+
+    Raises:
+        ValueError: an unknown name.
+        ImportError: the Rust core is not built into this installation.
+    """
+    if name not in _MODULES:
+        raise ValueError(f"core must be one of {CORE_NAMES}, got {name!r}")
+    return importlib.import_module(_MODULES[name])
+
+
+def _select_core() -> tuple[str, ModuleType]:
+    requested = os.environ.get("RLMESH_CORE", "").strip().lower()
+    if requested == "python":
+        return "python", load_core("python")
+    if requested == "rust":
+        try:
+            return "rust", load_core("rust")
+        except ImportError as exc:
+            raise ImportError(
+                f"RLMESH_CORE=rust but the Rust core rlmesh._core does not import ({exc}); "
+                f"reinstall rlmesh with `pip install .` from a checkout with a Rust toolchain, "
+                f"or set RLMESH_CORE=python"
+            ) from exc
+    if requested:
+        raise ValueError(f"RLMESH_CORE must be 'rust' or 'python', got {requested!r}")
+    try:
+        return "rust", load_core("rust")
+    except ImportError as exc:
+        warnings.warn(
+            f"rlmesh: the Rust core does not import ({exc}); using the slower pure-Python core",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return "python", load_core("python")
+
+
+_ACTIVE_NAME, core = _select_core()
+
+
+def core_name() -> str:
+    """Which core is active: ``"rust"`` or ``"python"``.
+
+    Example:
+        >>> import rlmesh
+        >>> rlmesh.core_name() in ("rust", "python")
+        True
+    """
+    return _ACTIVE_NAME

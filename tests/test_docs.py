@@ -1,0 +1,22 @@
+"""The examples in docstrings are run, so they stay true."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import pytest
+
+DOCUMENTED_MODULES = (
+    "rlmesh.core",
+    "rlmesh._pycore.seeding",
+    "rlmesh._pycore.ledger",
+)
+
+
+@pytest.mark.parametrize("module_name", DOCUMENTED_MODULES)
+def test_docstring_examples_hold(module_name):
+    module = importlib.import_module(module_name)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0, f"{module_name} has no docstring example"
+    assert result.failed == 0
