@@ -11,6 +11,8 @@ DOCUMENTED_MODULES = (
     "rlmesh.core",
     "rlmesh._pycore.seeding",
     "rlmesh._pycore.ledger",
+    "rlmesh.adapters",
+    "rlmesh.errors",
 )
 
 

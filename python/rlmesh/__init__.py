@@ -6,7 +6,9 @@ exactly the episodes asked for, whatever the number of parallel environments.
 
 from importlib.metadata import PackageNotFoundError, version
 
+from .adapters import Action, Concat, Custom, Image, ModelSpec, Plan, State, Text, compile_spec
 from .core import core, core_name
+from .errors import ModelOutputError, RlmeshError, SpecError
 
 try:
     __version__ = version("rlmesh")
@@ -15,4 +17,20 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 
 episode_seed = core.episode_seed
 
-__all__ = ["__version__", "core_name", "episode_seed"]
+__all__ = [
+    "Action",
+    "Concat",
+    "Custom",
+    "Image",
+    "ModelOutputError",
+    "ModelSpec",
+    "Plan",
+    "RlmeshError",
+    "SpecError",
+    "State",
+    "Text",
+    "__version__",
+    "compile_spec",
+    "core_name",
+    "episode_seed",
+]

@@ -408,12 +408,18 @@ impl RouteLedger {
         same_length("step_ns", step_ns.len(), lanes.len())?;
         same_length("predict_ns", predict_ns.len(), lanes.len())?;
         self.marks.check_lanes(lanes)?;
-        for &lane in lanes {
+        for (k, &lane) in lanes.iter().enumerate() {
             let state = self.lanes[lane as usize].state;
             if state != LaneState::Running {
                 return Err(ArgError(format!(
                     "lane {lane} is {}, not running: only running lanes may be stepped",
                     state.name()
+                )));
+            }
+            if step_ns[k] < 0 || predict_ns[k] < 0 {
+                return Err(ArgError(format!(
+                    "lane {lane} has step_ns={}, predict_ns={}: timings must be non-negative",
+                    step_ns[k], predict_ns[k]
                 )));
             }
         }
@@ -673,9 +679,16 @@ impl RouteLedger {
         self.ignored_completions
     }
 
-    /// The reset seed of slot ``slot``: ``seeds[slot]`` if listed, else derived.
+    /// The reset seed of slot ``slot`` (``0..M-1``): ``seeds[slot]`` if listed, else derived.
     fn seed_for_slot(&self, slot: &Bound<'_, PyAny>) -> PyResult<u64> {
-        Ok(self.seed_for(u64_arg(slot, "slot")?))
+        let slot = u64_arg(slot, "slot")?;
+        if slot >= self.episodes {
+            return Err(PyValueError::new_err(format!(
+                "slot {slot} is out of range: this run has slots 0..{}",
+                self.episodes - 1
+            )));
+        }
+        Ok(self.seed_for(slot))
     }
 
     /// Start a seeded episode on each of ``lanes`` (``[K]``), claiming slots in order.

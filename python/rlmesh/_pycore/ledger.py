@@ -225,8 +225,12 @@ class RouteLedger:
     # ------------------------------------------------------------------ slots and seeds
 
     def seed_for_slot(self, slot: int) -> int:
-        """The reset seed of slot ``slot``: ``seeds[slot]`` if listed, else derived."""
+        """The reset seed of slot ``slot`` (``0..M-1``): ``seeds[slot]`` if listed, else derived."""
         slot = u64_arg(slot, "slot")
+        if slot >= self._episodes:
+            raise ValueError(
+                f"slot {slot} is out of range: this run has slots 0..{self._episodes - 1}"
+            )
         if slot < len(self._seeds):
             return self._seeds[slot]
         return episode_seed(self._base_seed, self._trial_index_base + slot)
@@ -380,7 +384,8 @@ class RouteLedger:
             truncated. They are ``ended`` until ``complete_episodes`` is called for them.
 
         Raises:
-            ValueError: mismatched lengths, a bad lane, or a lane that is not running.
+            ValueError: mismatched lengths, a bad lane, a lane that is not running, or a
+                negative timing.
         """
         lanes_array = vector(lanes, "int64", "lanes")
         columns = {
@@ -393,15 +398,20 @@ class RouteLedger:
         for name, column in columns.items():
             same_length(name, column, lanes_array)
         checked = check_lanes(lanes_array, self._num_lanes)
-        for lane in checked:
+        rows = list(zip(checked, *(column.tolist() for column in columns.values()), strict=True))
+        for lane, _, _, _, step, predict in rows:
             if self._state[lane] != RUNNING:
                 raise ValueError(
                     f"lane {lane} is {self._state[lane]}, not running: only running lanes "
                     f"may be stepped"
                 )
+            if step < 0 or predict < 0:
+                raise ValueError(
+                    f"lane {lane} has step_ns={step}, predict_ns={predict}: timings must be "
+                    f"non-negative"
+                )
 
         ended = []
-        rows = zip(checked, *(column.tolist() for column in columns.values()), strict=True)
         for lane, reward, term, trunc, step, predict in rows:
             self._steps[lane] += 1
             self._reward[lane] += reward
