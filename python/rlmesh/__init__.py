@@ -7,7 +7,8 @@ exactly the episodes asked for, whatever the number of parallel environments.
 from importlib.metadata import PackageNotFoundError, version
 
 from .adapters import Action, Concat, Custom, Image, ModelSpec, Plan, State, Text, compile_spec
-from .core import core, core_name
+from .core import active as _active_core
+from .core import core_name
 from .errors import ModelOutputError, RlmeshError, SpecError
 
 try:
@@ -15,7 +16,7 @@ try:
 except PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0+unknown"
 
-episode_seed = core.episode_seed
+episode_seed = _active_core.episode_seed
 
 __all__ = [
     "Action",

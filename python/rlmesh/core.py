@@ -6,8 +6,8 @@ core when it imports, else the Python core with a one-line warning. Both expose 
 classes and functions with the same results.
 
 Example:
-    >>> from rlmesh.core import core, core_name
-    >>> ledger = core.RouteLedger(num_lanes=4, episodes=10)
+    >>> from rlmesh.core import active
+    >>> ledger = active.RouteLedger(num_lanes=4, episodes=10)
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def _select_core() -> tuple[str, ModuleType]:
         return "python", load_core("python")
 
 
-_ACTIVE_NAME, core = _select_core()
+_ACTIVE_NAME, active = _select_core()
 
 
 def core_name() -> str:

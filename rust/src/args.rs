@@ -137,6 +137,14 @@ pub fn vector<'py, T: Element>(
             dtype.kind_name()
         )));
     }
+    if matches!(dtype, Dtype::Int64) && size > 0 && kind == "u" {
+        let largest = array.call_method0("max")?;
+        if largest.gt(i64::MAX)? {
+            return Err(PyValueError::new_err(format!(
+                "{name} holds {largest}, which does not fit in int64"
+            )));
+        }
+    }
     let converted = numpy
         .getattr("ascontiguousarray")?
         .call1((array, dtype.numpy_name()))?;

@@ -17,6 +17,9 @@ use crate::args::{
 };
 use crate::seeding::derive_seed;
 
+/// The most lanes one route may have (the Python core refuses the same).
+pub const MAX_LANES: u64 = 1 << 24;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LaneState {
     /// Holds no episode and may start one.
@@ -69,8 +72,9 @@ struct Lane {
     trial: i64,
     steps: i64,
     reward: f64,
-    step_ns: i64,
-    predict_ns: i64,
+    // Sums of non-negative int64 timings: i128 cannot overflow where Python's ints never do.
+    step_ns: i128,
+    predict_ns: i128,
     terminated: bool,
     truncated: bool,
     started_ns: i64,
@@ -325,6 +329,8 @@ impl RouteLedger {
                 starts.indices.push(slot as i64);
                 starts.seeds.push(self.lanes[lane_index].seed);
                 starts.trials.push(self.lanes[lane_index].trial);
+            } else if exact {
+                continue; // an exact claim that cannot be met leaves its lanes vacant
             } else if overflow == Overflow::Surplus {
                 starts.surplus_lanes.push(lane);
                 starts
@@ -338,16 +344,21 @@ impl RouteLedger {
         starts
     }
 
-    fn require_no_episode(&self, lane: usize, context: &str) -> Result<(), ArgError> {
+    fn require_vacant(&self, lane: usize, context: &str) -> Result<(), ArgError> {
         let held = &self.lanes[lane];
-        if matches!(held.state, LaneState::Running | LaneState::Ended) {
-            return Err(ArgError(format!(
-                "lane {lane} {context}still holds {} episode {}: complete it before starting another",
+        match held.state {
+            LaneState::Running | LaneState::Ended => Err(ArgError(format!(
+                "lane {lane} {context}still holds {} episode {}: complete it before starting \
+                 another",
                 held.state.name(),
                 held.episode_id
-            )));
+            ))),
+            LaneState::Idle => Err(ArgError(format!(
+                "lane {lane} {context}is idle: no slot was left for it, so it starts no other \
+                 episode"
+            ))),
+            LaneState::Vacant => Ok(()),
         }
-        Ok(())
     }
 
     /// Start a seeded episode on each of `lanes`, claiming slots in order.
@@ -360,7 +371,7 @@ impl RouteLedger {
     ) -> Result<Starts, ArgError> {
         self.marks.check_lanes(lanes)?;
         for &lane in lanes {
-            self.require_no_episode(lane as usize, "")?;
+            self.require_vacant(lane as usize, "")?;
         }
         Ok(self.start(lanes, exact, overflow, true, now_ns))
     }
@@ -378,7 +389,7 @@ impl RouteLedger {
         for (&lane, &env_id) in lanes.iter().zip(env_episode_ids) {
             if let Some(previous) = self.lanes[lane as usize].env_episode_id {
                 if previous != env_id {
-                    self.require_no_episode(
+                    self.require_vacant(
                         lane as usize,
                         &format!("rolled to env episode {env_id} but "),
                     )?;
@@ -429,8 +440,8 @@ impl RouteLedger {
             let held = &mut self.lanes[lane as usize];
             held.steps += 1;
             held.reward += rewards[k];
-            held.step_ns += step_ns[k];
-            held.predict_ns += predict_ns[k];
+            held.step_ns += step_ns[k] as i128;
+            held.predict_ns += predict_ns[k] as i128;
             self.wasted_steps += held.surplus as u64;
             if terminated[k] || truncated[k] {
                 held.state = LaneState::Ended;
@@ -542,13 +553,7 @@ impl RouteLedger {
 fn summarize(lane: usize, held: &Lane, success: Option<bool>, now_ns: i64) -> EpisodeSummary {
     let steps = held.steps;
     let per_step_ms = 1e6 * steps as f64;
-    let mean_ms = |total: i64| {
-        if steps > 0 {
-            total as f64 / per_step_ms
-        } else {
-            0.0
-        }
-    };
+    let mean_ms = |total: i128| total as f64 / per_step_ms;
     EpisodeSummary {
         index: held.index,
         episode_id: held.episode_id,
@@ -560,7 +565,7 @@ fn summarize(lane: usize, held: &Lane, success: Option<bool>, now_ns: i64) -> Ep
         terminated: held.terminated,
         truncated: held.truncated,
         success,
-        duration_s: (now_ns - held.started_ns) as f64 / 1e9,
+        duration_s: (now_ns as i128 - held.started_ns as i128) as f64 / 1e9,
         predict_ms: mean_ms(held.predict_ns),
         step_ms: mean_ms(held.step_ns),
     }
@@ -588,6 +593,11 @@ impl RouteLedger {
         trial_index_base: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let num_lanes = count_arg(num_lanes, "num_lanes")?;
+        if num_lanes > MAX_LANES {
+            return Err(PyValueError::new_err(format!(
+                "num_lanes must be at most {MAX_LANES}, got {num_lanes}"
+            )));
+        }
         let episodes = count_arg(episodes, "episodes")?;
         let base_seed = base_seed.map_or(Ok(0), |value| u64_arg(value, "base_seed"))?;
         let trial_index_base =
@@ -600,7 +610,15 @@ impl RouteLedger {
         }
         let mut listed = Vec::new();
         if let Some(seeds) = seeds {
-            for (k, seed) in seeds.try_iter()?.enumerate() {
+            let items = seeds
+                .try_iter()
+                .map_err(|_| match seeds.get_type().name() {
+                    Ok(kind) => PyValueError::new_err(format!(
+                        "seeds must be a sequence of integers, got {kind}"
+                    )),
+                    Err(err) => err,
+                })?;
+            for (k, seed) in items.enumerate() {
                 listed.push(u64_arg(&seed?, &format!("seeds[{k}]"))?);
             }
             if (listed.len() as u64) < episodes {
@@ -692,16 +710,27 @@ impl RouteLedger {
     }
 
     /// Start a seeded episode on each of ``lanes`` (``[K]``), claiming slots in order.
-    #[pyo3(name = "start_episodes", signature = (lanes, *, now_ns, exact=false, overflow="idle"))]
+    #[pyo3(name = "start_episodes", signature = (lanes, *, now_ns, exact=None, overflow="idle"))]
     fn py_start_episodes(
         &mut self,
         py: Python<'_>,
         lanes: &Bound<'_, PyAny>,
         now_ns: &Bound<'_, PyAny>,
-        exact: bool,
+        exact: Option<&Bound<'_, PyAny>>,
         overflow: &str,
     ) -> PyResult<EpisodeStarts> {
         let overflow = Overflow::parse(overflow)?;
+        let exact = match exact {
+            None => false,
+            Some(value) => value
+                .extract::<bool>()
+                .map_err(|_| match value.get_type().name() {
+                    Ok(kind) => {
+                        PyValueError::new_err(format!("exact must be True or False, got {kind}"))
+                    }
+                    Err(err) => err,
+                })?,
+        };
         let now_ns = i64_arg(now_ns, "now_ns")?;
         let lanes = lanes_arg(lanes)?;
         let starts = self.start_episodes(lanes.as_slice()?, now_ns, exact, overflow)?;
@@ -952,14 +981,30 @@ mod tests {
     }
 
     #[test]
-    fn an_exact_claim_is_all_or_nothing() {
+    fn an_exact_claim_is_all_or_nothing_and_an_unmet_one_leaves_lanes_vacant() {
         let mut ledger = ledger(3, 2);
         let starts = ledger
             .start_episodes(&[0, 1, 2], 0, T, Overflow::Surplus)
             .unwrap();
-        assert!(starts.lanes.is_empty());
-        assert_eq!(starts.surplus_lanes, vec![0, 1, 2]);
+        assert_eq!(starts, Starts::default());
         assert_eq!(ledger.slots_claimed, 0);
+        assert_eq!(ledger.lanes_in(LaneState::Vacant), vec![0, 1, 2]);
+        let starts = ledger
+            .start_episodes(&[2, 0], 0, T, Overflow::Idle)
+            .unwrap();
+        assert_eq!(starts.indices, vec![0, 1]);
+    }
+
+    #[test]
+    fn an_idle_lane_starts_no_other_episode() {
+        let mut ledger = ledger(2, 1);
+        ledger
+            .start_episodes(&[0, 1], 0, F, Overflow::Idle)
+            .unwrap();
+        let err = ledger
+            .start_episodes(&[1], 0, F, Overflow::Idle)
+            .unwrap_err();
+        assert!(err.0.starts_with("lane 1 is idle"));
     }
 
     #[test]

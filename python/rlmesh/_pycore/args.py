@@ -67,6 +67,8 @@ def vector(values: Any, dtype: str, name: str) -> np.ndarray:
         raise ValueError(f"{name} must be a 1-D array, got shape {array.shape}")
     if array.size and array.dtype.kind not in _KINDS[dtype]:
         raise ValueError(f"{name} must hold {_KIND_NAMES[dtype]}, got dtype {array.dtype}")
+    if dtype == "int64" and array.size and array.dtype.kind == "u" and array.max() > I64_MAX:
+        raise ValueError(f"{name} holds {array.max()}, which does not fit in int64")
     return array.astype(dtype, copy=False)
 
 

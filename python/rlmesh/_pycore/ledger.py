@@ -34,6 +34,17 @@ ENDED = "ended"
 IDLE = "idle"
 
 OVERFLOWS = ("idle", "surplus")
+MAX_LANES = 1 << 24
+
+
+def _items(seeds: Any) -> enumerate[Any]:
+    """``enumerate(seeds)``, or a ValueError naming ``seeds`` when it is not iterable."""
+    try:
+        return enumerate(seeds)
+    except TypeError:
+        raise ValueError(
+            f"seeds must be a sequence of integers, got {type(seeds).__name__}"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -123,6 +134,8 @@ class RouteLedger:
         trial_index_base: int | None = 0,
     ) -> None:
         num_lanes = count_arg(num_lanes, "num_lanes")
+        if num_lanes > MAX_LANES:
+            raise ValueError(f"num_lanes must be at most {MAX_LANES}, got {num_lanes}")
         episodes = count_arg(episodes, "episodes")
         base_seed = 0 if base_seed is None else u64_arg(base_seed, "base_seed")
         trial_index_base = (
@@ -134,7 +147,7 @@ class RouteLedger:
                 f"trial_index_base + episodes must not exceed 2**63, got "
                 f"{trial_index_base} + {episodes}"
             )
-        listed = [] if seeds is None else [u64_arg(s, f"seeds[{k}]") for k, s in enumerate(seeds)]
+        listed = [] if seeds is None else [u64_arg(s, f"seeds[{k}]") for k, s in _items(seeds)]
         if seeds is not None and len(listed) < episodes:
             warnings.warn(
                 f"seeds has {len(listed)} entries for {episodes} episodes: slots "
@@ -277,6 +290,8 @@ class RouteLedger:
                 indices.append(slot)
                 seeds.append(self._seed[lane])
                 trials.append(self._trial[lane])
+            elif exact:
+                continue  # an exact claim that cannot be met leaves its lanes vacant
             elif overflow == "surplus":
                 surplus.append(lane)
                 surplus_ids.append(self._begin(lane, None, seeded, now_ns))
@@ -299,26 +314,31 @@ class RouteLedger:
         lanes: Any,
         *,
         now_ns: int,
-        exact: bool = False,
+        exact: bool | None = False,
         overflow: str = "idle",
     ) -> EpisodeStarts:
         """Start a seeded episode on each of ``lanes`` (shape ``[K]``), claiming slots in order.
 
         The first lanes get the next free slots. ``exact=True`` makes the claim all-or-nothing:
-        either every lane gets a slot or none does. Lanes left without a slot go ``idle``
-        (``overflow="idle"``, a lane vector that steps any subset) or run unscored surplus
-        episodes (``overflow="surplus"``, a lockstep vector that must step every lane).
+        either every lane gets a slot, or none does and every lane stays vacant (None means
+        False). Otherwise the lanes left without a slot go ``idle`` (``overflow="idle"``, a
+        lane vector that steps any subset) or run unscored surplus episodes
+        (``overflow="surplus"``, a lockstep vector that must step every lane).
 
         Raises:
-            ValueError: a lane out of range or given twice, a lane still holding an episode, or
-                an unknown ``overflow``.
+            ValueError: a lane out of range or given twice, a lane that is not vacant, a
+                non-bool ``exact``, or an unknown ``overflow``.
         """
         if overflow not in OVERFLOWS:
             raise ValueError(f"overflow must be 'idle' or 'surplus', got {overflow!r}")
+        if exact is None:
+            exact = False
+        if not isinstance(exact, (bool, np.bool_)):
+            raise ValueError(f"exact must be True or False, got {type(exact).__name__}")
         now_ns = i64_arg(now_ns, "now_ns")
         checked = check_lanes(vector(lanes, "int64", "lanes"), self._num_lanes)
         for lane in checked:
-            self._require_no_episode(lane)
+            self._require_vacant(lane)
         return self._start(checked, bool(exact), overflow, True, now_ns)
 
     def observe_rolls(self, lanes: Any, env_episode_ids: Any, *, now_ns: int) -> EpisodeStarts:
@@ -345,18 +365,23 @@ class RouteLedger:
         for lane, env_id in zip(checked, env_ids, strict=True):
             previous = self._env_episode_id[lane]
             if previous is not None and previous != env_id:
-                self._require_no_episode(lane, f"rolled to env episode {env_id} but ")
+                self._require_vacant(lane, f"rolled to env episode {env_id} but ")
                 rolled.append(lane)
         for lane, env_id in zip(checked, env_ids, strict=True):
             self._env_episode_id[lane] = env_id
         return self._start(rolled, False, "surplus", False, now_ns)
 
-    def _require_no_episode(self, lane: int, context: str = "") -> None:
+    def _require_vacant(self, lane: int, context: str = "") -> None:
         state = self._state[lane]
         if state in (RUNNING, ENDED):
             raise ValueError(
                 f"lane {lane} {context}still holds {state} episode {self._episode_id[lane]}: "
                 f"complete it before starting another"
+            )
+        if state == IDLE:
+            raise ValueError(
+                f"lane {lane} {context}is idle: no slot was left for it, so it starts no other "
+                f"episode"
             )
 
     # ------------------------------------------------------------------ steps
@@ -452,7 +477,11 @@ class RouteLedger:
         lanes_array = vector(lanes, "int64", "lanes")
         ids_array = vector(episode_ids, "int64", "episode_ids")
         same_length("episode_ids", ids_array, lanes_array)
-        outcomes = [None] * len(lanes_array) if success is None else list(success)
+        outcomes = (
+            [None] * len(lanes_array)
+            if success is None
+            else [None if outcome is None else bool(outcome) for outcome in success]
+        )
         same_length("success", outcomes, lanes_array)
         checked = check_lanes(lanes_array, self._num_lanes)
         ids = ids_array.tolist()
@@ -469,7 +498,7 @@ class RouteLedger:
                 self._ignored_completions += 1
                 continue
             if not self._surplus[lane]:
-                summary = self._summarize(lane, None if outcome is None else bool(outcome), now_ns)
+                summary = self._summarize(lane, outcome, now_ns)
                 self._summaries.append(summary)
                 self._completed += 1
                 completed.append(summary)
@@ -498,8 +527,8 @@ class RouteLedger:
             truncated=self._truncated[lane],
             success=success,
             duration_s=float(now_ns - self._started_ns[lane]) / 1e9,
-            predict_ms=float(self._predict_ns[lane]) / per_step_ms if steps else 0.0,
-            step_ms=float(self._step_ns[lane]) / per_step_ms if steps else 0.0,
+            predict_ms=float(self._predict_ns[lane]) / per_step_ms,
+            step_ms=float(self._step_ns[lane]) / per_step_ms,
         )
 
     # ------------------------------------------------------------------ model lifecycle
