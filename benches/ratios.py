@@ -5,8 +5,11 @@ Usage:
     python benches/ratios.py bench.json
 
 One row per benchmark group: the Python core's median, the Rust core's median, and how many
-times faster the Rust core is (Python median / Rust median). Medians from one run on one
-machine are what compare; absolute times drift between runs on a shared machine.
+times faster the Rust core is (Python median / Rust median). A group may also hold a physical
+floor (a benchmark with ``extra_info["floor"]``, e.g. a plain copy of the same bytes); then the
+Rust core's throughput is given as a fraction of the floor's (floor median / Rust median).
+Medians from one run on one machine are what compare; absolute times drift between runs on a
+shared machine.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from collections import defaultdict
 
 
 def core_of(bench: dict) -> str:
-    return bench["params"]["core"] if bench.get("params") else "?"
+    if bench.get("extra_info", {}).get("floor"):
+        return "floor"
+    return (bench.get("params") or {}).get("core", "?")
 
 
 def format_time(seconds: float) -> str:
@@ -31,15 +36,21 @@ def ratio_table(report: dict) -> str:
     medians: dict[str, dict[str, float]] = defaultdict(dict)
     for bench in report["benchmarks"]:
         medians[bench["group"] or bench["name"]][core_of(bench)] = bench["stats"]["median"]
-    lines = [
-        "| workload | Python core (median) | Rust core (median) | Rust speed-up |",
-        "|---|---:|---:|---:|",
-    ]
+    with_floor = any("floor" in by_core for by_core in medians.values())
+    header = "| workload | Python core (median) | Rust core (median) | Rust speed-up |"
+    rule = "|---|---:|---:|---:|"
+    if with_floor:
+        header += " floor (median) | Rust throughput vs floor |"
+        rule += "---:|---:|"
+    lines = [header, rule]
     for group, by_core in medians.items():
-        python, rust = by_core.get("python"), by_core.get("rust")
-        speedup = f"{python / rust:.1f}x" if python and rust else "n/a"
+        python, rust, floor = (by_core.get(name) for name in ("python", "rust", "floor"))
         cells = [format_time(t) if t else "n/a" for t in (python, rust)]
-        lines.append(f"| {group} | {cells[0]} | {cells[1]} | {speedup} |")
+        cells.append(f"{python / rust:.1f}x" if python and rust else "n/a")
+        if with_floor:
+            cells.append(format_time(floor) if floor else "n/a")
+            cells.append(f"{floor / rust:.0%}" if floor and rust else "n/a")
+        lines.append(f"| {group} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -37,3 +37,12 @@ class ModelOutputError(RlmeshError, ValueError):
     Raised while applying the action plan to what the model returned. The message names the
     lane, what the action space expects and what came back.
     """
+
+
+class ObservationError(RlmeshError, ValueError):
+    """An environment returned an observation that does not fit its observation space.
+
+    Raised while assembling the model's input: a key the plan reads is missing, or a leaf has
+    another shape than the space declares. The message names the lane, the key, what the space
+    declares and what came back.
+    """

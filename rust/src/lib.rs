@@ -1,11 +1,12 @@
 //! `rlmesh._core`: the per-lane, per-step bookkeeping of an evaluation run.
 //!
 //! Mirrors the pure-Python core `python/rlmesh/_pycore/` file for file: `seeding`, `args`,
-//! `ledger`. The Python core is the specification; the parity tests keep the two in lockstep.
+//! `ledger`, `assembly`. The Python core is the specification; the parity tests keep the two in lockstep.
 
 use pyo3::prelude::*;
 
 pub mod args;
+pub mod assembly;
 pub mod ledger;
 pub mod seeding;
 
@@ -13,6 +14,7 @@ pub mod seeding;
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(seeding::episode_seed, m)?)?;
     m.add_class::<ledger::RouteLedger>()?;
+    m.add_class::<assembly::ObservationAssembler>()?;
     m.add_class::<ledger::EpisodeStarts>()?;
     m.add_class::<ledger::EpisodeSummary>()?;
     Ok(())

@@ -1,11 +1,13 @@
 """The pure-Python core: the executable specification of ``rlmesh._core``.
 
 Same classes, same methods, same results as the Rust core (``rust/src/``), file for file:
-``seeding.py`` ~ ``seeding.rs``, ``args.py`` ~ ``args.rs``, ``ledger.py`` ~ ``ledger.rs``.
+``seeding.py`` ~ ``seeding.rs``, ``args.py`` ~ ``args.rs``, ``ledger.py`` ~ ``ledger.rs``,
+``assembly.py`` ~ ``assembly.rs``.
 Selected with ``RLMESH_CORE=python``; the parity tests keep the two in lockstep.
 """
 
+from .assembly import ObservationAssembler
 from .ledger import EpisodeStarts, EpisodeSummary, RouteLedger
 from .seeding import episode_seed
 
-__all__ = ["EpisodeStarts", "EpisodeSummary", "RouteLedger", "episode_seed"]
+__all__ = ["EpisodeStarts", "EpisodeSummary", "ObservationAssembler", "RouteLedger", "episode_seed"]

@@ -1,0 +1,47 @@
+"""Frame stacking: N = 64 lanes of 84x84x3 uint8 frames, depth 4, against the copy floor.
+
+One round = ``assemble`` for 64 lanes in steady state (every window already full), which
+ingests one new frame per lane and writes the [64, 4, 84, 84, 3] stacked output. The floor is
+``np.copyto`` of the same output bytes: the output is new every step (the model may keep it),
+so writing it once is the least any implementation must do.
+
+Run: ``pytest benches/test_bench_assembly.py --benchmark-enable``.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+from rlmesh.adapters import Image, ModelSpec
+
+LANES, DEPTH, FRAME = 64, 4, (84, 84, 3)
+GROUP = f"frame stack, N={LANES} 84x84x3 uint8 depth {DEPTH}"
+
+
+def lane_frames(step: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(step)
+    return [rng.integers(0, 256, FRAME, dtype=np.uint8) for _ in range(LANES)]
+
+
+def test_frame_stack(benchmark, core):
+    space = gym.spaces.Box(0, 255, FRAME, np.uint8)
+    plan = ModelSpec(input=Image(stack=DEPTH)).compile(space, gym.spaces.Discrete(2))
+    assembler = core.ObservationAssembler(plan.observation)
+    episode_ids = np.arange(LANES)
+    frames = [lane_frames(step) for step in range(DEPTH + 1)]
+    for step in range(DEPTH):  # fill every window
+        assembler.assemble(frames[step], episode_ids)
+    benchmark.group = GROUP
+    payload = benchmark(assembler.assemble, frames[DEPTH], episode_ids)
+    assert payload.shape == (LANES, DEPTH, *FRAME)
+    # The newest frame of every lane is the one just assembled.
+    np.testing.assert_array_equal(payload[:, -1], np.stack(frames[DEPTH]))
+
+
+def test_frame_stack_copy_floor(benchmark):
+    source = np.random.default_rng(0).integers(0, 256, (LANES, DEPTH, *FRAME), dtype=np.uint8)
+    out = np.empty_like(source)
+    benchmark.group = GROUP
+    benchmark.extra_info["floor"] = "np.copyto of the output bytes"
+    benchmark(np.copyto, out, source)
+    np.testing.assert_array_equal(out, source)

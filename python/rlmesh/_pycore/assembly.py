@@ -1,0 +1,221 @@
+"""Observation assembly: each lane's raw observation -> the model's input, fused across lanes.
+
+Mirrors ``rust/src/assembly.rs`` name for name. The plan (``rlmesh.adapters.Plan.observation``)
+says, per slot of the model's payload, which observation keys to read and how to shape them;
+this file applies it to K lanes at once and keeps the frame-stack windows.
+
+Frame stacks are keyed by episode id, not by lane: a window belongs to one episode and is
+evicted when it ends, so a lane's next episode starts from a fresh window. The first frame of
+an episode fills the whole window, and frames are ordered oldest to newest along a new leading
+axis, as Gymnasium's ``FrameStackObservation(env, k, padding_type="reset")`` does.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import ObservationError
+from .args import same_length, vector
+
+ARRAY, TEXT, CUSTOM = "array", "text", "custom"
+
+
+def path_text(path: Sequence[str]) -> str:
+    """Where a key path leads in an observation: ``obs``, ``obs["a"]["b"]``."""
+    return "obs" + "".join(f'["{key}"]' for key in path)
+
+
+def read_source(raw_observation: Any, path: Sequence[str], lane: int) -> Any:
+    """The value at ``path`` in one lane's raw observation."""
+    value = raw_observation
+    for depth, key in enumerate(path):
+        try:
+            value = value[key]
+        except (KeyError, IndexError, TypeError):
+            raise ObservationError(
+                f'lane {lane}: {path_text(path[:depth])} has no key "{key}", which the '
+                f"model's input reads as {path_text(path)}"
+            ) from None
+    return value
+
+
+class ObservationAssembler:
+    """Builds the model's input for a group of lanes from their raw observations.
+
+    Args:
+        observation_leaves: ``Plan.observation``, the compiled leaves (``LeafPlan``).
+
+    Example:
+        >>> import gymnasium as gym
+        >>> import numpy as np
+        >>> from rlmesh.adapters import ModelSpec, State
+        >>> space = gym.spaces.Box(-1, 1, (3,), np.float32)
+        >>> plan = ModelSpec(input={"state": State(stack=2)}).compile(space, space)
+        >>> assembler = ObservationAssembler(plan.observation)
+        >>> frames = [np.full(3, lane, np.float32) for lane in (1, 2)]
+        >>> payload = assembler.assemble(frames, np.array([10, 11]))
+        >>> payload["state"].shape  # [K lanes, stack, frame]
+        (2, 2, 3)
+        >>> payload["state"][1].tolist()  # first frame fills the window
+        [[2.0, 2.0, 2.0], [2.0, 2.0, 2.0]]
+    """
+
+    def __init__(self, observation_leaves: Sequence[Any]) -> None:
+        self._leaves = tuple(observation_leaves)
+        for leaf in self._leaves:
+            affine = (float(leaf.scale), float(leaf.offset)) != (1.0, 0.0)
+            if affine and np.dtype(leaf.dtype).kind != "f":
+                raise ValueError(
+                    f"{leaf.leaf}: scale and offset need a float dtype, got {leaf.dtype}"
+                )
+        # Per leaf: episode id -> the last `stack` frames, oldest first (stacked leaves only).
+        self._windows: list[dict[int, deque[np.ndarray]]] = [{} for _ in self._leaves]
+
+    @property
+    def window_count(self) -> int:
+        """Episodes holding at least one frame window."""
+        return len({episode for windows in self._windows for episode in windows})
+
+    def assemble(self, raw_lane_observations: Sequence[Any], episode_ids: Any) -> Any:
+        """The model's input for K lanes: each leaf gains a leading lane axis.
+
+        Args:
+            raw_lane_observations: K raw observations, one per lane, as the env returned them.
+            episode_ids: ``[K]`` int, the episode each observation belongs to (the frame-stack
+                key).
+
+        Returns:
+            The payload: the bare leaf's value, or a dict (nested like the spec) of them. An
+            array leaf is ``[K, *frame_shape]``, or ``[K, stack, *frame_shape]`` when stacked;
+            a text leaf is a list of K strings; a custom leaf stacks its K results (a list if
+            they are strings).
+
+        Raises:
+            ObservationError: a lane's observation lacks a key or has the wrong shape.
+        """
+        ids = self._check(raw_lane_observations, episode_ids)
+        payload: Any = None
+        for index, leaf in enumerate(self._leaves):
+            value = self._assemble_leaf(index, leaf, raw_lane_observations, ids)
+            payload = value if not leaf.slot else _placed(payload, tuple(leaf.slot), value)
+        return payload
+
+    def push(self, raw_lane_observations: Sequence[Any], episode_ids: Any) -> None:
+        """Add each lane's frame to its episode's windows without building a payload.
+
+        For steps where a lane replays a queued action: the stack still sees every frame.
+        """
+        ids = self._check(raw_lane_observations, episode_ids)
+        for index, leaf in enumerate(self._leaves):
+            if leaf.kind == ARRAY and leaf.stack > 1:
+                for lane, (raw, episode_id) in enumerate(
+                    zip(raw_lane_observations, ids, strict=True)
+                ):
+                    self._advance_window(index, leaf, episode_id, _frame(leaf, raw, lane))
+
+    def evict(self, episode_id: int) -> None:
+        """Forget an ended episode's windows (no-op if it has none)."""
+        for windows in self._windows:
+            windows.pop(int(episode_id), None)
+
+    def clear(self) -> None:
+        """Forget every window."""
+        for windows in self._windows:
+            windows.clear()
+
+    def _check(self, raw_lane_observations: Sequence[Any], episode_ids: Any) -> list[int]:
+        ids = vector(episode_ids, "int64", "episode_ids")
+        same_length("episode_ids", ids, raw_lane_observations)
+        return ids.tolist()
+
+    def _assemble_leaf(
+        self, index: int, leaf: Any, raw_lane_observations: Sequence[Any], ids: list[int]
+    ) -> Any:
+        lanes = range(len(ids))
+        if leaf.kind == TEXT:
+            return [
+                _text(leaf, raw, lane)
+                for lane, raw in zip(lanes, raw_lane_observations, strict=True)
+            ]
+        if leaf.kind == CUSTOM:
+            return _custom(leaf, [leaf.fn(raw) for raw in raw_lane_observations])
+        stack_shape = (leaf.stack,) if leaf.stack > 1 else ()
+        out = np.empty((len(ids), *stack_shape, *leaf.frame_shape), dtype=leaf.dtype)
+        for lane, raw, episode_id in zip(lanes, raw_lane_observations, ids, strict=True):
+            frame = _frame(leaf, raw, lane)
+            if leaf.stack > 1:
+                out[lane] = np.stack(self._advance_window(index, leaf, episode_id, frame))
+            else:
+                out[lane] = frame
+        return out
+
+    def _advance_window(
+        self, index: int, leaf: Any, episode_id: int, frame: np.ndarray
+    ) -> deque[np.ndarray]:
+        windows = self._windows[index]
+        window = windows.get(episode_id)
+        if window is None:
+            window = windows[episode_id] = deque([frame] * leaf.stack, maxlen=leaf.stack)
+        else:
+            window.append(frame)
+        return window
+
+
+def _frame(leaf: Any, raw_observation: Any, lane: int) -> np.ndarray:
+    """One lane's frame of an array leaf: read, check shape, cast, transpose or flatten, scale."""
+    parts = []
+    for path, shape in zip(leaf.sources, leaf.source_shapes, strict=True):
+        value = np.asarray(read_source(raw_observation, path, lane))
+        if value.shape != tuple(shape):
+            raise ObservationError(
+                f"lane {lane}: {path_text(path)} has shape {value.shape} but the observation "
+                f"space declares {tuple(shape)}"
+            )
+        # A copy: envs may reuse their observation buffers, and windows keep frames.
+        parts.append(np.array(value, dtype=leaf.dtype, copy=True))
+    if leaf.flatten:
+        frame = np.concatenate([part.ravel() for part in parts])
+    elif leaf.transpose is not None:
+        frame = np.ascontiguousarray(parts[0].transpose(leaf.transpose))
+    else:
+        frame = parts[0]
+    if (leaf.scale, leaf.offset) != (1.0, 0.0):
+        dtype = np.dtype(leaf.dtype).type
+        frame = frame * dtype(leaf.scale) + dtype(leaf.offset)
+    return frame
+
+
+def _text(leaf: Any, raw_observation: Any, lane: int) -> str:
+    value = read_source(raw_observation, leaf.sources[0], lane)
+    if not isinstance(value, str):
+        raise ObservationError(
+            f"lane {lane}: {path_text(leaf.sources[0])} is {type(value).__name__}, but "
+            f"{leaf.leaf} reads a str"
+        )
+    return value
+
+
+def _custom(leaf: Any, values: list[Any]) -> Any:
+    """K results of a Custom leaf: strings stay a list, anything else is stacked."""
+    if all(isinstance(value, str) for value in values):
+        return values
+    try:
+        return np.stack([np.asarray(value) for value in values])
+    except ValueError as exc:
+        raise ObservationError(
+            f"{leaf.leaf} returned values that cannot be stacked across lanes: {exc}"
+        ) from None
+
+
+def _placed(payload: dict[str, Any] | None, slot: tuple[str, ...], value: Any) -> dict[str, Any]:
+    """``payload`` with ``value`` at ``slot`` (a path of dict keys), creating dicts on the way."""
+    root = {} if payload is None else payload
+    node = root
+    for key in slot[:-1]:
+        node = node.setdefault(key, {})
+    node[slot[-1]] = value
+    return root
