@@ -9,7 +9,7 @@ from importlib.metadata import PackageNotFoundError, version
 from .adapters import Action, Concat, Custom, Image, ModelSpec, Plan, State, Text, compile_spec
 from .core import active as _active_core
 from .core import core_name
-from .errors import ModelOutputError, RlmeshError, SpecError
+from .errors import ModelOutputError, ObservationError, RlmeshError, SpecError
 
 try:
     __version__ = version("rlmesh")
@@ -25,6 +25,7 @@ __all__ = [
     "Image",
     "ModelOutputError",
     "ModelSpec",
+    "ObservationError",
     "Plan",
     "RlmeshError",
     "SpecError",
