@@ -11,6 +11,7 @@ DOCUMENTED_MODULES = (
     "rlmesh.core",
     "rlmesh._pycore.seeding",
     "rlmesh._pycore.ledger",
+    "rlmesh._pycore.chunks",
     "rlmesh.adapters",
     "rlmesh.errors",
 )

@@ -1,11 +1,13 @@
 //! `rlmesh._core`: the per-lane, per-step bookkeeping of an evaluation run.
 //!
 //! Mirrors the pure-Python core `python/rlmesh/_pycore/` file for file: `seeding`, `args`,
-//! `ledger`. The Python core is the specification; the parity tests keep the two in lockstep.
+//! `ledger`, `chunks`. The Python core is the specification; the parity tests keep the two in
+//! lockstep.
 
 use pyo3::prelude::*;
 
 pub mod args;
+pub mod chunks;
 pub mod ledger;
 pub mod seeding;
 
@@ -15,5 +17,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ledger::RouteLedger>()?;
     m.add_class::<ledger::EpisodeStarts>()?;
     m.add_class::<ledger::EpisodeSummary>()?;
+    m.add_function(wrap_pyfunction!(chunks::split_chunk, m)?)?;
+    m.add_class::<chunks::ChunkQueues>()?;
     Ok(())
 }
