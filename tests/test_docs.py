@@ -12,6 +12,7 @@ DOCUMENTED_MODULES = (
     "rlmesh._pycore.seeding",
     "rlmesh._pycore.ledger",
     "rlmesh._pycore.assembly",
+    "rlmesh._pycore.chunks",
     "rlmesh.adapters",
     "rlmesh.errors",
 )

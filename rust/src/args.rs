@@ -4,7 +4,11 @@
 //! messages. Arrays of the exact dtype are borrowed without a copy; anything else goes through
 //! `numpy.asarray` once, with its kind checked first.
 
-use numpy::{Element, PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArrayMethods};
+use numpy::npyffi;
+use numpy::{
+    Element, PyArray1, PyArrayDescrMethods, PyArrayMethods, PyReadonlyArray1, PyUntypedArray,
+    PyUntypedArrayMethods,
+};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyType;
@@ -201,4 +205,53 @@ impl LaneMarks {
 /// The `UserWarning` type, for warnings both cores raise alike.
 pub fn user_warning(py: Python<'_>) -> Bound<'_, PyType> {
     py.get_type::<pyo3::exceptions::PyUserWarning>()
+}
+
+/// `lanes` (``[K]``) as a contiguous int64 vector, refusing other kinds.
+pub fn lanes_arg<'py>(lanes: &Bound<'py, PyAny>) -> PyResult<PyReadonlyArray1<'py, i64>> {
+    vector::<i64>(lanes, Dtype::Int64, "lanes")
+}
+
+/// A shape as Python prints a tuple: `()`, `(7,)`, `(8, 7)`.
+pub fn shape_text(shape: &[usize]) -> String {
+    match shape {
+        [] => "()".to_owned(),
+        [size] => format!("({size},)"),
+        _ => {
+            let sizes: Vec<String> = shape.iter().map(usize::to_string).collect();
+            format!("({})", sizes.join(", "))
+        }
+    }
+}
+
+/// Where a C-contiguous array's bytes start, and how many there are.
+fn data_bytes(array: &Bound<'_, PyUntypedArray>) -> (*mut u8, usize) {
+    let bytes = array.len() * array.dtype().itemsize();
+    // SAFETY: a live array's fields are readable while we hold the GIL.
+    let data = unsafe { (*npyffi::_PyArray_GET_ITEM_DATA(array.as_array_ptr())).data };
+    (data.cast::<u8>(), bytes)
+}
+
+/// The bytes of a C-contiguous array, to read.
+///
+/// # Safety
+/// The caller keeps `array` alive and C-contiguous while the slice lives, and nothing
+/// writes to it meanwhile (we hold the GIL and run no Python code while the slice is in use).
+pub unsafe fn array_bytes<'a>(array: &'a Bound<'_, PyUntypedArray>) -> &'a [u8] {
+    match data_bytes(array) {
+        (_, 0) => &[],
+        (data, bytes) => unsafe { std::slice::from_raw_parts(data, bytes) },
+    }
+}
+
+/// The bytes of a C-contiguous array, to write.
+///
+/// # Safety
+/// As `array_bytes`, and nothing else reads or writes the array while the slice lives
+/// (a new array no one else has seen yet).
+pub unsafe fn array_bytes_mut<'a>(array: &'a mut Bound<'_, PyUntypedArray>) -> &'a mut [u8] {
+    match data_bytes(array) {
+        (_, 0) => &mut [],
+        (data, bytes) => unsafe { std::slice::from_raw_parts_mut(data, bytes) },
+    }
 }

@@ -15,7 +15,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
-use crate::args::{same_length, vector, Dtype};
+use crate::args::{array_bytes, array_bytes_mut, same_length, shape_text, vector, Dtype};
 
 pyo3::import_exception!(rlmesh.errors, ObservationError);
 
@@ -61,18 +61,6 @@ struct Window {
 pub fn path_text(path: &[String]) -> String {
     let keys: String = path.iter().map(|key| format!("[\"{key}\"]")).collect();
     format!("obs{keys}")
-}
-
-/// A shape as Python prints a tuple: `()`, `(3,)`, `(84, 84, 3)`.
-fn shape_text(shape: &[usize]) -> String {
-    match shape {
-        [] => "()".to_string(),
-        [only] => format!("({only},)"),
-        _ => {
-            let sizes: Vec<String> = shape.iter().map(usize::to_string).collect();
-            format!("({})", sizes.join(", "))
-        }
-    }
 }
 
 /// The value at `path` in one lane's raw observation.
@@ -213,7 +201,9 @@ impl Leaf {
     fn copy_frame(&self, sources: &[Bound<'_, PyUntypedArray>], frame: &mut [u8]) {
         let mut written = 0;
         for (source, shape) in sources.iter().zip(&self.source_shapes) {
-            let bytes = array_bytes(source);
+            // SAFETY: `sources_of` made each source C-contiguous; it stays alive and untouched
+            // while this frame is copied, under the GIL.
+            let bytes = unsafe { array_bytes(source) };
             let target = &mut frame[written..written + bytes.len()];
             match &self.transpose {
                 Some(axes) => transpose_into(bytes, shape, axes, self.itemsize, target),
@@ -272,30 +262,6 @@ fn contiguous_source<'py>(
         .getattr("ascontiguousarray")?
         .call1((array, dtype))?
         .cast_into::<PyUntypedArray>()?)
-}
-
-/// The bytes of a C-contiguous array.
-fn array_bytes<'a>(array: &'a Bound<'_, PyUntypedArray>) -> &'a [u8] {
-    let length = array.len() * array.dtype().itemsize();
-    if length == 0 {
-        return &[];
-    }
-    // SAFETY: the array is C-contiguous (checked by the caller) and lives as long as the borrow;
-    // the GIL is held, so nothing frees it meanwhile.
-    unsafe { std::slice::from_raw_parts((*array.as_array_ptr()).fields.data as *const u8, length) }
-}
-
-/// The bytes of a fresh C-contiguous output array, to fill.
-fn array_bytes_mut<'a>(array: &'a mut Bound<'_, PyUntypedArray>) -> &'a mut [u8] {
-    let length = array.len() * array.dtype().itemsize();
-    if length == 0 {
-        return &mut [];
-    }
-    // SAFETY: the array was just created by `numpy.empty`, so it is C-contiguous and no other
-    // reference to its buffer exists yet.
-    unsafe {
-        std::slice::from_raw_parts_mut((*array.as_array_ptr()).fields.data as *mut u8, length)
-    }
 }
 
 /// Copy a C-contiguous array of `shape` into `out`, its axes permuted by `axes`.
@@ -450,7 +416,8 @@ impl ObservationAssembler {
             .getattr("empty")?
             .call1((PyTuple::new(py, &out_shape)?, leaf.dtype.bind(py)))?
             .cast_into::<PyUntypedArray>()?;
-        let out_bytes = array_bytes_mut(&mut out);
+        // SAFETY: `out` was just created by numpy.empty: C-contiguous, and seen by nobody else.
+        let out_bytes = unsafe { array_bytes_mut(&mut out) };
         let row_bytes = leaf.frame_bytes * leaf.stack.max(1);
         let (stacked, frame_bytes) = (leaf.stack > 1, leaf.frame_bytes);
         for (lane, (observation, &episode_id)) in raw.iter().zip(ids).enumerate() {

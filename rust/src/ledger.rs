@@ -13,7 +13,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use crate::args::{
-    count_arg, i64_arg, same_length, u64_arg, user_warning, vector, ArgError, Dtype, LaneMarks,
+    count_arg, i64_arg, lanes_arg, same_length, u64_arg, user_warning, vector, ArgError, Dtype,
+    LaneMarks,
 };
 use crate::seeding::derive_seed;
 
@@ -569,10 +570,6 @@ fn summarize(lane: usize, held: &Lane, success: Option<bool>, now_ns: i64) -> Ep
         predict_ms: mean_ms(held.predict_ns),
         step_ms: mean_ms(held.step_ns),
     }
-}
-
-fn lanes_arg<'py>(lanes: &Bound<'py, PyAny>) -> PyResult<numpy::PyReadonlyArray1<'py, i64>> {
-    vector::<i64>(lanes, Dtype::Int64, "lanes")
 }
 
 fn int64_vec<'py>(py: Python<'py>, values: Vec<i64>) -> Bound<'py, PyArray1<i64>> {

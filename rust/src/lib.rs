@@ -1,12 +1,14 @@
 //! `rlmesh._core`: the per-lane, per-step bookkeeping of an evaluation run.
 //!
 //! Mirrors the pure-Python core `python/rlmesh/_pycore/` file for file: `seeding`, `args`,
-//! `ledger`, `assembly`. The Python core is the specification; the parity tests keep the two in lockstep.
+//! `ledger`, `assembly`, `chunks`. The Python core is the specification; the parity tests keep
+//! the two in lockstep.
 
 use pyo3::prelude::*;
 
 pub mod args;
 pub mod assembly;
+pub mod chunks;
 pub mod ledger;
 pub mod seeding;
 
@@ -17,5 +19,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<assembly::ObservationAssembler>()?;
     m.add_class::<ledger::EpisodeStarts>()?;
     m.add_class::<ledger::EpisodeSummary>()?;
+    m.add_function(wrap_pyfunction!(chunks::split_chunk, m)?)?;
+    m.add_class::<chunks::ChunkQueues>()?;
     Ok(())
 }
