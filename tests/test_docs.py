@@ -11,6 +11,7 @@ DOCUMENTED_MODULES = (
     "rlmesh.core",
     "rlmesh._pycore.seeding",
     "rlmesh._pycore.ledger",
+    "rlmesh._pycore.actions",
     "rlmesh.adapters",
     "rlmesh.errors",
 )

@@ -133,3 +133,19 @@ class RouteLedger:
     def idle_lanes(self) -> Int64Array: ...
     def summaries(self) -> list[EpisodeSummary]: ...
     def snapshot(self) -> dict[str, Any]: ...
+
+class ActionApplier:
+    """Checks the model's batched action and converts it into the action space.
+
+    ``action_leaves`` is ``Plan.action``. See ``rlmesh/_pycore/actions.py`` for every rule.
+    """
+
+    def __init__(self, action_leaves: Sequence[Any]) -> None: ...
+    def apply_actions(
+        self, batched_model_output: Any, lanes: npt.ArrayLike
+    ) -> npt.NDArray[Any] | dict[str, Any]:
+        """One array ``[K, *shape]`` per leaf (nested in dicts for a Dict action space).
+
+        Raises ``rlmesh.ModelOutputError`` naming the lane, what was expected and what came
+        back; ``ValueError`` for ``lanes`` that are not a 1-D array of integers.
+        """

@@ -19,7 +19,8 @@ impl From<ArgError> for PyErr {
     }
 }
 
-fn type_name(value: &Bound<'_, PyAny>) -> PyResult<String> {
+/// `type(value).__name__`, as messages name what came back.
+pub fn type_name(value: &Bound<'_, PyAny>) -> PyResult<String> {
     Ok(value.get_type().name()?.to_string())
 }
 

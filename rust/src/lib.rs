@@ -1,10 +1,12 @@
 //! `rlmesh._core`: the per-lane, per-step bookkeeping of an evaluation run.
 //!
 //! Mirrors the pure-Python core `python/rlmesh/_pycore/` file for file: `seeding`, `args`,
-//! `ledger`. The Python core is the specification; the parity tests keep the two in lockstep.
+//! `ledger`, `actions`. The Python core is the specification; the parity tests keep the two in
+//! lockstep.
 
 use pyo3::prelude::*;
 
+pub mod actions;
 pub mod args;
 pub mod ledger;
 pub mod seeding;
@@ -15,5 +17,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ledger::RouteLedger>()?;
     m.add_class::<ledger::EpisodeStarts>()?;
     m.add_class::<ledger::EpisodeSummary>()?;
+    m.add_class::<actions::ActionApplier>()?;
     Ok(())
 }
