@@ -13,6 +13,7 @@ DOCUMENTED_MODULES = (
     "rlmesh._pycore.ledger",
     "rlmesh._pycore.assembly",
     "rlmesh._pycore.chunks",
+    "rlmesh._pycore.actions",
     "rlmesh.adapters",
     "rlmesh.errors",
 )

@@ -168,3 +168,19 @@ class ChunkQueues:
     def clear(self) -> None: ...
     def lanes_needing_predict(self, lanes: npt.ArrayLike | None = None) -> Int64Array: ...
     def queued(self, lanes: npt.ArrayLike | None = None) -> Int64Array: ...
+
+class ActionApplier:
+    """Checks the model's batched action and converts it into the action space.
+
+    ``action_leaves`` is ``Plan.action``. See ``rlmesh/_pycore/actions.py`` for every rule.
+    """
+
+    def __init__(self, action_leaves: Sequence[Any]) -> None: ...
+    def apply_actions(
+        self, batched_model_output: Any, lanes: npt.ArrayLike
+    ) -> npt.NDArray[Any] | dict[str, Any]:
+        """One array ``[K, *shape]`` per leaf (nested in dicts for a Dict action space).
+
+        Raises ``rlmesh.ModelOutputError`` naming the lane, what was expected and what came
+        back; ``ValueError`` for ``lanes`` that are not a 1-D array of integers.
+        """

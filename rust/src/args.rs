@@ -23,7 +23,8 @@ impl From<ArgError> for PyErr {
     }
 }
 
-fn type_name(value: &Bound<'_, PyAny>) -> PyResult<String> {
+/// `type(value).__name__`, as messages name what came back.
+pub fn type_name(value: &Bound<'_, PyAny>) -> PyResult<String> {
     Ok(value.get_type().name()?.to_string())
 }
 
@@ -254,4 +255,17 @@ pub unsafe fn array_bytes_mut<'a>(array: &'a mut Bound<'_, PyUntypedArray>) -> &
         (_, 0) => &mut [],
         (data, bytes) => unsafe { std::slice::from_raw_parts_mut(data, bytes) },
     }
+}
+
+/// Where a key path leads, as messages show it: `action`, `obs["a"]["b"]` (keys as
+/// `json.dumps` writes them, as `rlmesh.adapters` does).
+pub fn path_text(py: Python<'_>, root: &str, path: &[String]) -> PyResult<String> {
+    let dumps = py.import("json")?.getattr("dumps")?;
+    let mut text = String::from(root);
+    for key in path {
+        text.push('[');
+        text.push_str(&dumps.call1((key,))?.extract::<String>()?);
+        text.push(']');
+    }
+    Ok(text)
 }

@@ -15,7 +15,9 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
-use crate::args::{array_bytes, array_bytes_mut, same_length, shape_text, vector, Dtype};
+use crate::args::{
+    array_bytes, array_bytes_mut, path_text, same_length, shape_text, vector, Dtype,
+};
 
 pyo3::import_exception!(rlmesh.errors, ObservationError);
 
@@ -57,12 +59,6 @@ struct Window {
     newest: usize,
 }
 
-/// Where a key path leads in an observation: `obs`, `obs["a"]["b"]`.
-pub fn path_text(path: &[String]) -> String {
-    let keys: String = path.iter().map(|key| format!("[\"{key}\"]")).collect();
-    format!("obs{keys}")
-}
-
 /// The value at `path` in one lane's raw observation.
 pub fn read_source<'py>(
     raw_observation: &Bound<'py, PyAny>,
@@ -72,19 +68,21 @@ pub fn read_source<'py>(
     let py = raw_observation.py();
     let mut value = raw_observation.clone();
     for (depth, key) in path.iter().enumerate() {
-        value = value.get_item(key).map_err(|err| {
-            let missing = err.is_instance_of::<PyKeyError>(py)
-                || err.is_instance_of::<PyIndexError>(py)
-                || err.is_instance_of::<PyTypeError>(py);
-            if !missing {
-                return err;
+        value = match value.get_item(key) {
+            Ok(found) => found,
+            Err(err)
+                if err.is_instance_of::<PyKeyError>(py)
+                    || err.is_instance_of::<PyIndexError>(py)
+                    || err.is_instance_of::<PyTypeError>(py) =>
+            {
+                return Err(ObservationError::new_err(format!(
+                    "lane {lane}: {} has no key \"{key}\", which the model's input reads as {}",
+                    path_text(py, "obs", &path[..depth])?,
+                    path_text(py, "obs", path)?
+                )));
             }
-            ObservationError::new_err(format!(
-                "lane {lane}: {} has no key \"{key}\", which the model's input reads as {}",
-                path_text(&path[..depth]),
-                path_text(path)
-            ))
-        })?;
+            Err(err) => return Err(err),
+        };
     }
     Ok(value)
 }
@@ -250,7 +248,7 @@ fn contiguous_source<'py>(
     if array.shape() != shape {
         return Err(ObservationError::new_err(format!(
             "lane {lane}: {} has shape {} but the observation space declares {}",
-            path_text(path),
+            path_text(py, "obs", path)?,
             shape_text(array.shape()),
             shape_text(shape)
         )));
@@ -446,7 +444,7 @@ fn text<'py>(
     if !value.is_instance_of::<PyString>() {
         return Err(ObservationError::new_err(format!(
             "lane {lane}: {} is {}, but {} reads a str",
-            path_text(&leaf.sources[0]),
+            path_text(raw_observation.py(), "obs", &leaf.sources[0])?,
             value.get_type().name()?,
             leaf.label
         )));

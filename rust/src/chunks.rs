@@ -19,8 +19,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 
 use crate::args::{
-    array_bytes, array_bytes_mut, count_arg, i64_arg, lanes_arg, same_length, shape_text, u64_arg,
-    vector, ArgError, Dtype, LaneMarks,
+    array_bytes, array_bytes_mut, count_arg, i64_arg, lanes_arg, path_text, same_length,
+    shape_text, u64_arg, vector, ArgError, Dtype, LaneMarks,
 };
 
 pyo3::import_exception!(rlmesh.errors, ModelOutputError);
@@ -32,19 +32,6 @@ const ACTION_KINDS: &[u8] = b"biuf";
 
 /// Where a leaf sits inside a dict action: `[]` for a plain array, `["arm"]`, `["a", "b"]`.
 type Path = Vec<String>;
-
-/// How messages name a leaf: `action`, `action["arm"]` (keys as `json.dumps` writes them, the
-/// way `rlmesh.adapters` does, so both cores print the same text).
-fn path_text(py: Python<'_>, path: &[String]) -> PyResult<String> {
-    let dumps = py.import("json")?.getattr("dumps")?;
-    let mut text = String::from("action");
-    for part in path {
-        text.push('[');
-        text.push_str(&dumps.call1((part,))?.extract::<String>()?);
-        text.push(']');
-    }
-    Ok(text)
-}
 
 /// One leaf of a chunk: its path and its values as an array.
 struct ChunkLeaf<'py> {
@@ -63,14 +50,14 @@ fn flatten<'py>(
         if dict.is_empty() {
             return Err(ModelOutputError::new_err(format!(
                 "{} is an empty dict: expected at least one action leaf",
-                path_text(py, path)?
+                path_text(py, "action", path)?
             )));
         }
         for (key, item) in dict.iter() {
             let Ok(key) = key.cast::<PyString>() else {
                 return Err(ModelOutputError::new_err(format!(
                     "{} has key {}: expected str keys",
-                    path_text(py, path)?,
+                    path_text(py, "action", path)?,
                     key.repr()?
                 )));
             };
@@ -112,7 +99,7 @@ fn chunk_leaves<'py>(
         if !ACTION_KINDS.contains(&dtype.kind()) {
             return Err(ModelOutputError::new_err(format!(
                 "{} has dtype {dtype}: expected booleans, integers or floats",
-                path_text(py, &leaf.path)?
+                path_text(py, "action", &leaf.path)?
             )));
         }
         if shape.len() <= axis {
@@ -122,7 +109,7 @@ fn chunk_leaves<'py>(
             };
             return Err(ModelOutputError::new_err(format!(
                 "{} has shape {}: expected {expected}",
-                path_text(py, &leaf.path)?,
+                path_text(py, "action", &leaf.path)?,
                 shape_text(shape)
             )));
         }
@@ -130,7 +117,7 @@ fn chunk_leaves<'py>(
             if shape[0] as u64 != n {
                 return Err(ModelOutputError::new_err(format!(
                     "{} has shape {}: expected [N, H, ...] with N = {n} lanes, got N = {}",
-                    path_text(py, &leaf.path)?,
+                    path_text(py, "action", &leaf.path)?,
                     shape_text(shape),
                     shape[0]
                 )));
@@ -140,7 +127,7 @@ fn chunk_leaves<'py>(
         if horizon == 0 {
             return Err(ModelOutputError::new_err(format!(
                 "{} is an empty chunk: shape {} holds H = 0 actions, expected at least 1",
-                path_text(py, &leaf.path)?,
+                path_text(py, "action", &leaf.path)?,
                 shape_text(shape)
             )));
         }
@@ -150,8 +137,8 @@ fn chunk_leaves<'py>(
                 return Err(ModelOutputError::new_err(format!(
                     "{} has H = {horizon} actions but {} has H = {expected}: every leaf of a \
                      chunk must share the horizon H",
-                    path_text(py, &leaf.path)?,
-                    path_text(py, &reference.path)?
+                    path_text(py, "action", &leaf.path)?,
+                    path_text(py, "action", &reference.path)?
                 )));
             }
             Some(_) => {}
@@ -505,7 +492,7 @@ impl ChunkQueues {
             let names = |paths: Vec<&Path>| -> PyResult<String> {
                 let texts: Vec<String> = paths
                     .into_iter()
-                    .map(|path| path_text(py, path))
+                    .map(|path| path_text(py, "action", path))
                     .collect::<PyResult<_>>()?;
                 Ok(texts.join(", "))
             };
@@ -528,7 +515,7 @@ impl ChunkQueues {
                 return Err(PyValueError::new_err(format!(
                     "{} holds {dtype} actions of shape {} but earlier pushes held {descr} actions \
                      of shape {}",
-                    path_text(py, &held.path)?,
+                    path_text(py, "action", &held.path)?,
                     shape_text(step_shape),
                     shape_text(&held.step_shape)
                 )));

@@ -1,11 +1,12 @@
 //! `rlmesh._core`: the per-lane, per-step bookkeeping of an evaluation run.
 //!
 //! Mirrors the pure-Python core `python/rlmesh/_pycore/` file for file: `seeding`, `args`,
-//! `ledger`, `assembly`, `chunks`. The Python core is the specification; the parity tests keep
-//! the two in lockstep.
+//! `ledger`, `assembly`, `actions`, `chunks`. The Python core is the specification; the parity
+//! tests keep the two in lockstep.
 
 use pyo3::prelude::*;
 
+pub mod actions;
 pub mod args;
 pub mod assembly;
 pub mod chunks;
@@ -21,5 +22,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ledger::EpisodeSummary>()?;
     m.add_function(wrap_pyfunction!(chunks::split_chunk, m)?)?;
     m.add_class::<chunks::ChunkQueues>()?;
+    m.add_class::<actions::ActionApplier>()?;
     Ok(())
 }

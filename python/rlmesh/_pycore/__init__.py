@@ -2,16 +2,18 @@
 
 Same classes, same methods, same results as the Rust core (``rust/src/``), file for file:
 ``seeding.py`` ~ ``seeding.rs``, ``args.py`` ~ ``args.rs``, ``ledger.py`` ~ ``ledger.rs``,
-``assembly.py`` ~ ``assembly.rs``, ``chunks.py`` ~ ``chunks.rs``.
+``assembly.py`` ~ ``assembly.rs``, ``actions.py`` ~ ``actions.rs``, ``chunks.py`` ~ ``chunks.rs``.
 Selected with ``RLMESH_CORE=python``; the parity tests keep the two in lockstep.
 """
 
+from .actions import ActionApplier
 from .assembly import ObservationAssembler
 from .chunks import ChunkQueues, split_chunk
 from .ledger import EpisodeStarts, EpisodeSummary, RouteLedger
 from .seeding import episode_seed
 
 __all__ = [
+    "ActionApplier",
     "ChunkQueues",
     "EpisodeStarts",
     "EpisodeSummary",

@@ -5,6 +5,7 @@ Mirrors ``rust/src/args.rs``: the same accepted types and dtype kinds, the same 
 
 from __future__ import annotations
 
+import json
 import operator
 from collections.abc import Sequence
 from typing import Any
@@ -91,3 +92,11 @@ def check_lanes(lanes: np.ndarray, num_lanes: int) -> list[int]:
             raise ValueError(f"lane {lane} appears twice in lanes")
         seen[lane] = True
     return checked
+
+
+def path_text(root: str, path: Sequence[str]) -> str:
+    """Where a key path leads, as messages show it: ``action``, ``obs["a"]["b"]``.
+
+    Keys are written as ``json.dumps`` writes them, as ``rlmesh.adapters`` does.
+    """
+    return root + "".join(f"[{json.dumps(key)}]" for key in path)

@@ -19,14 +19,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import ObservationError
-from .args import same_length, vector
+from .args import path_text, same_length, vector
 
 ARRAY, TEXT, CUSTOM = "array", "text", "custom"
-
-
-def path_text(path: Sequence[str]) -> str:
-    """Where a key path leads in an observation: ``obs``, ``obs["a"]["b"]``."""
-    return "obs" + "".join(f'["{key}"]' for key in path)
 
 
 def read_source(raw_observation: Any, path: Sequence[str], lane: int) -> Any:
@@ -37,8 +32,8 @@ def read_source(raw_observation: Any, path: Sequence[str], lane: int) -> Any:
             value = value[key]
         except (KeyError, IndexError, TypeError):
             raise ObservationError(
-                f'lane {lane}: {path_text(path[:depth])} has no key "{key}", which the '
-                f"model's input reads as {path_text(path)}"
+                f'lane {lane}: {path_text("obs", path[:depth])} has no key "{key}", which the '
+                f"model's input reads as {path_text('obs', path)}"
             ) from None
     return value
 
@@ -172,8 +167,8 @@ def _frame(leaf: Any, raw_observation: Any, lane: int) -> np.ndarray:
         value = np.asarray(read_source(raw_observation, path, lane))
         if value.shape != tuple(shape):
             raise ObservationError(
-                f"lane {lane}: {path_text(path)} has shape {value.shape} but the observation "
-                f"space declares {tuple(shape)}"
+                f"lane {lane}: {path_text('obs', path)} has shape {value.shape} but the "
+                f"observation space declares {tuple(shape)}"
             )
         # A copy: envs may reuse their observation buffers, and windows keep frames.
         parts.append(np.array(value, dtype=leaf.dtype, copy=True))
@@ -193,7 +188,7 @@ def _text(leaf: Any, raw_observation: Any, lane: int) -> str:
     value = read_source(raw_observation, leaf.sources[0], lane)
     if not isinstance(value, str):
         raise ObservationError(
-            f"lane {lane}: {path_text(leaf.sources[0])} is {type(value).__name__}, but "
+            f"lane {lane}: {path_text('obs', leaf.sources[0])} is {type(value).__name__}, but "
             f"{leaf.leaf} reads a str"
         )
     return value

@@ -15,14 +15,13 @@ episode boundary and one lane's episode ending never touches another lane's queu
 
 from __future__ import annotations
 
-import json
 from collections import deque
 from typing import Any
 
 import numpy as np
 
 from ..errors import ModelOutputError
-from .args import check_lanes, count_arg, i64_arg, same_length, u64_arg, vector
+from .args import check_lanes, count_arg, i64_arg, path_text, same_length, u64_arg, vector
 
 # numpy dtype kinds an action may hold: bool, signed, unsigned, float. Anything else (object,
 # str, complex, structured) is not an action a Gymnasium space holds, and the Rust core could
@@ -30,11 +29,6 @@ from .args import check_lanes, count_arg, i64_arg, same_length, u64_arg, vector
 ACTION_KINDS = "biuf"
 
 Path = tuple[str, ...]
-
-
-def _path_text(path: Path) -> str:
-    """How messages name a leaf: ``action``, ``action["arm"]`` (as ``rlmesh.adapters`` does)."""
-    return "action" + "".join(f"[{json.dumps(part)}]" for part in path)
 
 
 def _shape_text(shape: tuple[int, ...]) -> str:
@@ -47,11 +41,13 @@ def _flatten(value: Any, path: Path, leaves: list[tuple[Path, np.ndarray]]) -> N
     if isinstance(value, dict):
         if not value:
             raise ModelOutputError(
-                f"{_path_text(path)} is an empty dict: expected at least one action leaf"
+                f"{path_text('action', path)} is an empty dict: expected at least one action leaf"
             )
         for key, item in value.items():
             if not isinstance(key, str):
-                raise ModelOutputError(f"{_path_text(path)} has key {key!r}: expected str keys")
+                raise ModelOutputError(
+                    f"{path_text('action', path)} has key {key!r}: expected str keys"
+                )
             _flatten(item, (*path, key), leaves)
     else:
         leaves.append((path, np.asarray(value)))
@@ -65,7 +61,7 @@ def _chunk_leaves(chunk: Any, num_lanes: int | None) -> tuple[int, list[tuple[Pa
     axis = 0 if num_lanes is None else 1
     first: tuple[str, int] | None = None
     for path, array in leaves:
-        name = _path_text(path)
+        name = path_text("action", path)
         shape = _shape_text(array.shape)
         if array.dtype.kind not in ACTION_KINDS:
             raise ModelOutputError(
@@ -264,15 +260,15 @@ class ChunkQueues:
             return [array for _, array in leaves]
         by_path = dict(leaves)
         if set(by_path) != {path for path, _, _ in self._layout}:
-            found = ", ".join(_path_text(path) for path, _ in leaves)
-            held = ", ".join(_path_text(path) for path, _, _ in self._layout)
+            found = ", ".join(path_text("action", path) for path, _ in leaves)
+            held = ", ".join(path_text("action", path) for path, _, _ in self._layout)
             raise ValueError(f"chunks hold leaves [{found}] but earlier pushes held [{held}]")
         arrays = []
         for path, step_shape, dtype in self._layout:
             array = by_path[path]
             if array.shape[2:] != step_shape or array.dtype != dtype:
                 raise ValueError(
-                    f"{_path_text(path)} holds {array.dtype} actions of shape "
+                    f"{path_text('action', path)} holds {array.dtype} actions of shape "
                     f"{_shape_text(array.shape[2:])} but earlier pushes held {dtype} actions "
                     f"of shape {_shape_text(step_shape)}"
                 )
