@@ -11,15 +11,24 @@ from hypothesis import strategies as st
 from rlmesh.adapters import Concat, Image, ModelSpec, State, Text
 from rlmesh.core import load_core
 
-SPACE = gym.spaces.Dict(
-    {
-        "pixels": gym.spaces.Box(0, 255, (3, 4, 2), np.uint8),
-        "depth": gym.spaces.Box(0, 10, (3, 4, 1), np.float32),
-        "joints": gym.spaces.Box(-1, 1, (2, 3), np.float64),
-        "grip": gym.spaces.Discrete(3),
-        "lang": gym.spaces.Text(6),
-    }
-)
+NUMERIC_DTYPES = [np.uint8, np.int32, np.int64, np.float32, np.float64]
+
+
+@st.composite
+def spaces(draw):
+    """A Dict observation space with random image, depth, joint and discrete leaves."""
+    height, width = draw(st.integers(1, 5)), draw(st.integers(1, 5))
+    joints_shape = tuple(draw(st.lists(st.integers(1, 3), max_size=3)))
+    return gym.spaces.Dict(
+        {
+            "pixels": gym.spaces.Box(0, 255, (height, width, draw(st.integers(1, 4))), np.uint8),
+            "depth": gym.spaces.Box(0, 10, (height, width, 1), np.float32),
+            "joints": gym.spaces.Box(0, 100, joints_shape, draw(st.sampled_from(NUMERIC_DTYPES))),
+            "grip": gym.spaces.Discrete(draw(st.integers(1, 4))),
+            "lang": gym.spaces.Text(6),
+        }
+    )
+
 
 LEAVES = {
     "image": st.builds(
@@ -31,7 +40,13 @@ LEAVES = {
         stack=st.integers(1, 4),
     ),
     "raw_image": st.builds(Image, st.just("pixels"), stack=st.integers(1, 3)),
-    "depth": st.builds(Image, st.just("depth"), dtype=st.just("float32"), stack=st.integers(1, 3)),
+    "depth": st.builds(
+        Image,
+        st.just("depth"),
+        layout=st.sampled_from(["hwc", "chw"]),
+        dtype=st.just("float32"),
+        stack=st.integers(1, 3),
+    ),
     "state": st.builds(
         State,
         st.just("joints"),
@@ -64,16 +79,10 @@ def outcome(call):
         return ("raised", type(exc).__name__, str(exc))
 
 
-def observation(draw, broken: bool):
-    seed = draw(st.integers(0, 2**16))
-    rng = np.random.default_rng(seed)
-    sample = {
-        "pixels": rng.integers(0, 256, (3, 4, 2), dtype=np.uint8),
-        "depth": rng.random((3, 4, 1), dtype=np.float32) * 10,
-        "joints": rng.uniform(-1, 1, (2, 3)),
-        "grip": int(rng.integers(0, 3)),
-        "lang": "abc"[: int(rng.integers(0, 4))],
-    }
+def observation(draw, space, broken: bool):
+    """One raw observation of ``space`` from a drawn seed; ``broken`` loses or warps a key."""
+    space.seed(draw(st.integers(0, 2**16)))
+    sample = dict(space.sample())
     if broken:
         key = draw(st.sampled_from(sorted(sample)))
         if draw(st.booleans()):
@@ -84,14 +93,14 @@ def observation(draw, broken: bool):
 
 
 @settings(max_examples=120, deadline=None)
-@given(spec=specs(), data=st.data())
-def test_both_cores_assemble_alike(spec, data):
-    plan = spec.compile(SPACE, gym.spaces.Discrete(2)).observation
+@given(space=spaces(), spec=specs(), data=st.data())
+def test_both_cores_assemble_alike(space, spec, data):
+    plan = spec.compile(space, gym.spaces.Discrete(2)).observation
     rust, python = (load_core(name).ObservationAssembler(plan) for name in ("rust", "python"))
     for _ in range(data.draw(st.integers(1, 12))):
         episode_ids = data.draw(st.lists(st.integers(0, 6), max_size=4, unique=True))
         broken = data.draw(st.integers(0, 9)) == 0
-        observations = [observation(data.draw, broken) for _ in episode_ids]
+        observations = [observation(data.draw, space, broken) for _ in episode_ids]
         operation = data.draw(st.sampled_from(["assemble", "assemble", "push", "evict"]))
         if operation == "evict":
             episode = data.draw(st.integers(0, 6))
