@@ -46,3 +46,23 @@ class ObservationError(RlmeshError, ValueError):
     another shape than the space declares. The message names the lane, the key, what the space
     declares and what came back.
     """
+
+
+class ModelError(RlmeshError):
+    """The model raised while loading, predicting or handling an episode's end.
+
+    The model's own exception is the ``__cause__``; the message says which call failed.
+    """
+
+
+class HookError(RlmeshError):
+    """A ``RunHooks`` callback or a transform hook raised; the run stops.
+
+    Observers in ``RuntimeHooks`` never raise this: their errors are logged and counted.
+    """
+
+
+class OperationTimeout(RlmeshError):
+    """An operation (``reset``, ``step`` or ``predict``) took longer than its limit in
+    ``timeouts=``. The message names the operation, the step and the limit.
+    """

@@ -1,0 +1,210 @@
+"""Hooks: the user's callbacks (``RunHooks``) and the runtime event stream (``RuntimeHooks``).
+
+``RunHooks`` are part of the run: a callback that raises stops it with a ``HookError``.
+``RuntimeHooks`` observe it: an observer that raises is logged and counted
+(``HookDispatcher.observer_errors``) and the run goes on, except for the two transform hooks,
+which change what the model sees or does and so stop the run when they fail. Any hook method
+may be a coroutine function.
+
+Example:
+    >>> import rlmesh
+    >>> class CountSteps(rlmesh.RunHooks):
+    ...     steps = 0
+    ...     def on_step(self, event):
+    ...         self.steps += 1
+    >>> hooks = CountSteps()
+    >>> result = rlmesh.run(lambda obs: 0, "CartPole-v1", episodes=2, hooks=hooks)
+    >>> hooks.steps == result.total_steps
+    True
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import HookError
+
+logger = logging.getLogger("rlmesh")
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """One scored lane-step, as ``RunHooks.on_step`` and ``RuntimeHooks.step_completed`` see it.
+
+    ``observation`` is what the env returned for this step (the next observation), ``action``
+    what it received; ``step`` counts the episode's steps from 1.
+    """
+
+    episode: int
+    seed: int | None
+    step: int
+    observation: Any
+    action: Any
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict
+    predict_ms: float
+    step_ms: float
+
+
+class RunHooks:
+    """The user's callbacks; override any. ``on_run_end`` fires exactly once, also on failure.
+
+    Order: ``on_run_start`` first; ``on_episode_start`` / ``on_episode_end`` once per scored
+    episode (never for surplus ones); ``on_step`` once per scored lane-step; ``on_run_end`` last.
+    """
+
+    def on_run_start(self, context: dict[str, Any]) -> Any:
+        """The run is configured: ``context`` holds its settings (env, lanes, episodes, seed)."""
+
+    def on_episode_start(self, *, episode: int, seed: int | None) -> Any:
+        """Scored episode ``episode`` (its index) was reset with ``seed``."""
+
+    def on_step(self, event: StepEvent) -> Any:
+        """One scored lane-step happened."""
+
+    def on_episode_end(self, result: Any) -> Any:
+        """A scored episode completed; ``result`` is its ``EpisodeResult``."""
+
+    def on_run_end(self, result: Any) -> Any:
+        """The run ended (or failed); ``result`` is the (partial) ``RunResult``."""
+
+
+class RuntimeHooks:
+    """The runtime event stream; override any. Observers that raise never stop the run.
+
+    Session: ``session_started`` first, then ``session_ended`` or ``session_failed`` last.
+    Per scored episode: ``episode_started`` ... ``episode_completed``. Per scored lane-step:
+    ``observation_emitted`` (what the model is given), ``action_received`` (what it returned
+    after the action plan), ``step_completed``. ``telemetry_snapshot`` every telemetry window;
+    ``log`` for the driver's messages. The transforms may replace the fused model input and the
+    applied action; if one raises, the run stops.
+    """
+
+    def session_started(self, context: dict[str, Any]) -> Any: ...
+    def session_ended(self, result: Any) -> Any: ...
+    def session_failed(self, error: BaseException, partial_result: Any) -> Any: ...
+    def episode_started(self, *, episode: int, seed: int | None) -> Any: ...
+    def episode_completed(self, result: Any) -> Any: ...
+    def observation_emitted(self, *, lanes: Any, observation: Any) -> Any: ...
+    def action_received(self, *, lanes: Any, action: Any) -> Any: ...
+    def step_completed(self, event: StepEvent) -> Any: ...
+    def telemetry_snapshot(self, rows: Sequence[Any]) -> Any: ...
+    def log(self, level: int, message: str) -> Any: ...
+
+    def transform_observation(self, observation: Any) -> Any:
+        """The fused model input for a group, possibly replaced; the default returns it."""
+        return observation
+
+    def transform_action(self, action: Any) -> Any:
+        """The applied env action for a group, possibly replaced; the default returns it."""
+        return action
+
+
+def _overrides(hook: object, base: type, name: str) -> bool:
+    return getattr(type(hook), name, None) is not getattr(base, name)
+
+
+async def _settle(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+class HookDispatcher:
+    """Fans the driver's events out to every hook given as ``hooks=``.
+
+    ``hooks`` may be None, a ``RunHooks``, a ``RuntimeHooks``, or a list of them. The
+    dispatcher knows which events anyone listens to (``wants_steps``,
+    ``wants_observations``), so the driver builds per-lane events only when they are used.
+    """
+
+    def __init__(self, hooks: Any = None) -> None:
+        given = (
+            [] if hooks is None else list(hooks) if isinstance(hooks, (list, tuple)) else [hooks]
+        )
+        for hook in given:
+            if not isinstance(hook, (RunHooks, RuntimeHooks)):
+                raise TypeError(
+                    f"hooks= takes RunHooks, RuntimeHooks or a list of them, got "
+                    f"{type(hook).__name__}"
+                )
+        self.run_hooks = [hook for hook in given if isinstance(hook, RunHooks)]
+        self.runtime_hooks = [hook for hook in given if isinstance(hook, RuntimeHooks)]
+        self.observer_errors = 0
+        self.wants_steps = any(_overrides(h, RunHooks, "on_step") for h in self.run_hooks) or any(
+            _overrides(h, RuntimeHooks, "step_completed") for h in self.runtime_hooks
+        )
+        self.wants_observations = any(
+            _overrides(h, RuntimeHooks, name)
+            for h in self.runtime_hooks
+            for name in ("observation_emitted", "transform_observation")
+        )
+        self.wants_actions = any(
+            _overrides(h, RuntimeHooks, name)
+            for h in self.runtime_hooks
+            for name in ("action_received", "transform_action")
+        )
+
+    async def _call_run_hooks(self, name: str, *args: Any, **kwargs: Any) -> None:
+        for hook in self.run_hooks:
+            try:
+                await _settle(getattr(hook, name)(*args, **kwargs))
+            except Exception as exc:
+                raise HookError(f"{type(hook).__name__}.{name} raised {exc!r}") from exc
+
+    async def _notify(self, name: str, *args: Any, **kwargs: Any) -> None:
+        for hook in self.runtime_hooks:
+            try:
+                await _settle(getattr(hook, name)(*args, **kwargs))
+            except Exception:
+                self.observer_errors += 1
+                logger.exception("rlmesh: %s.%s raised; the run goes on", type(hook).__name__, name)
+
+    async def _transform(self, name: str, value: Any) -> Any:
+        for hook in self.runtime_hooks:
+            try:
+                value = await _settle(getattr(hook, name)(value))
+            except Exception as exc:
+                raise HookError(f"{type(hook).__name__}.{name} raised {exc!r}") from exc
+        return value
+
+    async def run_start(self, context: dict[str, Any]) -> None:
+        await self._notify("session_started", context)
+        await self._call_run_hooks("on_run_start", context)
+
+    async def episode_start(self, episode: int, seed: int | None) -> None:
+        await self._call_run_hooks("on_episode_start", episode=episode, seed=seed)
+        await self._notify("episode_started", episode=episode, seed=seed)
+
+    async def step(self, event: StepEvent) -> None:
+        await self._call_run_hooks("on_step", event)
+        await self._notify("step_completed", event)
+
+    async def episode_end(self, result: Any) -> None:
+        await self._call_run_hooks("on_episode_end", result)
+        await self._notify("episode_completed", result)
+
+    async def observation(self, lanes: Any, observation: Any) -> Any:
+        observation = await self._transform("transform_observation", observation)
+        await self._notify("observation_emitted", lanes=lanes, observation=observation)
+        return observation
+
+    async def action(self, lanes: Any, action: Any) -> Any:
+        action = await self._transform("transform_action", action)
+        await self._notify("action_received", lanes=lanes, action=action)
+        return action
+
+    async def telemetry(self, rows: Sequence[Any]) -> None:
+        await self._notify("telemetry_snapshot", rows)
+
+    async def run_end(self, result: Any, error: BaseException | None) -> None:
+        """``session_ended`` / ``session_failed``, then ``on_run_end`` (exactly once each)."""
+        if error is None:
+            await self._notify("session_ended", result)
+        else:
+            await self._notify("session_failed", error, result)
+        await self._call_run_hooks("on_run_end", result)
