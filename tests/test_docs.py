@@ -14,8 +14,11 @@ DOCUMENTED_MODULES = (
     "rlmesh._pycore.assembly",
     "rlmesh._pycore.chunks",
     "rlmesh._pycore.actions",
+    "rlmesh._pycore.telemetry",
     "rlmesh.adapters",
     "rlmesh.errors",
+    "rlmesh.results",
+    "rlmesh.telemetry",
 )
 
 

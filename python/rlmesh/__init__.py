@@ -10,6 +10,7 @@ from .adapters import Action, Concat, Custom, Image, ModelSpec, Plan, State, Tex
 from .core import active as _active_core
 from .core import core_name
 from .errors import ModelOutputError, ObservationError, RlmeshError, SpecError
+from .results import EpisodeResult, RunResult, TelemetryRow
 
 try:
     __version__ = version("rlmesh")
@@ -22,14 +23,17 @@ __all__ = [
     "Action",
     "Concat",
     "Custom",
+    "EpisodeResult",
     "Image",
     "ModelOutputError",
     "ModelSpec",
     "ObservationError",
     "Plan",
     "RlmeshError",
+    "RunResult",
     "SpecError",
     "State",
+    "TelemetryRow",
     "Text",
     "__version__",
     "compile_spec",

@@ -184,3 +184,30 @@ class ActionApplier:
         Raises ``rlmesh.ModelOutputError`` naming the lane, what was expected and what came
         back; ``ValueError`` for ``lanes`` that are not a 1-D array of integers.
         """
+
+class LatencyStats:
+    """Count, mean, max and quantiles of nanosecond durations, in bounded memory.
+
+    See ``rlmesh/_pycore/telemetry.py`` for the bucket layout and the error bound.
+    """
+
+    def __init__(self) -> None: ...
+    def record(self, ns: int) -> None: ...
+    def record_many(self, ns: npt.ArrayLike) -> None:
+        """Add every duration of a ``[K]`` integer array; all or none of them."""
+    def merge(self, other: LatencyStats) -> None: ...
+    def reset(self) -> None: ...
+    @property
+    def count(self) -> int: ...
+    @property
+    def total_ns(self) -> int: ...
+    @property
+    def max_ns(self) -> int: ...
+    @property
+    def mean_ns(self) -> float: ...
+    @property
+    def bucket_count(self) -> int: ...
+    def quantile(self, q: float) -> int:
+        """Within 1/128 of the exact nearest-rank ``q``-quantile, never above ``max_ns``."""
+    def snapshot(self) -> dict[str, Any]:
+        """``{count, avg_ns, p50_ns, p95_ns, p99_ns, max_ns}``."""

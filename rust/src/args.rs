@@ -56,6 +56,9 @@ pub fn u64_arg(value: &Bound<'_, PyAny>, name: &str) -> PyResult<u64> {
 
 /// `value` as an int in `[-2**63, 2**63)` (a clock reading), or a `ValueError`.
 pub fn i64_arg(value: &Bound<'_, PyAny>, name: &str) -> PyResult<i64> {
+    if let Ok(number) = value.extract::<i64>() {
+        return Ok(number); // an int (or an object with `__index__`) in range
+    }
     let number = python_int(value, name, " in [-2**63, 2**63)")?;
     number.extract::<i64>().map_err(|_| {
         PyValueError::new_err(format!(

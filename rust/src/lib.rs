@@ -1,8 +1,8 @@
 //! `rlmesh._core`: the per-lane, per-step bookkeeping of an evaluation run.
 //!
 //! Mirrors the pure-Python core `python/rlmesh/_pycore/` file for file: `seeding`, `args`,
-//! `ledger`, `assembly`, `actions`, `chunks`. The Python core is the specification; the parity
-//! tests keep the two in lockstep.
+//! `ledger`, `assembly`, `actions`, `chunks`, `telemetry`. The Python core is the specification;
+//! the parity tests keep the two in lockstep.
 
 use pyo3::prelude::*;
 
@@ -12,6 +12,7 @@ pub mod assembly;
 pub mod chunks;
 pub mod ledger;
 pub mod seeding;
+pub mod telemetry;
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -23,5 +24,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(chunks::split_chunk, m)?)?;
     m.add_class::<chunks::ChunkQueues>()?;
     m.add_class::<actions::ActionApplier>()?;
+    m.add_class::<telemetry::LatencyStats>()?;
     Ok(())
 }

@@ -2,7 +2,8 @@
 
 Same classes, same methods, same results as the Rust core (``rust/src/``), file for file:
 ``seeding.py`` ~ ``seeding.rs``, ``args.py`` ~ ``args.rs``, ``ledger.py`` ~ ``ledger.rs``,
-``assembly.py`` ~ ``assembly.rs``, ``actions.py`` ~ ``actions.rs``, ``chunks.py`` ~ ``chunks.rs``.
+``assembly.py`` ~ ``assembly.rs``, ``actions.py`` ~ ``actions.rs``, ``chunks.py`` ~ ``chunks.rs``,
+``telemetry.py`` ~ ``telemetry.rs``.
 Selected with ``RLMESH_CORE=python``; the parity tests keep the two in lockstep.
 """
 
@@ -11,12 +12,14 @@ from .assembly import ObservationAssembler
 from .chunks import ChunkQueues, split_chunk
 from .ledger import EpisodeStarts, EpisodeSummary, RouteLedger
 from .seeding import episode_seed
+from .telemetry import LatencyStats
 
 __all__ = [
     "ActionApplier",
     "ChunkQueues",
     "EpisodeStarts",
     "EpisodeSummary",
+    "LatencyStats",
     "ObservationAssembler",
     "RouteLedger",
     "episode_seed",

@@ -1,0 +1,154 @@
+"""EpisodeResult and RunResult: built from either core's summaries, sorted, summarized, shown."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import pickle
+
+import pytest
+import rlmesh
+from rlmesh.results import EpisodeResult, RunResult, TelemetryRow
+
+
+def episode(index: int, **changes) -> EpisodeResult:
+    fields = {
+        "index": index,
+        "seed": 100 + index,
+        "trial": index,
+        "env_index": 0,
+        "steps": 10,
+        "reward": 1.0,
+        "terminated": True,
+        "truncated": False,
+        "success": None,
+        "duration_s": 0.5,
+        "predict_ms": 0.1,
+        "step_ms": 0.2,
+    }
+    return EpisodeResult(**{**fields, **changes})
+
+
+def real_summaries(core) -> list:
+    """Two summaries from a real RouteLedger: lane 1 ends first (slot 1), then lane 0."""
+    ledger = core.RouteLedger(2, 2, base_seed=3, trial_index_base=10)
+    ledger.start_episodes([0, 1], now_ns=0)
+    lanes = [0, 1]
+    ledger.record_step(lanes, [1.0, 2.5], [False, True], [False, False], [10, 20], [5, 7])
+    first = ledger.complete_episodes([1], [1], [True], now_ns=2_000_000_000)
+    ledger.record_step([0], [0.5], [False], [True], [30], [9])
+    second = ledger.complete_episodes([0], [0], None, now_ns=3_000_000_000)
+    return first + second
+
+
+def test_from_summary_copies_every_field_but_the_episode_id(core):
+    summaries = real_summaries(core)
+    results = [EpisodeResult.from_summary(summary) for summary in summaries]
+    assert results[0] == EpisodeResult(
+        index=1,
+        seed=core.episode_seed(3, 11),
+        trial=11,
+        env_index=1,
+        steps=1,
+        reward=2.5,
+        terminated=True,
+        truncated=False,
+        success=True,
+        duration_s=2.0,
+        predict_ms=7 / 1e6,
+        step_ms=20 / 1e6,
+    )
+    assert results[1].index == 0 and results[1].success is None and results[1].truncated
+    for summary, result in zip(summaries, results, strict=True):
+        expected = summary.to_dict()
+        del expected["episode_id"]
+        assert result.to_dict() == expected
+        assert list(result.to_dict()) == list(expected)  # the same field order
+
+
+def test_both_cores_summaries_give_equal_results():
+    from rlmesh.core import load_core
+
+    python, rust = (
+        [EpisodeResult.from_summary(s) for s in real_summaries(load_core(name))]
+        for name in ("python", "rust")
+    )
+    assert python == rust
+
+
+def test_results_are_frozen_and_plain():
+    result = episode(0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.reward = 2.0  # type: ignore[misc]
+    assert pickle.loads(pickle.dumps(result)) == result
+
+
+def test_a_run_sorts_its_episodes_by_index_and_holds_tuples():
+    run = RunResult([episode(2), episode(0), episode(1)], base_seed=None, telemetry=[])
+    assert [e.index for e in run.episodes] == [0, 1, 2]
+    assert isinstance(run.episodes, tuple) and run.telemetry == ()
+    assert run.base_seed is None and run.wasted_steps == 0
+
+
+def test_run_properties():
+    run = RunResult(
+        (episode(1, steps=7, reward=-1.0), episode(0, steps=5, reward=4.0)),
+        base_seed=0,
+        wasted_steps=3,
+    )
+    assert (run.num_episodes, run.total_steps, run.mean_reward) == (2, 12, 1.5)
+    assert run.wasted_steps == 3
+
+
+def test_success_uses_the_reported_outcome_else_termination():
+    run = RunResult(
+        (
+            episode(0, success=True, terminated=False),  # reported: a success
+            episode(1, success=False, terminated=True),  # reported: a failure, though terminal
+            episode(2, success=None, terminated=True),  # not reported: terminal counts
+            episode(3, success=None, terminated=False, truncated=True),  # a time-out
+        ),
+        base_seed=0,
+    )
+    assert run.success_rate == 0.5
+
+
+def test_an_empty_run_has_no_mean_reward_or_success_rate():
+    run = RunResult((), base_seed=0)
+    assert run.num_episodes == run.total_steps == 0
+    assert math.isnan(run.mean_reward) and math.isnan(run.success_rate)
+
+
+def test_format_telemetry_aligns_every_row_and_shows_nan_as_a_dash():
+    nan = math.nan
+    rows = (
+        TelemetryRow("model.predict", "latency", "ms", 1200, 3.25, 3.1, 5.0, 7.5, 12.25),
+        TelemetryRow("driver", "lane-steps", "1/s", 96000, 15234.5, nan, nan, nan, nan),
+    )
+    table = RunResult((), base_seed=0, telemetry=rows).format_telemetry()
+    assert table.splitlines() == [
+        "op             metric      unit  count        avg    p50    p95    p99     max",
+        "model.predict  latency     ms     1200      3.250  3.100  5.000  7.500  12.250",
+        "driver         lane-steps  1/s   96000  15234.500      -      -      -       -",
+    ]
+
+
+def test_format_telemetry_without_rows_is_the_header():
+    assert RunResult((), base_seed=0).format_telemetry().split() == [
+        "op",
+        "metric",
+        "unit",
+        "count",
+        "avg",
+        "p50",
+        "p95",
+        "p99",
+        "max",
+    ]
+
+
+def test_the_result_types_are_exported():
+    assert rlmesh.RunResult is RunResult
+    assert rlmesh.EpisodeResult is EpisodeResult
+    assert rlmesh.TelemetryRow is TelemetryRow
+    assert rlmesh.__all__ == sorted(rlmesh.__all__)
