@@ -16,6 +16,8 @@ DOCUMENTED_MODULES = (
     "rlmesh._pycore.actions",
     "rlmesh.adapters",
     "rlmesh.errors",
+    "rlmesh.model",
+    "rlmesh.numpy",
 )
 
 

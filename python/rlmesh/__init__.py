@@ -9,7 +9,14 @@ from importlib.metadata import PackageNotFoundError, version
 from .adapters import Action, Concat, Custom, Image, ModelSpec, Plan, State, Text, compile_spec
 from .core import active as _active_core
 from .core import core_name
-from .errors import ModelOutputError, ObservationError, RlmeshError, SpecError
+from .errors import (
+    ModelOutputError,
+    ObservationError,
+    RlmeshError,
+    SpecError,
+    StatefulModelError,
+)
+from .model import Model
 
 try:
     __version__ = version("rlmesh")
@@ -23,6 +30,7 @@ __all__ = [
     "Concat",
     "Custom",
     "Image",
+    "Model",
     "ModelOutputError",
     "ModelSpec",
     "ObservationError",
@@ -30,6 +38,7 @@ __all__ = [
     "RlmeshError",
     "SpecError",
     "State",
+    "StatefulModelError",
     "Text",
     "__version__",
     "compile_spec",

@@ -46,3 +46,12 @@ class ObservationError(RlmeshError, ValueError):
     another shape than the space declares. The message names the lane, the key, what the space
     declares and what came back.
     """
+
+
+class StatefulModelError(RlmeshError):
+    """A model keeps state across calls, so the lanes of a run with ``num_envs > 1`` cannot share
+    it.
+
+    Raised by the probe the driver runs before such a run (``ModelHandler.check_stateless``).
+    The message says which output element drifted, with what, and what to do instead.
+    """
