@@ -19,6 +19,8 @@ DOCUMENTED_MODULES = (
     "rlmesh.errors",
     "rlmesh.results",
     "rlmesh.telemetry",
+    "rlmesh.model",
+    "rlmesh.numpy",
 )
 
 

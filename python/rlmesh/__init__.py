@@ -9,7 +9,14 @@ from importlib.metadata import PackageNotFoundError, version
 from .adapters import Action, Concat, Custom, Image, ModelSpec, Plan, State, Text, compile_spec
 from .core import active as _active_core
 from .core import core_name
-from .errors import ModelOutputError, ObservationError, RlmeshError, SpecError
+from .errors import (
+    ModelOutputError,
+    ObservationError,
+    RlmeshError,
+    SpecError,
+    StatefulModelError,
+)
+from .model import Model
 from .results import EpisodeResult, RunResult, TelemetryRow
 
 try:
@@ -25,6 +32,7 @@ __all__ = [
     "Custom",
     "EpisodeResult",
     "Image",
+    "Model",
     "ModelOutputError",
     "ModelSpec",
     "ObservationError",
@@ -33,6 +41,7 @@ __all__ = [
     "RunResult",
     "SpecError",
     "State",
+    "StatefulModelError",
     "TelemetryRow",
     "Text",
     "__version__",

@@ -62,7 +62,16 @@ class HookError(RlmeshError):
     """
 
 
-class OperationTimeout(RlmeshError):
+class OperationTimeout(RlmeshError):  # noqa: N818 - the public name the run API promises
     """An operation (``reset``, ``step`` or ``predict``) took longer than its limit in
     ``timeouts=``. The message names the operation, the step and the limit.
+    """
+
+
+class StatefulModelError(RlmeshError):
+    """A model keeps state across calls, so the lanes of a run with ``num_envs > 1`` cannot share
+    it.
+
+    Raised by the probe the driver runs before such a run (``ModelHandler.check_stateless``).
+    The message says which output element drifted, with what, and what to do instead.
     """

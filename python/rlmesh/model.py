@@ -1,0 +1,493 @@
+"""The model: the ``Model`` base class, which of its corners exist, and the handler that calls them.
+
+A model has up to four *corners*, one per kind of call (DESIGN.md, "Corners of a model"):
+
+- ``predict(obs)`` -> one action;
+- ``predict_batch(obs[K, ...])`` -> ``[K, ...]``, one action per lane;
+- ``predict_chunk(obs[, execution_horizon])`` -> ``[H, ...]``, H consecutive actions;
+- ``predict_chunk_batch(obs[K, ...][, execution_horizon])`` -> ``[K, H, ...]``.
+
+A subclass defines any subset. Batched corners receive one fused observation: each leaf gains a
+leading lane axis (a Dict stays a dict of arrays, a text leaf is a list of K strings) and return
+one batched action (an array, or a dict of arrays, each with the leading lane axis). A plain
+callable, or ``Model(callable)``, is a ``predict``. Any corner may be ``async``.
+
+``ModelHandler`` is how the driver calls a model: once per group step, for the K lanes that need
+an action, through the most specific corner that exists. Missing corners are derived: per-lane
+corners are called lane by lane and stacked, and a chunk corner serves an un-chunked run by
+asking for horizon 1 and keeping the first action.
+
+Example:
+    >>> import asyncio
+    >>> import numpy as np
+    >>> class Doubler(Model):
+    ...     def predict_batch(self, obs):
+    ...         return obs * 2
+    >>> handler = ModelHandler(Doubler())
+    >>> handler.corner, handler.chunked
+    ('predict_batch', False)
+    >>> asyncio.run(handler.predict(np.array([[1.0], [2.0]]), num_lanes=2)).tolist()
+    [[2.0], [4.0]]
+    >>> per_lane = ModelHandler(lambda obs: obs["x"].sum())  # a bare callable is a predict
+    >>> per_lane.corner
+    'predict'
+    >>> asyncio.run(per_lane.predict({"x": np.ones((2, 3))}, num_lanes=2)).tolist()
+    [3.0, 3.0]
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ._pycore.args import path_text
+from .errors import ModelOutputError, StatefulModelError
+
+if TYPE_CHECKING:
+    from .adapters import ModelSpec
+
+CORNERS = ("predict", "predict_batch", "predict_chunk", "predict_chunk_batch")
+# The corner a run uses is the first one the model defines, in this order: batched before
+# per-lane (one call per group step instead of K), and for an un-chunked run the plain corners
+# before the chunk ones (which are asked for horizon 1 and cut to their first action).
+CHUNKED_ORDER = ("predict_chunk_batch", "predict_chunk")
+UNCHUNKED_ORDER = ("predict_batch", "predict", "predict_chunk_batch", "predict_chunk")
+POSITIONAL = (
+    inspect.Parameter.POSITIONAL_ONLY,
+    inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    inspect.Parameter.VAR_POSITIONAL,
+)
+
+# The stateful-model probe (see ``ModelHandler.check_stateless``): rounds of (b, a, a), and how
+# strongly the outputs for ``a`` must line up with call order or with what came before to count
+# as state. For outputs that are pure noise, a rank correlation of 0.9 over 32 outputs has odds
+# of about 1e-12 (t-distribution, 30 degrees of freedom), so even thousands of output elements
+# tested at once leave false alarms negligible; a state that grows with every call, or that
+# remembers the last input, reaches 1.
+PROBE_ROUNDS = 16
+PROBE_THRESHOLD = 0.9
+
+
+class Model:
+    """The base class of a user model: override any subset of the four corners.
+
+    Args:
+        fn: optional; ``Model(fn)`` makes the callable ``fn(obs) -> action`` the ``predict``
+            corner, for a model written as a plain function.
+
+    Attributes:
+        spec: a ``ModelSpec`` saying what the model consumes and emits, or None for the raw
+            observation in, an action cast into the action space out. A class attribute a
+            subclass may set.
+
+    The lifecycle methods are no-ops here; override those you need. The driver calls
+    ``load()`` once before the first prediction, ``on_episode_end(episode_id)`` then
+    ``reset()`` each time an episode the model predicted on ends, and ``close()`` at the end,
+    also on failure. Any of them, and any corner, may be ``async``.
+
+    Example:
+        >>> import numpy as np
+        >>> class Policy(Model):
+        ...     def predict_chunk(self, obs, execution_horizon=None):
+        ...         return np.repeat(obs[None], execution_horizon or 4, axis=0)  # [H, ...]
+        >>> Policy().predict_chunk(np.zeros(2), 3).shape
+        (3, 2)
+        >>> Model(abs).predict(-1)
+        1
+    """
+
+    spec: ModelSpec | None = None
+    # Set by Model(fn). A class attribute too, so a subclass whose __init__ skips
+    # super().__init__() still works.
+    _fn: Callable[[Any], Any] | None = None
+
+    def __init__(self, fn: Callable[[Any], Any] | None = None) -> None:
+        if fn is not None and not callable(fn):
+            raise TypeError(f"Model(fn): fn must be a callable fn(obs) -> action, got {fn!r}")
+        self._fn = fn
+
+    # ------------------------------------------------------------------ corners
+
+    def predict(self, obs: Any) -> Any:
+        """One lane's action for one observation; ``fn(obs)`` for ``Model(fn)``."""
+        if self._fn is None:
+            raise _missing(self, "predict")
+        return self._fn(obs)
+
+    def predict_batch(self, obs: Any) -> Any:
+        """K lanes' actions ``[K, ...]`` for a fused observation (every leaf ``[K, ...]``)."""
+        raise _missing(self, "predict_batch")
+
+    def predict_chunk(self, obs: Any, execution_horizon: int | None = None) -> Any:
+        """H consecutive actions ``[H, ...]`` for one observation.
+
+        ``execution_horizon`` is how many of them the run replays before asking again; a chunk
+        may hold more (the rest is dropped) or fewer (the lane re-plans sooner).
+        """
+        raise _missing(self, "predict_chunk")
+
+    def predict_chunk_batch(self, obs: Any, execution_horizon: int | None = None) -> Any:
+        """K lanes' chunks ``[K, H, ...]`` for a fused observation (every leaf ``[K, ...]``)."""
+        raise _missing(self, "predict_chunk_batch")
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def load(self) -> None:
+        """Called once, before the first prediction: load weights, warm up."""
+
+    def on_episode_end(self, episode_id: int) -> None:
+        """Called when an episode the model predicted on ends, before ``reset()``."""
+
+    def reset(self) -> None:
+        """Called at each episode end, after ``on_episode_end``."""
+
+    def close(self) -> None:
+        """Called once at the end of a run, also when it fails."""
+
+    def run(self, env: Any, **kwargs: Any) -> Any:
+        """Evaluate this model on ``env``: ``rlmesh.driver.run(self, env, **kwargs)``."""
+        from . import driver  # the driver imports this module: import it only when needed
+
+        return driver.run(self, env, **kwargs)
+
+
+def _missing(model: Model, corner: str) -> NotImplementedError:
+    return NotImplementedError(
+        f"{type(model).__name__} does not define {corner}; a Model subclass overrides at least "
+        f"one of {', '.join(CORNERS)}"
+    )
+
+
+def defined_corners(model: Model) -> tuple[str, ...]:
+    """The corners ``model`` defines: overridden by its class, set on the instance, or
+    ``predict`` given as ``Model(fn)``.
+
+    Example:
+        >>> class Chunky(Model):
+        ...     def predict_chunk(self, obs, execution_horizon=None):
+        ...         return [obs]
+        >>> defined_corners(Chunky()), defined_corners(Model(abs))
+        (('predict_chunk',), ('predict',))
+    """
+    return tuple(
+        corner
+        for corner in CORNERS
+        if getattr(type(model), corner) is not getattr(Model, corner)
+        or corner in vars(model)
+        or (corner == "predict" and model._fn is not None)
+    )
+
+
+class ModelHandler:
+    """Calls a user model the way the driver needs: once per group step, for the lanes that need
+    an action.
+
+    Args:
+        model: a ``Model`` (subclass) instance, or a bare callable (taken as ``predict``).
+        execution_horizon: ``E >= 1``, the actions a lane replays from one chunk. ``E > 1``
+            asks for chunks; a model without a chunk corner warns once and runs un-chunked.
+
+    Attributes:
+        model: the wrapped ``Model``.
+        spec: the model's ``spec`` attribute, None when it has none.
+        chunked: whether ``predict`` returns chunks ``[K, H, ...]`` rather than ``[K, ...]``.
+        corner: the corner ``predict`` calls.
+
+    Raises:
+        TypeError: ``model`` is a class, not an instance, or defines no corner.
+        ValueError: ``execution_horizon < 1``.
+    """
+
+    def __init__(self, model: Any, *, execution_horizon: int = 1) -> None:
+        self.model = _as_model(model)
+        if isinstance(execution_horizon, bool) or not isinstance(execution_horizon, int):
+            raise TypeError(f"execution_horizon must be an int >= 1, got {execution_horizon!r}")
+        if execution_horizon < 1:
+            raise ValueError(f"execution_horizon must be >= 1, got {execution_horizon}")
+        self.spec: ModelSpec | None = getattr(self.model, "spec", None)
+
+        defined = defined_corners(self.model)
+        if not defined:
+            raise TypeError(
+                f"{type(self.model).__name__} defines none of the corners {', '.join(CORNERS)}; "
+                f"override at least one, or pass a callable: Model(fn)"
+            )
+        wants_chunks = execution_horizon > 1
+        self.chunked = wants_chunks and any(corner in defined for corner in CHUNKED_ORDER)
+        if wants_chunks and not self.chunked:
+            warnings.warn(
+                f"execution_horizon={execution_horizon} but {type(self.model).__name__} has no "
+                f"chunk corner (predict_chunk or predict_chunk_batch): running un-chunked, one "
+                f"action per prediction",
+                UserWarning,
+                stacklevel=2,
+            )
+        order = CHUNKED_ORDER if self.chunked else UNCHUNKED_ORDER
+        self.corner = next(corner for corner in order if corner in defined)
+        self._batched = self.corner.endswith("_batch")
+        # A chunk corner in an un-chunked run is asked for one action and cut to its first.
+        self._first_action_only = "chunk" in self.corner and not self.chunked
+        horizon = execution_horizon if self.chunked else 1
+        self._call = _corner_call(getattr(self.model, self.corner), self.corner, horizon)
+        self._loaded = False
+        self._closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def load(self) -> None:
+        """``model.load()``, once; later calls do nothing."""
+        if not self._loaded:
+            await _resolved(self.model.load())
+            self._loaded = True
+
+    async def episode_end(self, episode_id: int) -> None:
+        """``model.on_episode_end(episode_id)``, then ``model.reset()``."""
+        await _resolved(self.model.on_episode_end(episode_id))
+        await _resolved(self.model.reset())
+
+    async def close(self) -> None:
+        """``model.close()``, once; later calls do nothing."""
+        if not self._closed:
+            self._closed = True
+            await _resolved(self.model.close())
+
+    # ------------------------------------------------------------------ prediction
+
+    async def predict(self, payload: Any, num_lanes: int) -> Any:
+        """The model's batched output for K lanes.
+
+        Args:
+            payload: the fused input of ``K = num_lanes`` lanes: an array ``[K, ...]``, or a
+                (nested) dict whose array leaves are ``[K, ...]`` and whose text leaves are
+                lists of K strings.
+            num_lanes: K.
+
+        Returns:
+            numpy arrays with a leading lane axis, in the structure the model returned (an
+            array, or a dict of them): ``[K, H, ...]`` per leaf when ``chunked``, else
+            ``[K, ...]``. Per-lane chunks of different lengths are all cut to the shortest H:
+            a shorter chunk only means the lane re-plans sooner (DESIGN.md, "Action chunks").
+
+        Raises:
+            ModelOutputError: a batched corner returned another leading dimension than K, or
+                per-lane outputs that cannot be stacked.
+            Anything the model raises, unchanged (the driver says where it happened).
+
+        The model is loaded first if it was not. Per-lane corners are called in lane order, one
+        call at a time, so a model never sees overlapping calls.
+        """
+        await self.load()
+        if self._batched:
+            output = _arrays(await _resolved(self._call(payload)))
+            self._check_rows(output, num_lanes)
+        else:
+            outputs = [
+                _arrays(await _resolved(self._call(_lane(payload, lane))))
+                for lane in range(num_lanes)
+            ]
+            if "chunk" in self.corner:
+                shortest = min(self._horizon(output, lane) for lane, output in enumerate(outputs))
+                outputs = [_tree_map(lambda leaf: leaf[:shortest], out) for out in outputs]
+            output = self._stacked(outputs)
+        if self._first_action_only:
+            output = _tree_map(self._first_of_chunk, output)
+        return output
+
+    def _check_rows(self, output: Any, num_lanes: int) -> None:
+        for path, leaf in _leaves(output):
+            rows = leaf.shape[0] if leaf.ndim else 0
+            if rows != num_lanes:
+                raise ModelOutputError(
+                    f"{self.corner} returned {rows} rows for {num_lanes} lanes: "
+                    f"{path_text('output', path)} has shape {leaf.shape}, expected one row per "
+                    f"lane along the leading axis"
+                )
+
+    def _horizon(self, chunk: Any, lane: int) -> int:
+        """H of one lane's chunk: the length of its first leaf (the cores check the rest)."""
+        path, leaf = next(_leaves(chunk))
+        if leaf.ndim == 0:
+            raise ModelOutputError(
+                f"{self.corner} returned {path_text('output', path)} of shape () for lane "
+                f"{lane}: expected a chunk [H, ...] of H actions"
+            )
+        return leaf.shape[0]
+
+    def _stacked(self, outputs: list[Any]) -> Any:
+        try:
+            return _tree_map(lambda *leaves: np.stack(leaves), *outputs)
+        except (ValueError, KeyError) as err:
+            raise ModelOutputError(
+                f"{self.corner} returned outputs that cannot be stacked across lanes: every lane's "
+                f"action must have the same keys and shapes ({err})"
+            ) from None
+
+    def _first_of_chunk(self, leaf: np.ndarray) -> np.ndarray:
+        if leaf.ndim < 2:
+            raise ModelOutputError(
+                f"{self.corner} returned shape {leaf.shape}: expected chunks [K, H, ...]"
+            )
+        return leaf[:, 0]
+
+    # ------------------------------------------------------------------ the stateful-model probe
+
+    async def check_stateless(self, sample_a: Any, sample_b: Any) -> None:
+        """Refuse a model whose output depends on earlier calls: lanes cannot share it.
+
+        With ``num_envs > 1`` one model serves every lane, so a model that keeps state across
+        calls (a step counter, a recurrent state, a remembered observation) would mix the lanes'
+        histories. The probe cannot see state directly; it looks for its effect on outputs.
+
+        The rule: call the corner ``PROBE_ROUNDS`` times on the sequence ``b, a, a``, keeping
+        the 32 outputs for ``a`` in call order; each of them follows either ``b`` or ``a``. For
+        a pure model they are draws of one distribution (identical for a deterministic model),
+        so their order says nothing: that spread is the model's own noise. *Drift* is order
+        that the noise cannot explain: for each output element, the rank correlation of the
+        ``a`` outputs with the call count (state that grows, like a counter or running
+        statistics) and with "followed ``b``" (state that remembers recent inputs). Either
+        reaching ``PROBE_THRESHOLD`` = 0.9 in any element fails the probe. Pure noise gets
+        there with odds of about 1e-12 per element, so a noisy pure model passes; a
+        deterministic model passes only if every ``a`` output is identical. A state that
+        changes the output once, or cycles with the call count, can slip through. The probe
+        costs ``3 * PROBE_ROUNDS`` = 48 one-lane calls, once per run.
+
+        Args:
+            sample_a, sample_b: two one-lane payloads, batched with K = 1 as ``predict`` takes
+                them, preferably different observations.
+
+        Raises:
+            StatefulModelError: drift found; the message says what was seen and what to do.
+        """
+        outputs_a: list[np.ndarray] = []
+        follows_b: list[bool] = []
+        for _ in range(PROBE_ROUNDS):
+            await self.predict(sample_b, 1)
+            for after_b in (True, False):
+                outputs_a.append(_numbers(await self.predict(sample_a, 1)))
+                follows_b.append(after_b)
+        # Chunks may change length between calls: compare the elements every output has.
+        size = min(output.size for output in outputs_a)
+        table = np.stack([output[:size] for output in outputs_a])  # [calls, elements]
+        for name, pattern in (
+            ("the number of earlier calls", np.arange(len(outputs_a), dtype=np.float64)),
+            ("which input came just before it", np.array(follows_b, dtype=np.float64)),
+        ):
+            for element in range(size):
+                correlation = _rank_correlation(table[:, element], pattern)
+                if abs(correlation) >= PROBE_THRESHOLD:
+                    raise StatefulModelError(self._stateful_message(name, element, correlation))
+
+    def _stateful_message(self, name: str, element: int, correlation: float) -> str:
+        return (
+            f"{type(self.model).__name__}.{self.corner} keeps state across calls, so lanes "
+            f"cannot share it (num_envs > 1): called {2 * PROBE_ROUNDS} times on one fixed "
+            f"observation with another one in between, element {element} of its output tracked "
+            f"{name} (rank correlation {correlation:+.2f}; outputs that vary by noise alone stay "
+            f"below {PROBE_THRESHOLD}). Make the output depend only on the input: keep "
+            f"per-episode state keyed by episode id and reset it in on_episode_end, or carry "
+            f"history in the observation (stack= in the ModelSpec); or run with num_envs=1"
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# Helpers: what the model is, how its corner is called, and payload / output trees
+
+
+def _as_model(model: Any) -> Model:
+    if isinstance(model, type):
+        raise TypeError(
+            f"model is the class {model.__name__}, not an instance: pass {model.__name__}()"
+        )
+    if isinstance(model, Model):
+        return model
+    if callable(model):
+        return Model(model)
+    raise TypeError(
+        f"model must be a rlmesh.Model instance or a callable fn(obs) -> action, got "
+        f"{type(model).__name__}, which defines none of {', '.join(CORNERS)}"
+    )
+
+
+def _corner_call(method: Callable[..., Any], corner: str, horizon: int) -> Callable[[Any], Any]:
+    """``method`` as a one-argument call; chunk corners get ``horizon`` if they accept it."""
+    if "chunk" not in corner:
+        return method
+    parameters = inspect.signature(method).parameters.values()
+    if any(
+        parameter.name == "execution_horizon" or parameter.kind is parameter.VAR_KEYWORD
+        for parameter in parameters
+    ):
+        return lambda obs: method(obs, execution_horizon=horizon)
+    if sum(parameter.kind in POSITIONAL for parameter in parameters) >= 2:
+        return lambda obs: method(obs, horizon)  # a second positional parameter, named otherwise
+    return method
+
+
+async def _resolved(value: Any) -> Any:
+    """``value``, awaited if it is awaitable (an ``async`` corner or lifecycle method)."""
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+def _tree_map(fn: Callable[..., Any], *trees: Any) -> Any:
+    """``fn`` applied leaf by leaf across trees of the same structure (dicts nest)."""
+    first = trees[0]
+    if isinstance(first, dict):
+        return {key: _tree_map(fn, *(tree[key] for tree in trees)) for key in first}
+    return fn(*trees)
+
+
+def _leaves(tree: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """``(path, leaf)`` for every leaf of a tree, in dict order."""
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from _leaves(value, (*path, str(key)))
+    else:
+        yield path, tree
+
+
+def _arrays(output: Any) -> Any:
+    return _tree_map(np.asarray, output)
+
+
+def _lane(payload: Any, lane: int) -> Any:
+    """One lane's input from a fused payload: every array and text list indexed at ``lane``."""
+    return _tree_map(lambda leaf: leaf[lane], payload)
+
+
+def _numbers(output: Any) -> np.ndarray:
+    """Every element of an output as one float vector, for the probe to compare."""
+    parts = []
+    for path, leaf in _leaves(output):
+        if leaf.dtype.kind not in "biuf":
+            raise ModelOutputError(
+                f"{path_text('output', path)} has dtype {leaf.dtype}: expected booleans, "
+                f"integers or floats"
+            )
+        parts.append(leaf.astype(np.float64).ravel())
+    return np.concatenate(parts)
+
+
+def _ranks(values: np.ndarray) -> np.ndarray:
+    """Ranks 1..n, ties sharing their average rank."""
+    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
+    ends = np.cumsum(counts)
+    return (ends - (counts - 1) / 2)[inverse.ravel()]
+
+
+def _rank_correlation(values: np.ndarray, pattern: np.ndarray) -> float:
+    """Spearman's correlation of ``values`` with ``pattern``; 0 when either is constant."""
+    x = _ranks(values)
+    y = _ranks(pattern)
+    x -= x.mean()
+    y -= y.mean()
+    scale = np.sqrt((x @ x) * (y @ y))
+    return float(x @ y / scale) if scale > 0 else 0.0
+
+
+__all__ = ["CORNERS", "Model", "ModelHandler", "defined_corners"]
