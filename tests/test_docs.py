@@ -16,6 +16,7 @@ DOCUMENTED_MODULES = (
     "rlmesh._pycore.actions",
     "rlmesh.adapters",
     "rlmesh.errors",
+    "rlmesh.envs",
 )
 
 

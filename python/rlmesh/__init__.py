@@ -9,7 +9,7 @@ from importlib.metadata import PackageNotFoundError, version
 from .adapters import Action, Concat, Custom, Image, ModelSpec, Plan, State, Text, compile_spec
 from .core import active as _active_core
 from .core import core_name
-from .errors import ModelOutputError, ObservationError, RlmeshError, SpecError
+from .errors import EnvError, ModelOutputError, ObservationError, RlmeshError, SpecError
 
 try:
     __version__ = version("rlmesh")
@@ -22,6 +22,7 @@ __all__ = [
     "Action",
     "Concat",
     "Custom",
+    "EnvError",
     "Image",
     "ModelOutputError",
     "ModelSpec",

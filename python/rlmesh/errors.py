@@ -46,3 +46,13 @@ class ObservationError(RlmeshError, ValueError):
     another shape than the space declares. The message names the lane, the key, what the space
     declares and what came back.
     """
+
+
+class EnvError(RlmeshError):
+    """The environment could not be made, or raised.
+
+    Raised by ``rlmesh.envs.make_lanes`` when ``gymnasium.make`` or the user's factory fails
+    (an unknown id, a bad keyword), and by a lane vector when an env's ``reset`` or ``step``
+    raises. The message names the env and, where one is involved, the lane; the env's own
+    exception is chained as ``__cause__``.
+    """
