@@ -440,12 +440,27 @@ def test_a_first_reset_of_a_subset_also_starts_the_other_lanes_unseeded():
     lanes = make_lanes(vector)
     observations, _ = lanes.reset(np.array([1]), seeds=[6], trials=[None])
     assert observations[0][0] == gym.utils.seeding.np_random(6)[0].uniform()
-    assert [len(env.resets) for env in vector.envs] == [1, 2, 1]
-    assert [env.resets[0][0] for env in vector.envs] == [None, 6, None]
+    assert [env.resets for env in vector.envs] == [[(None, None)], [(6, None)], [(None, None)]]
     # A later subset is one masked reset that leaves the other lanes alone.
     lanes.reset(np.array([2]), seeds=[7], trials=[None])
-    assert [len(env.resets) for env in vector.envs] == [1, 2, 2]
+    assert [len(env.resets) for env in vector.envs] == [1, 1, 2]
     assert vector.envs[2].resets[1] == (7, {})  # the vector took out its reset_mask
+
+
+def test_a_first_reset_of_one_trial_group_needs_no_priming():
+    vector = SyncVectorEnv([RecordingEnv] * 2, autoreset_mode=AutoresetMode.DISABLED)
+    make_lanes(vector).reset(np.array([0, 1]), seeds=[3, 4], trials=[9, 9])
+    assert [env.resets for env in vector.envs] == [
+        [(3, {"trial_index": 9})],
+        [(4, {"trial_index": 9})],
+    ]
+    # A trial for some lanes only must not reach the others, even on the first reset.
+    vector = SyncVectorEnv([RecordingEnv] * 2, autoreset_mode=AutoresetMode.DISABLED)
+    make_lanes(vector).reset(np.array([1]), seeds=[5], trials=[9])
+    assert [env.resets for env in vector.envs] == [
+        [(None, None)],
+        [(5, None), (5, {"trial_index": 9})],
+    ]
 
 
 def test_next_step_vectors_mark_reset_steps_and_count_env_episodes():

@@ -302,10 +302,11 @@ class VectorLanes(Lanes):
       ``env_episode_ids`` counts the restarts.
 
     A Gymnasium vector cannot reset a subset of its lanes before every lane was reset once (it
-    batches every lane's last observation), so a first ``reset`` of a subset, or with several
-    trial indices, is preceded by one reset of every lane with the seeds given (the other
-    lanes unseeded) and no options. ``reset`` never counts as an env-started episode, and it
-    cancels a NEXT_STEP vector's pending autoreset of the lanes it resets.
+    batches every lane's last observation), so the first ``reset`` resets every lane: lanes not
+    asked for start unseeded, and when the lanes asked for need different trial indices, all
+    are first reset with their seeds and no options, then again per trial. ``reset`` never
+    counts as an env-started episode, and it cancels a NEXT_STEP vector's pending autoreset of
+    the lanes it resets.
 
     Observations are split per lane from the batch the vector returned: views into it, so a
     vector built with ``copy=False`` overwrites them on its next call.
@@ -346,35 +347,39 @@ class VectorLanes(Lanes):
         self, lanes: np.ndarray, seeds: Sequence[int | None], trials: Sequence[int | None]
     ) -> tuple[list[Any], list[dict[str, Any]]]:
         checked = _checked_reset(lanes, seeds, trials, self.num_lanes)
-        # One vector reset per distinct reset option: the vector passes one options dict to
-        # every lane it resets.
+        # One vector reset per distinct reset option, as the vector passes one options dict to
+        # every lane it resets; the group without options first (see below).
         by_trial: dict[int | None, list[int]] = {}
         for position, trial in enumerate(trials):
             key = trial if self.accepts_trial_index else None
             by_trial.setdefault(key, []).append(position)
+        groups = sorted(by_trial.items(), key=lambda group: group[0] is not None)
 
-        if not self._reset_once and (len(by_trial) > 1 or len(checked) < self.num_lanes):
-            # A Gymnasium vector batches every lane's last observation, so it cannot reset some
-            # lanes before each lane was reset once: reset all of them first, seeded as asked
-            # (the others unseeded) and without options; the groups below then reset again.
+        # A Gymnasium vector batches every lane's last observation, so its first reset must
+        # cover every lane. The option-free group can be that reset (the other lanes start
+        # unseeded), as can one trial asked for every lane; otherwise every lane is reset once
+        # first, seeded as asked, without options.
+        options_for_all = len(groups) == 1 and len(checked) == self.num_lanes
+        if not self._reset_once and groups[0][0] is not None and not options_for_all:
             first_seeds: list[int | None] = [None] * self.num_lanes
             for lane, seed in zip(checked, seeds, strict=True):
                 first_seeds[lane] = seed
             self._vector_reset(first_seeds, None)
-        self._reset_once = True
+            self._reset_once = True
 
         observations: list[Any] = [None] * len(checked)
         infos: list[Any] = [None] * len(checked)
-        for trial, positions in by_trial.items():
+        for trial, positions in groups:
             mask = np.zeros(self.num_lanes, dtype=np.bool_)
             lane_seeds: list[int | None] = [None] * self.num_lanes
             for position in positions:
                 mask[checked[position]] = True
                 lane_seeds[checked[position]] = seeds[position]
             options = self._reset_options(trial) or {}
-            if not mask.all():
+            if self._reset_once and not mask.all():
                 options["reset_mask"] = mask
             lane_observations, lane_infos = self._vector_reset(lane_seeds, options or None)
+            self._reset_once = True
             for position in positions:
                 observations[position] = lane_observations[checked[position]]
                 infos[position] = lane_infos[checked[position]]
