@@ -21,6 +21,7 @@ DOCUMENTED_MODULES = (
     "rlmesh.telemetry",
     "rlmesh.model",
     "rlmesh.numpy",
+    "rlmesh.envs",
 )
 
 

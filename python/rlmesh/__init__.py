@@ -9,13 +9,19 @@ from importlib.metadata import PackageNotFoundError, version
 from .adapters import Action, Concat, Custom, Image, ModelSpec, Plan, State, Text, compile_spec
 from .core import active as _active_core
 from .core import core_name
+from .driver import arun, run
 from .errors import (
+    EnvError,
+    HookError,
+    ModelError,
     ModelOutputError,
     ObservationError,
+    OperationTimeout,
     RlmeshError,
     SpecError,
     StatefulModelError,
 )
+from .hooks import RunHooks, RuntimeHooks, StepEvent
 from .model import Model
 from .results import EpisodeResult, RunResult, TelemetryRow
 
@@ -30,22 +36,31 @@ __all__ = [
     "Action",
     "Concat",
     "Custom",
+    "EnvError",
     "EpisodeResult",
+    "HookError",
     "Image",
     "Model",
+    "ModelError",
     "ModelOutputError",
     "ModelSpec",
     "ObservationError",
+    "OperationTimeout",
     "Plan",
     "RlmeshError",
+    "RunHooks",
     "RunResult",
+    "RuntimeHooks",
     "SpecError",
     "State",
     "StatefulModelError",
+    "StepEvent",
     "TelemetryRow",
     "Text",
     "__version__",
+    "arun",
     "compile_spec",
     "core_name",
     "episode_seed",
+    "run",
 ]

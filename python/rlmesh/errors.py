@@ -75,3 +75,13 @@ class StatefulModelError(RlmeshError):
     Raised by the probe the driver runs before such a run (``ModelHandler.check_stateless``).
     The message says which output element drifted, with what, and what to do instead.
     """
+
+
+class EnvError(RlmeshError):
+    """The environment could not be made, or raised.
+
+    Raised by ``rlmesh.envs.make_lanes`` when ``gymnasium.make`` or the user's factory fails
+    (an unknown id, a bad keyword), and by a lane vector when an env's ``reset`` or ``step``
+    raises. The message names the env and, where one is involved, the lane; the env's own
+    exception is chained as ``__cause__``.
+    """

@@ -1,0 +1,648 @@
+"""The async driver: reset -> predict -> step over the lanes until exactly M episodes are scored.
+
+Per round (DESIGN.md, "The loop"):
+
+1. lanes whose episode ended are completed, and restart on the next slot (or go idle);
+2. the running lanes' raw observations are assembled into the model's input (frame stacks keyed
+   by episode id);
+3. the model is called once for the lanes whose replay queue is empty, through the most
+   specific corner it has;
+4. the action plan is applied, chunks are queued per lane, and one action per lane is popped;
+5. the lanes are stepped, and the ledger records rewards, terminations and timings.
+
+The per-lane bookkeeping is the core's (``rlmesh.core``): this file only moves numpy arrays
+between the core, the model and the environments, and calls the hooks.
+
+Example:
+    >>> import rlmesh
+    >>> result = rlmesh.run(lambda obs: int(obs[2] > 0), "CartPole-v1", episodes=4, num_envs=2)
+    >>> [episode.index for episode in result.episodes]
+    [0, 1, 2, 3]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector.utils import create_empty_array
+
+from .adapters import compile_spec
+from .core import active, load_core
+from .envs import Lanes, make_lanes
+from .errors import EnvError, ModelError, OperationTimeout, RlmeshError
+from .hooks import HookDispatcher, StepEvent
+from .model import ModelHandler
+from .results import EpisodeResult, RunResult
+from .telemetry import Telemetry
+
+TIMEOUT_OPS = ("reset", "step", "predict")
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """The checked arguments of one run."""
+
+    seeds: list[int] | None
+    episodes: int
+    base_seed: int
+    num_envs: int | None
+    execution_horizon: int
+    max_episode_steps: int | None
+    max_episode_seconds: float | None
+    trial_index_base: int
+    telemetry_window: float
+    timeouts: dict[str, float]
+    close_env: bool
+
+
+def _positive_int(name: str, value: Any, *, allow_none: bool = False) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _positive_float(name: str, value: Any, *, allow_none: bool = False) -> float | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+def check_settings(
+    *,
+    seeds: Sequence[int] | None,
+    episodes: int | None,
+    seed: int | None,
+    num_envs: int | None,
+    execution_horizon: int,
+    max_episode_steps: int | None,
+    max_episode_seconds: float | None,
+    trial_index_base: int,
+    telemetry_window: float,
+    timeouts: dict[str, float] | None,
+    close_env: bool,
+) -> RunSettings:
+    """The run's arguments checked, with the defaults DESIGN.md gives; ValueError otherwise."""
+    if seeds is not None:
+        seeds = list(seeds)
+        if not seeds and episodes is None:
+            raise ValueError("seeds is empty: give at least one seed, or episodes=")
+    if episodes is None:
+        episodes = len(seeds) if seeds is not None else 1
+    unknown = sorted(set(timeouts or {}) - set(TIMEOUT_OPS))
+    if unknown:
+        raise ValueError(f"timeouts has unknown operations {unknown}; expected {list(TIMEOUT_OPS)}")
+    if isinstance(trial_index_base, bool) or not isinstance(trial_index_base, int):
+        raise ValueError(
+            f"trial_index_base must be a non-negative integer, got {trial_index_base!r}"
+        )
+    if trial_index_base < 0:
+        raise ValueError(f"trial_index_base must be a non-negative integer, got {trial_index_base}")
+    return RunSettings(
+        seeds=seeds,
+        episodes=_positive_int("episodes", episodes),
+        base_seed=0 if seed is None else seed,
+        num_envs=_positive_int("num_envs", num_envs, allow_none=True),
+        execution_horizon=_positive_int("execution_horizon", execution_horizon),
+        max_episode_steps=_positive_int("max_episode_steps", max_episode_steps, allow_none=True),
+        max_episode_seconds=_positive_float(
+            "max_episode_seconds", max_episode_seconds, allow_none=True
+        ),
+        trial_index_base=trial_index_base,
+        telemetry_window=_positive_float("telemetry_window", telemetry_window),
+        timeouts={
+            op: _positive_float(f"timeouts[{op!r}]", limit)
+            for op, limit in (timeouts or {}).items()
+        },
+        close_env=bool(close_env),
+    )
+
+
+def run(model: Any, env: Any, **kwargs: Any) -> RunResult:
+    """Evaluate ``model`` on ``env`` and return exactly the episodes asked for.
+
+    Takes the arguments of ``arun``. Inside a running event loop, ``await arun(...)`` instead.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(arun(model, env, **kwargs))
+    raise RuntimeError(
+        "rlmesh.run() was called inside a running event loop; use `await rlmesh.arun(...)` there"
+    )
+
+
+async def arun(
+    model: Any,
+    env: Any,
+    *,
+    seeds: Sequence[int] | None = None,
+    episodes: int | None = None,
+    seed: int | None = None,
+    num_envs: int | None = None,
+    execution_horizon: int = 1,
+    max_episode_steps: int | None = None,
+    max_episode_seconds: float | None = None,
+    hooks: Any = None,
+    trial_index_base: int = 0,
+    telemetry_window: float = 1.0,
+    timeouts: dict[str, float] | None = None,
+    close_env: bool = False,
+    core: str | None = None,
+) -> RunResult:
+    """Evaluate ``model`` on ``env``: the coroutine behind ``rlmesh.run``.
+
+    Args:
+        model: a ``rlmesh.Model`` (corners ``predict``, ``predict_batch``, ``predict_chunk``,
+            ``predict_chunk_batch``), a ``Model(callable)``, or a bare callable (a ``predict``).
+        env: a Gymnasium id, a ``gymnasium.Env`` (one lane), a zero-argument factory of envs,
+            or a ``gymnasium.vector.VectorEnv`` (its lanes, in lockstep).
+        seeds: slot k resets with ``seeds[k]``; ``episodes`` defaults to ``len(seeds)``.
+        episodes: how many episodes to score, M (default: ``len(seeds)``, else 1).
+        seed: the base seed (default 0): slot k without a listed seed resets with
+            ``episode_seed(seed, trial_index_base + k)``.
+        num_envs: lanes to build from an id or a factory (default 1).
+        execution_horizon: actions replayed per chunk (needs a chunk corner).
+        max_episode_steps, max_episode_seconds: truncate an episode at this many steps or
+            seconds of wall clock.
+        hooks: ``RunHooks``, ``RuntimeHooks`` or a list of them.
+        trial_index_base: the global index of slot 0 (a shard of a larger evaluation).
+        telemetry_window: seconds between telemetry snapshots.
+        timeouts: per-operation limits in seconds: ``{"reset": .., "step": .., "predict": ..}``.
+        close_env: also close an env instance or vector the caller passed in (rlmesh always
+            closes the envs it made).
+        core: ``"rust"`` or ``"python"``; default the active core (``RLMESH_CORE``).
+
+    Returns:
+        The ``RunResult``: M episodes sorted by index, wasted steps and telemetry.
+
+    Raises:
+        RlmeshError: a typed error (model output, env, hook, timeout, spec); it carries the
+            episodes completed before it as ``err.partial_result``.
+    """
+    settings = check_settings(
+        seeds=seeds,
+        episodes=episodes,
+        seed=seed,
+        num_envs=num_envs,
+        execution_horizon=execution_horizon,
+        max_episode_steps=max_episode_steps,
+        max_episode_seconds=max_episode_seconds,
+        trial_index_base=trial_index_base,
+        telemetry_window=telemetry_window,
+        timeouts=timeouts,
+        close_env=close_env,
+    )
+    return await EvaluationRun(model, env, settings, hooks=hooks, core=core).execute()
+
+
+def _success(info: dict) -> bool | None:
+    """What the final ``info`` says of success: ``is_success``, else ``success``, else None."""
+    for key in ("is_success", "success"):
+        if key in info:
+            return bool(info[key])
+    return None
+
+
+def _map_leaves(tree: Any, fn: Callable[[np.ndarray], Any]) -> Any:
+    """``fn`` applied to every array of a (nested) dict of arrays, or to the array itself."""
+    if isinstance(tree, dict):
+        return {key: _map_leaves(value, fn) for key, value in tree.items()}
+    return fn(tree)
+
+
+def _scatter(target: Any, rows: np.ndarray, values: Any) -> None:
+    """``target[rows] = values`` leaf by leaf (a dict action fills each of its arrays)."""
+    if isinstance(target, dict):
+        for key in target:
+            _scatter(target[key], rows, values[key])
+    else:
+        target[rows] = values
+
+
+class EvaluationRun:
+    """One evaluation: the lanes, the model, the core's state and the hooks, from start to end."""
+
+    def __init__(
+        self, model: Any, env: Any, settings: RunSettings, *, hooks: Any, core: str | None
+    ) -> None:
+        self.settings = settings
+        self.hooks_argument = hooks
+        self.core = active if core is None else load_core(core)
+        self.env = env
+        self.model = model
+        self.hooks: HookDispatcher | None = None
+        self.lanes: Lanes | None = None
+        self.handler: ModelHandler | None = None
+        self.ledger: Any = None
+        self.telemetry: Telemetry | None = None
+        self.rounds = 0
+
+    # -------------------------------------------------------------------- set-up and teardown
+
+    async def execute(self) -> RunResult:
+        error: BaseException | None = None
+        try:
+            self._configure()
+            await self._evaluate()
+        except BaseException as exc:  # every failure closes the run the same way
+            error = exc
+        result = self._result()
+        error = await self._teardown(result, error)
+        if error is not None:
+            if isinstance(error, Exception):
+                error.partial_result = result  # type: ignore[attr-defined]
+            raise error
+        return result
+
+    def _configure(self) -> None:
+        settings = self.settings
+        self.hooks = HookDispatcher(self.hooks_argument)
+        self.handler = ModelHandler(self.model, execution_horizon=settings.execution_horizon)
+        self.lanes = make_lanes(self.env, num_envs=settings.num_envs)
+        lanes = self.lanes
+        if lanes.autoreset != "driver" and (
+            settings.max_episode_steps or settings.max_episode_seconds
+        ):
+            raise ValueError(
+                "max_episode_steps and max_episode_seconds need a vector rlmesh resets itself; "
+                f"this VectorEnv autoresets ({lanes.autoreset}): wrap its envs in "
+                "gymnasium.wrappers.TimeLimit instead"
+            )
+        plan = compile_spec(
+            self.handler.spec, lanes.single_observation_space, lanes.single_action_space
+        )
+        self.plan = plan
+        core = self.core
+        self.ledger = core.RouteLedger(
+            lanes.num_lanes,
+            settings.episodes,
+            seeds=settings.seeds,
+            base_seed=settings.base_seed,
+            trial_index_base=settings.trial_index_base,
+        )
+        self.assembler = core.ObservationAssembler(plan.observation)
+        self.applier = core.ActionApplier(plan.action)
+        self.queues = (
+            core.ChunkQueues(lanes.num_lanes, settings.execution_horizon)
+            if self.handler.chunked
+            else None
+        )
+        self.all_lanes = np.arange(lanes.num_lanes, dtype=np.int64)
+        self.observations: list[Any] = [None] * lanes.num_lanes
+        self.episode_steps = np.zeros(lanes.num_lanes, dtype=np.int64)
+        self.episode_started_ns = np.zeros(lanes.num_lanes, dtype=np.int64)
+        # Per lane: the scored episode's index (-1 for surplus or none) and seed, for hooks.
+        self.lane_index = np.full(lanes.num_lanes, -1, dtype=np.int64)
+        self.lane_seed: list[int | None] = [None] * lanes.num_lanes
+        self.telemetry = Telemetry(settings.telemetry_window, time.perf_counter_ns(), core=core)
+
+    async def _teardown(
+        self, result: RunResult, error: BaseException | None
+    ) -> BaseException | None:
+        """Tell the model every owed episode end, close model and env, fire the end hooks.
+
+        Returns the error the run ends with: the first one, or one raised here.
+        """
+        steps: list[Callable[[], Any]] = []
+        if self.handler is not None:
+            handler = self.handler
+            if self.ledger is not None:
+                owed = self.ledger.take_all_model_ends().tolist()
+                steps += [
+                    lambda episode_id=episode_id: handler.episode_end(episode_id)
+                    for episode_id in owed
+                ]
+            steps.append(handler.close)
+        if self.lanes is not None and (self.settings.close_env or self._owns_env):
+            steps.append(self.lanes.close)
+        if self.hooks is not None:
+            hooks = self.hooks
+            steps.append(lambda: hooks.run_end(result, error))
+        for step in steps:
+            try:
+                outcome = step()
+                if asyncio.iscoroutine(outcome):
+                    await outcome
+            except Exception as exc:  # teardown goes on; the first error wins
+                error = error or exc
+        return error
+
+    @property
+    def _owns_env(self) -> bool:
+        """rlmesh made the envs (from an id or a factory), so rlmesh closes them."""
+        return not isinstance(self.env, (gym.Env, gym.vector.VectorEnv))
+
+    def _result(self) -> RunResult:
+        ledger = self.ledger
+        summaries = [] if ledger is None else ledger.summaries()
+        telemetry = (
+            () if self.telemetry is None else self.telemetry.cumulative_rows(time.perf_counter_ns())
+        )
+        return RunResult(
+            episodes=tuple(EpisodeResult.from_summary(summary) for summary in summaries),
+            base_seed=self.settings.base_seed,
+            wasted_steps=0 if ledger is None else ledger.wasted_steps,
+            telemetry=telemetry,
+        )
+
+    # -------------------------------------------------------------------- the loop
+
+    async def _evaluate(self) -> None:
+        lanes, hooks = self.lanes, self.hooks
+        await hooks.run_start(self._context())
+        await self._guard("predict", self.handler.load, where="model.load")
+        await self._start(self.all_lanes)
+        if lanes.autoreset != "driver":
+            self.ledger.observe_rolls(
+                self.all_lanes, lanes.env_episode_ids(), now_ns=time.perf_counter_ns()
+            )
+        await self._probe_statefulness()
+        while not self.ledger.done:
+            round_start = time.perf_counter_ns()
+            running = self.ledger.running_lanes()
+            if len(running):
+                actions, predict_ns = await self._act(running)
+            else:  # every lane of an autoresetting vector is between episodes this step
+                actions, predict_ns = None, np.zeros(0, dtype=np.int64)
+            stepped = self.all_lanes if lanes.lockstep else running
+            if lanes.lockstep and len(running) < lanes.num_lanes:
+                actions = self._fill_idle_lanes(running, actions)
+            step_start = time.perf_counter_ns()
+            batch = await self._guard("step", lanes.step, stepped, actions, where="env.step")
+            now = time.perf_counter_ns()
+            self.telemetry.record("env.step", now - step_start)
+            for position, lane in enumerate(stepped.tolist()):
+                self.observations[lane] = batch.observations[position]
+            ended = await self._account(running, batch, actions, predict_ns, now - step_start, now)
+            if len(ended):
+                await self._finish(ended, batch, running)
+            if lanes.autoreset == "driver":
+                if len(ended):
+                    await self._start(ended)
+            else:
+                starts = self.ledger.observe_rolls(
+                    self.all_lanes, lanes.env_episode_ids(), now_ns=now
+                )
+                await self._announce(starts)
+            self.rounds += 1
+            end = time.perf_counter_ns()
+            self.telemetry.record("driver.round", end - round_start)
+            self.telemetry.count_steps(1, len(stepped))
+            if self.telemetry.window_due(end):
+                await hooks.telemetry(self.telemetry.take_window(end))
+
+    def _context(self) -> dict[str, Any]:
+        lanes, settings = self.lanes, self.settings
+        return {
+            "env": self.env if isinstance(self.env, str) else type(self.env).__name__,
+            "num_lanes": lanes.num_lanes,
+            "lockstep": lanes.lockstep,
+            "autoreset": lanes.autoreset,
+            "episodes": settings.episodes,
+            "base_seed": settings.base_seed,
+            "seeds": settings.seeds,
+            "trial_index_base": settings.trial_index_base,
+            "execution_horizon": settings.execution_horizon,
+            "chunked": self.handler.chunked,
+            "corner": self.handler.corner,
+            "core": "python" if self.core is load_core("python") else "rust",
+            "plan": self.plan.describe(),
+        }
+
+    async def _start(self, lanes_to_start: np.ndarray) -> None:
+        """Claim slots for vacant lanes, reset them with their seeds, announce scored starts."""
+        overflow = "surplus" if self.lanes.lockstep else "idle"
+        starts = self.ledger.start_episodes(
+            lanes_to_start, now_ns=time.perf_counter_ns(), overflow=overflow
+        )
+        reset = np.concatenate([starts.lanes, starts.surplus_lanes])
+        if len(reset):
+            seeds = list(starts.seeds) + [None] * len(starts.surplus_lanes)
+            trials = starts.trials.tolist() + [None] * len(starts.surplus_lanes)
+            reset_start = time.perf_counter_ns()
+            observations, _ = await self._guard(
+                "reset", self.lanes.reset, reset, seeds, trials, where="env.reset"
+            )
+            self.telemetry.record("env.reset", time.perf_counter_ns() - reset_start)
+            for lane, observation in zip(reset.tolist(), observations, strict=True):
+                self.observations[lane] = observation
+        await self._announce(starts)
+
+    async def _announce(self, starts: Any) -> None:
+        """Note the new episodes' lanes, and tell the hooks of the scored ones."""
+        now = time.perf_counter_ns()
+        new_lanes = np.concatenate([starts.lanes, starts.surplus_lanes])
+        self.episode_steps[new_lanes] = 0
+        self.episode_started_ns[new_lanes] = now
+        self.lane_index[starts.surplus_lanes] = -1
+        self.lane_index[starts.lanes] = starts.indices
+        for lane, index, seed in zip(
+            starts.lanes.tolist(), starts.indices.tolist(), starts.seeds, strict=True
+        ):
+            self.lane_seed[lane] = seed
+            await self.hooks.episode_start(index, seed)
+
+    async def _probe_statefulness(self) -> None:
+        """With several lanes sharing the model, refuse one that keeps state across calls."""
+        started = [
+            lane for lane in range(self.lanes.num_lanes) if self.observations[lane] is not None
+        ]
+        if len(started) < 2:
+            return
+        probe = self.core.ObservationAssembler(self.plan.observation)
+        sample_a = probe.assemble([self.observations[started[0]]], [0])
+        sample_b = probe.assemble([self.observations[started[1]]], [1])
+        await self._guard(
+            "predict", self.handler.check_stateless, sample_a, sample_b, where="model probe"
+        )
+
+    async def _act(self, running: np.ndarray) -> tuple[Any, np.ndarray]:
+        """One env action per running lane (``[K, ...]``), and each lane's model time."""
+        ids = self.ledger.episode_ids(running)
+        if self.queues is None:
+            return await self._predict_actions(running, ids)
+        queues = self.queues
+        predict_ns = np.zeros(len(running), dtype=np.int64)
+        needing = queues.lanes_needing_predict(running)
+        if len(needing) < len(running):
+            replaying = running[~np.isin(running, needing)]
+            self.assembler.push(
+                [self.observations[lane] for lane in replaying.tolist()],
+                self.ledger.episode_ids(replaying),
+            )
+        if len(needing):
+            needing_ids = self.ledger.episode_ids(needing)
+            chunk, elapsed = await self._call_model(needing, needing_ids)
+            horizon = self.core.split_chunk(chunk, len(needing))
+            kept = min(horizon, self.settings.execution_horizon)
+            queues.push(needing, needing_ids, self._apply_chunk(chunk, needing, kept))
+            predict_ns[np.isin(running, needing)] = elapsed
+        actions = queues.pop(running, ids)
+        if self.hooks.wants_actions:
+            actions = await self.hooks.action(running, actions)
+        return actions, predict_ns
+
+    async def _predict_actions(
+        self, running: np.ndarray, ids: np.ndarray
+    ) -> tuple[Any, np.ndarray]:
+        output, elapsed = await self._call_model(running, ids)
+        actions = self.applier.apply_actions(output, running)
+        if self.hooks.wants_actions:
+            actions = await self.hooks.action(running, actions)
+        return actions, np.full(len(running), elapsed, dtype=np.int64)
+
+    async def _call_model(self, lanes: np.ndarray, ids: np.ndarray) -> tuple[Any, int]:
+        """Assemble the input of ``lanes`` and call the model once; its output and time."""
+        payload = self.assembler.assemble([self.observations[lane] for lane in lanes.tolist()], ids)
+        if self.hooks.wants_observations:
+            payload = await self.hooks.observation(lanes, payload)
+        start = time.perf_counter_ns()
+        output = await self._guard(
+            "predict",
+            self.handler.predict,
+            payload,
+            len(lanes),
+            where=f"model.{self.handler.corner}",
+        )
+        elapsed = time.perf_counter_ns() - start
+        self.telemetry.record("model.predict", elapsed)
+        self.ledger.mark_predicted(lanes)
+        return output, elapsed
+
+    def _apply_chunk(self, chunk: Any, lanes: np.ndarray, kept: int) -> Any:
+        """The action plan over each lane's first ``kept`` actions: ``[K, kept, ...]``."""
+        count = len(lanes)
+        flat = _map_leaves(
+            chunk, lambda leaf: leaf[:, :kept].reshape(count * kept, *leaf.shape[2:])
+        )
+        applied = self.applier.apply_actions(flat, np.repeat(lanes, kept))
+        return _map_leaves(applied, lambda leaf: leaf.reshape(count, kept, *leaf.shape[1:]))
+
+    def _fill_idle_lanes(self, running: np.ndarray, actions: Any) -> Any:
+        """A lockstep vector steps every lane: lanes without an episode (autoresetting on
+        this step) get a placeholder action the env ignores."""
+        full = create_empty_array(
+            self.lanes.single_action_space, n=self.lanes.num_lanes, fn=np.zeros
+        )
+        if len(running):
+            _scatter(full, running, actions)
+        return full
+
+    async def _account(
+        self,
+        running: np.ndarray,
+        batch: Any,
+        actions: Any,
+        predict_ns: np.ndarray,
+        step_ns: int,
+        now: int,
+    ) -> np.ndarray:
+        """Record the running lanes' step in the ledger; return the lanes whose episode ended."""
+        rows = running if self.lanes.lockstep else slice(None)
+        terminated = batch.terminated[rows]
+        truncated = batch.truncated[rows].copy()
+        self.episode_steps[running] += 1
+        settings = self.settings
+        if settings.max_episode_steps is not None:
+            truncated |= self.episode_steps[running] >= settings.max_episode_steps
+        if settings.max_episode_seconds is not None:
+            age = now - self.episode_started_ns[running]
+            truncated |= age >= settings.max_episode_seconds * 1e9
+        truncated &= ~terminated
+        rewards = batch.rewards[rows]
+        ended = self.ledger.record_step(
+            running, rewards, terminated, truncated, np.full(len(running), step_ns), predict_ns
+        )
+        if self.hooks.wants_steps:
+            positions = np.arange(len(running)) if isinstance(rows, slice) else running
+            flags = (rewards, terminated, truncated, predict_ns, step_ns)
+            await self._step_events(running, positions, batch, actions, flags)
+        return ended
+
+    async def _step_events(
+        self, running: np.ndarray, positions: np.ndarray, batch: Any, actions: Any, flags: tuple
+    ) -> None:
+        """A ``StepEvent`` per scored lane of this step (only built when a hook listens)."""
+        rewards, terminated, truncated, predict_ns, step_ns = flags
+        for k, lane in enumerate(running.tolist()):
+            index = int(self.lane_index[lane])
+            if index < 0:
+                continue  # surplus episodes are never announced
+            position = int(positions[k])
+            final = batch.final_observations[position] if batch.final_observations else None
+            await self.hooks.step(
+                StepEvent(
+                    episode=index,
+                    seed=self.lane_seed[lane],
+                    step=int(self.episode_steps[lane]),
+                    observation=batch.observations[position] if final is None else final,
+                    action=_map_leaves(actions, lambda leaf, row=position: leaf[row]),
+                    reward=float(rewards[k]),
+                    terminated=bool(terminated[k]),
+                    truncated=bool(truncated[k]),
+                    info=batch.infos[position],
+                    predict_ms=predict_ns[k] / 1e6,
+                    step_ms=step_ns / 1e6,
+                )
+            )
+
+    async def _finish(self, ended: np.ndarray, batch: Any, running: np.ndarray) -> None:
+        """Complete the ended episodes: summaries, evictions, the model's and hooks' ends."""
+        ledger = self.ledger
+        position_of = {
+            lane: k
+            for k, lane in enumerate((self.all_lanes if self.lanes.lockstep else running).tolist())
+        }
+        ended_ids = ledger.episode_ids(ended)
+        successes = [_success(batch.infos[position_of[lane]]) for lane in ended.tolist()]
+        summaries = ledger.complete_episodes(
+            ended, ended_ids, successes, now_ns=time.perf_counter_ns()
+        )
+        for episode_id in ended_ids.tolist():
+            self.assembler.evict(episode_id)
+            if self.queues is not None:
+                self.queues.drop(episode_id)
+        for episode_id in ledger.take_model_ends(ended_ids).tolist():
+            await self._guard(
+                "predict", self.handler.episode_end, episode_id, where="model.on_episode_end"
+            )
+        for summary in summaries:
+            await self.hooks.episode_end(EpisodeResult.from_summary(summary))
+
+    # -------------------------------------------------------------------- guarded calls
+
+    async def _guard(self, op: str, fn: Callable[..., Any], *args: Any, where: str) -> Any:
+        """Call an env or model operation: time-limited when ``timeouts`` names ``op``, and
+        with a foreign exception wrapped in the typed error that says where it came from."""
+        limit = self.settings.timeouts.get(op)
+        try:
+            if limit is None:
+                outcome = fn(*args)
+                return await outcome if asyncio.iscoroutine(outcome) else outcome
+            return await asyncio.wait_for(asyncio.to_thread(_call_blocking, fn, *args), limit)
+        except (TimeoutError, asyncio.TimeoutError):
+            raise OperationTimeout(
+                f"{where} took longer than its {limit:g} s limit (timeouts[{op!r}]) at round "
+                f"{self.rounds}"
+            ) from None
+        except RlmeshError:
+            raise
+        except Exception as exc:
+            error = EnvError if where.startswith("env.") else ModelError
+            raise error(f"{where} raised {exc!r} at round {self.rounds}") from exc
+
+
+def _call_blocking(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run ``fn`` in a worker thread, driving it to completion if it is a coroutine."""
+    outcome = fn(*args)
+    return asyncio.run(outcome) if asyncio.iscoroutine(outcome) else outcome

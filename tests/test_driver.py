@@ -1,0 +1,453 @@
+"""The driver end to end: real Gymnasium envs, both cores, exact and reproducible episodes."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import ClassVar
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import rlmesh
+from gymnasium.wrappers import FrameStackObservation
+from rlmesh.adapters import ModelSpec, State
+from rlmesh.errors import EnvError, HookError, ModelOutputError, OperationTimeout
+from rlmesh.model import PROBE_ROUNDS
+
+CORES = ["rust", "python"]
+TIMING_FIELDS = {"duration_s", "predict_ms", "step_ms"}
+
+
+def cartpole_policy(obs):
+    return int(obs[2] + 0.3 * obs[3] > 0)
+
+
+def acrobot_policy(obs):
+    return int(np.sign(obs[5]) + 1)
+
+
+def pendulum_policy(obs):
+    return np.clip(np.array([-2.0 * obs[2]], dtype=np.float32), -2, 2)
+
+
+POLICIES = {
+    "CartPole-v1": cartpole_policy,
+    "Acrobot-v1": acrobot_policy,
+    "Pendulum-v1": pendulum_policy,
+}
+
+
+def comparable(result, *, drop=("env_index",)):
+    """Each episode's fields but timings (and, across lane counts, the lane it ran on)."""
+    dropped = TIMING_FIELDS | set(drop)
+    return [
+        {key: value for key, value in episode.to_dict().items() if key not in dropped}
+        for episode in result.episodes
+    ]
+
+
+def plain_gymnasium_loop(env_id, policy, seeds, max_episode_steps=None):
+    """The reference: reset with each seed, step to done, in a plain loop."""
+    env = gym.make(env_id, max_episode_steps=max_episode_steps)
+    episodes = []
+    for index, seed in enumerate(seeds):
+        obs, _ = env.reset(seed=seed)
+        steps, reward, done = 0, 0.0, False
+        while not done:
+            obs, step_reward, terminated, truncated, _ = env.step(policy(obs))
+            steps, reward, done = steps + 1, reward + float(step_reward), terminated or truncated
+        episodes.append(
+            {
+                "index": index,
+                "seed": seed,
+                "trial": index,
+                "steps": steps,
+                "reward": reward,
+                "terminated": bool(terminated),
+                "truncated": bool(truncated),
+                "success": None,
+            }
+        )
+    env.close()
+    return episodes
+
+
+@pytest.mark.parametrize("core", CORES)
+@pytest.mark.parametrize("num_envs", [1, 3, 8])
+@pytest.mark.parametrize("episodes", [2, 8, 13])
+def test_exactly_the_episodes_asked_for_seeded_by_index(core, num_envs, episodes):
+    result = rlmesh.run(
+        cartpole_policy, "CartPole-v1", episodes=episodes, num_envs=num_envs, seed=7, core=core
+    )
+    assert [episode.index for episode in result.episodes] == list(range(episodes))
+    assert [episode.seed for episode in result.episodes] == [
+        rlmesh.episode_seed(7, index) for index in range(episodes)
+    ]
+    assert result.num_episodes == episodes
+    assert result.base_seed == 7
+    assert result.wasted_steps == 0
+    assert result.total_steps == sum(episode.steps for episode in result.episodes)
+
+
+@pytest.mark.parametrize("env_id", sorted(POLICIES))
+def test_results_equal_a_plain_gymnasium_loop_for_every_lane_count_and_core(env_id):
+    policy = POLICIES[env_id]
+    seeds = [3, 1, 4, 1, 5, 9]
+    reference = plain_gymnasium_loop(env_id, policy, seeds, max_episode_steps=120)
+    for core in CORES:
+        for num_envs in (1, 3, 8):
+            result = rlmesh.run(
+                policy, env_id, seeds=seeds, num_envs=num_envs, max_episode_steps=120, core=core
+            )
+            assert comparable(result) == reference, (core, num_envs)
+
+
+class ActionLog(gym.Env):
+    """Records every action it receives; episodes last `length` steps (10 + seed % 7)."""
+
+    observation_space = gym.spaces.Box(-1e6, 1e6, (2,), np.float32)
+    action_space = gym.spaces.Discrete(100_000)
+    received: ClassVar[list[tuple[int, int]]] = []
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.seed_value, self.t = seed, 0
+        self.length = 10 + seed % 7
+        return np.array([seed, 0], np.float32), {}
+
+    def step(self, action):
+        ActionLog.received.append((self.seed_value, int(action)))
+        self.t += 1
+        done = self.t >= self.length
+        return np.array([self.seed_value, self.t], np.float32), 1.0, done, False, {}
+
+
+class CountingChunker(rlmesh.Model):
+    """Returns chunks whose actions encode when they were planned: step * 100 + offset."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def predict_chunk_batch(self, obs, execution_horizon=None):
+        self.calls += len(obs)
+        horizon = execution_horizon or 1
+        return (obs[:, 1:2] * 100 + np.arange(horizon)).astype(np.int64)
+
+
+@pytest.mark.parametrize("core", CORES)
+@pytest.mark.parametrize("horizon", [1, 3, 4])
+def test_chunks_are_replayed_per_lane_and_never_cross_an_episode(core, horizon):
+    results = []
+    for num_envs in (1, 3, 8):
+        ActionLog.received = []
+        model = CountingChunker()
+        result = rlmesh.run(
+            model,
+            ActionLog,
+            seeds=list(range(9)),
+            num_envs=num_envs,
+            execution_horizon=horizon,
+            core=core,
+        )
+        # The model is called ceil(steps / H) times per episode (plus the statefulness probe's
+        # calls when lanes share it).
+        probe_calls = 3 * PROBE_ROUNDS if num_envs > 1 else 0
+        planned = sum(math.ceil(e.steps / horizon) for e in result.episodes)
+        assert model.calls == planned + probe_calls
+        # Step t of every episode plays offset t % H of the chunk planned at step H * (t // H):
+        # chunks replay in order, and a new episode starts from a fresh chunk.
+        per_seed: dict[int, list[int]] = {}
+        for seed, action in ActionLog.received:
+            per_seed.setdefault(seed, []).append(action)
+        assert sorted(per_seed) == list(range(9))
+        for seed, actions in per_seed.items():
+            expected = [horizon * (t // horizon) * 100 + t % horizon for t in range(len(actions))]
+            assert actions == expected, seed
+        results.append(comparable(result))
+    assert results[0] == results[1] == results[2]
+
+
+class StackRecorder(rlmesh.Model):
+    """Records what it is given: a stack of the last 3 CartPole observations."""
+
+    spec = ModelSpec(input=State(stack=3, dtype="float64"))
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[np.ndarray] = []
+
+    def predict(self, obs):
+        self.seen.append(np.array(obs))
+        return int(obs[-1][2] > 0)
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_frame_stacks_match_gymnasium_frame_stack_as_the_model_sees_them(core):
+    model = StackRecorder()
+    result = rlmesh.run(model, "CartPole-v1", seeds=[11, 12], num_envs=1, core=core)
+    reference = FrameStackObservation(gym.make("CartPole-v1"), 3, padding_type="reset")
+    expected = []
+    for seed in (11, 12):
+        obs, _ = reference.reset(seed=seed)
+        done = False
+        while not done:
+            expected.append(obs)
+            obs, _, terminated, truncated, _ = reference.step(int(obs[-1][2] > 0))
+            done = terminated or truncated
+    assert len(model.seen) == len(expected) == result.total_steps
+    for seen, wanted in zip(model.seen, expected, strict=True):
+        np.testing.assert_allclose(seen, wanted, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_max_episode_steps_truncates_exactly_at_the_cap(core):
+    result = rlmesh.run(lambda obs: 0, "Pendulum-v1", episodes=3, max_episode_steps=17, core=core)
+    outcomes = [(e.steps, e.truncated, e.terminated) for e in result.episodes]
+    assert outcomes == [(17, True, False)] * 3
+
+
+class SlowEnv(gym.Env):
+    observation_space = gym.spaces.Box(0, 1, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        time.sleep(0.01)
+        return np.zeros(1, np.float32), 0.0, False, False, {}
+
+
+def test_max_episode_seconds_truncates_by_wall_clock():
+    result = rlmesh.run(lambda obs: 0, SlowEnv, episodes=2, max_episode_seconds=0.1)
+    for episode in result.episodes:
+        assert episode.truncated and not episode.terminated
+        assert 5 <= episode.steps <= 15
+        assert episode.duration_s >= 0.1
+
+
+class BatchOnly(rlmesh.Model):
+    def __init__(self):
+        super().__init__()
+        self.batch_sizes: list[int] = []
+
+    def predict_batch(self, obs):
+        self.batch_sizes.append(len(obs))
+        return (obs[:, 2] + 0.3 * obs[:, 3] > 0).astype(np.int64)
+
+
+class PredictOnly(rlmesh.Model):
+    def predict(self, obs):
+        return cartpole_policy(obs)
+
+
+class ChunkOnly(rlmesh.Model):
+    def predict_chunk(self, obs, execution_horizon=None):
+        return np.array([cartpole_policy(obs)])
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_every_corner_alone_drives_the_same_run(core):
+    runs = {
+        "callable": rlmesh.run(cartpole_policy, "CartPole-v1", episodes=5, num_envs=3, core=core),
+        "predict": rlmesh.run(PredictOnly(), "CartPole-v1", episodes=5, num_envs=3, core=core),
+        "batch": rlmesh.run(BatchOnly(), "CartPole-v1", episodes=5, num_envs=3, core=core),
+        "chunk": rlmesh.run(ChunkOnly(), "CartPole-v1", episodes=5, num_envs=3, core=core),
+    }
+    reference = comparable(runs["callable"], drop=())
+    for name, result in runs.items():
+        assert comparable(result, drop=()) == reference, name
+
+
+def test_the_batched_corner_gets_only_the_lanes_that_need_an_action():
+    model = BatchOnly()
+    result = rlmesh.run(model, "CartPole-v1", episodes=5, num_envs=3)
+    # One call per round (after the probe's one-lane calls); never more lanes than are
+    # running; fewer once lanes go idle.
+    assert model.batch_sizes[: 3 * PROBE_ROUNDS] == [1] * (3 * PROBE_ROUNDS)
+    assert sum(model.batch_sizes[3 * PROBE_ROUNDS :]) == result.total_steps
+    assert max(model.batch_sizes) == 3 and min(model.batch_sizes) < 3
+
+
+class LastObservationModel(rlmesh.Model):
+    """Keeps the previous observation across calls: its output depends on the call before."""
+
+    def __init__(self):
+        super().__init__()
+        self.last = np.zeros(4)
+
+    def predict(self, obs):
+        action = int(obs[2] - self.last[2] > 0)
+        self.last = np.asarray(obs)
+        return action
+
+
+def test_a_stateful_model_is_refused_when_lanes_share_it():
+    with pytest.raises(rlmesh.StatefulModelError, match=r"num_envs=1"):
+        rlmesh.run(LastObservationModel(), "CartPole-v1", episodes=4, num_envs=2)
+    # One lane: nothing is shared, so the same model runs.
+    single_lane = rlmesh.run(LastObservationModel(), "CartPole-v1", episodes=2, num_envs=1)
+    assert single_lane.num_episodes == 2
+
+
+class NoisyPure(rlmesh.Model):
+    def predict(self, obs):
+        return int(obs[2] + np.random.normal(0, 0.01) > 0)
+
+
+def test_a_noisy_but_pure_model_is_accepted():
+    assert rlmesh.run(NoisyPure(), "CartPole-v1", episodes=4, num_envs=3).num_episodes == 4
+
+
+class Recorder(rlmesh.RunHooks):
+    def __init__(self, fail_at=None):
+        self.events: list[tuple] = []
+        self.fail_at = fail_at
+
+    def on_run_start(self, context):
+        self.events.append(("run_start",))
+
+    def on_episode_start(self, *, episode, seed):
+        self.events.append(("episode_start", episode, seed))
+
+    def on_step(self, event):
+        self.events.append(("step", event.episode, event.step))
+        if self.fail_at is not None and len(self.events) >= self.fail_at:
+            raise RuntimeError("hook failed on purpose")
+
+    def on_episode_end(self, result):
+        self.events.append(("episode_end", result.index))
+
+    def on_run_end(self, result):
+        self.events.append(("run_end", result.num_episodes))
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_hooks_fire_once_each_in_order(core):
+    hooks = Recorder()
+    result = rlmesh.run(
+        cartpole_policy, "CartPole-v1", episodes=5, num_envs=2, hooks=hooks, core=core
+    )
+    kinds = [event[0] for event in hooks.events]
+    assert kinds[0] == "run_start" and kinds[-1] == "run_end" and kinds.count("run_end") == 1
+    assert sorted(e[1] for e in hooks.events if e[0] == "episode_start") == list(range(5))
+    assert sorted(e[1] for e in hooks.events if e[0] == "episode_end") == list(range(5))
+    assert kinds.count("step") == result.total_steps
+    for index in range(5):
+        events = [e for e in hooks.events if len(e) > 1 and e[1] == index and e[0] != "run_end"]
+        assert events[0][0] == "episode_start" and events[-1][0] == "episode_end"
+        steps = [e[2] for e in events if e[0] == "step"]
+        assert steps == list(range(1, result.episodes[index].steps + 1))
+
+
+class WrongShape(rlmesh.Model):
+    def __init__(self, good_steps):
+        super().__init__()
+        self.calls, self.good_steps, self.closed = 0, good_steps, False
+
+    def predict_batch(self, obs):
+        self.calls += 1
+        if self.calls > self.good_steps:
+            return np.zeros((len(obs), 3))
+        return (obs[:, 2] > 0).astype(np.int64)
+
+    def close(self):
+        self.closed = True
+
+
+class BreaksAtStep(gym.Env):
+    observation_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+    closed = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        if BreakCounter.total >= 25:
+            raise RuntimeError("the simulator crashed")
+        BreakCounter.total += 1
+        return np.zeros(1, np.float32), 1.0, self.t >= 5, False, {}
+
+    def close(self):
+        BreaksAtStep.closed += 1
+
+
+class BreakCounter:
+    total = 0
+
+
+def test_a_wrong_action_shape_fails_typed_with_the_partial_result():
+    model = WrongShape(good_steps=300)
+    hooks = Recorder()
+    with pytest.raises(ModelOutputError, match=r"lane|rows") as raised:
+        rlmesh.run(model, "CartPole-v1", episodes=50, num_envs=1, hooks=hooks)
+    partial = raised.value.partial_result
+    assert partial.num_episodes >= 1
+    assert [e.index for e in partial.episodes] == list(range(partial.num_episodes))
+    assert model.closed
+    assert [e[0] for e in hooks.events].count("run_end") == 1
+
+
+def test_an_env_raising_fails_as_env_error_and_closes_the_envs():
+    BreakCounter.total, BreaksAtStep.closed = 0, 0
+    with pytest.raises(EnvError, match=r"lane \d.*the simulator crashed|raised") as raised:
+        rlmesh.run(lambda obs: 0, BreaksAtStep, episodes=20, num_envs=2)
+    assert raised.value.partial_result.num_episodes == 4  # 25 steps of 2 lanes, 5 per episode
+    assert BreaksAtStep.closed == 2
+
+
+def test_a_hook_raising_stops_the_run_with_hook_error():
+    hooks = Recorder(fail_at=10)
+    with pytest.raises(HookError, match=r"Recorder\.on_step raised"):
+        rlmesh.run(cartpole_policy, "CartPole-v1", episodes=3, hooks=hooks)
+    assert hooks.events[-1][0] == "run_end"
+
+
+def test_a_hung_step_times_out():
+    with pytest.raises(OperationTimeout, match=r"env.step took longer than its 0.001 s limit"):
+        rlmesh.run(lambda obs: 0, SlowEnv, episodes=1, timeouts={"step": 0.001})
+
+
+@pytest.mark.parametrize("core", CORES)
+@pytest.mark.parametrize(
+    "mode",
+    [
+        gym.vector.AutoresetMode.DISABLED,
+        gym.vector.AutoresetMode.NEXT_STEP,
+        gym.vector.AutoresetMode.SAME_STEP,
+    ],
+)
+def test_a_lockstep_vector_scores_exactly_and_reports_waste(core, mode):
+    vector = gym.vector.SyncVectorEnv(
+        [lambda: gym.make("CartPole-v1") for _ in range(4)], autoreset_mode=mode
+    )
+    hooks = Recorder()
+    result = rlmesh.run(
+        cartpole_policy, vector, episodes=6, seed=5, hooks=hooks, core=core, close_env=True
+    )
+    assert [e.index for e in result.episodes] == list(range(6))
+    assert result.wasted_steps > 0
+    assert sorted(e[1] for e in hooks.events if e[0] == "episode_end") == list(range(6))
+    if mode == gym.vector.AutoresetMode.DISABLED:
+        # The driver resets every lane itself, so every episode is seeded by its index.
+        assert [e.seed for e in result.episodes] == [rlmesh.episode_seed(5, k) for k in range(6)]
+    else:
+        seeded = [rlmesh.episode_seed(5, k) for k in range(4)]
+        assert [e.seed for e in result.episodes][:4] == seeded
+        assert all(e.seed is None for e in result.episodes[4:])
+
+
+def test_bad_arguments_are_refused_with_what_was_expected():
+    with pytest.raises(ValueError, match="episodes must be a positive integer, got 0"):
+        rlmesh.run(cartpole_policy, "CartPole-v1", episodes=0)
+    with pytest.raises(ValueError, match="execution_horizon must be a positive integer"):
+        rlmesh.run(cartpole_policy, "CartPole-v1", execution_horizon=0)
+    with pytest.raises(ValueError, match=r"timeouts has unknown operations \['think'\]"):
+        rlmesh.run(cartpole_policy, "CartPole-v1", timeouts={"think": 1})
