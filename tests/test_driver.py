@@ -451,3 +451,143 @@ def test_bad_arguments_are_refused_with_what_was_expected():
         rlmesh.run(cartpole_policy, "CartPole-v1", execution_horizon=0)
     with pytest.raises(ValueError, match=r"timeouts has unknown operations \['think'\]"):
         rlmesh.run(cartpole_policy, "CartPole-v1", timeouts={"think": 1})
+
+
+class Stream(rlmesh.RuntimeHooks):
+    """Records the runtime event stream; optionally breaks an observer or a transform."""
+
+    def __init__(self, *, broken_observer=False, broken_transform=False):
+        self.events: list[str] = []
+        self.broken_observer, self.broken_transform = broken_observer, broken_transform
+        self.snapshots = 0
+
+    def session_started(self, context):
+        self.events.append("session_started")
+
+    def session_ended(self, result):
+        self.events.append("session_ended")
+
+    def session_failed(self, error, partial_result):
+        self.events.append("session_failed")
+
+    def episode_started(self, *, episode, seed):
+        self.events.append("episode_started")
+
+    def episode_completed(self, result):
+        self.events.append("episode_completed")
+
+    def observation_emitted(self, *, lanes, observation):
+        self.events.append("observation_emitted")
+
+    def action_received(self, *, lanes, action):
+        self.events.append("action_received")
+        if self.broken_observer:
+            raise RuntimeError("observer broke")
+
+    def step_completed(self, event):
+        self.events.append("step_completed")
+
+    def telemetry_snapshot(self, rows):
+        self.snapshots += 1
+
+    def transform_action(self, action):
+        if self.broken_transform:
+            raise RuntimeError("transform broke")
+        return action
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_the_runtime_event_stream_is_complete_and_ordered(core):
+    stream = Stream()
+    result = rlmesh.run(
+        SlowStart(),
+        "CartPole-v1",
+        episodes=3,
+        num_envs=2,
+        hooks=[stream],
+        core=core,
+        telemetry_window=0.005,
+    )
+    events = stream.events
+    assert events[0] == "session_started" and events[-1] == "session_ended"
+    assert events.count("episode_started") == events.count("episode_completed") == 3
+    # One fused observation and one applied action per round; one completion per lane-step.
+    assert events.count("observation_emitted") == events.count("action_received")
+    assert events.count("step_completed") == result.total_steps
+    assert events.index("episode_started") < events.index("observation_emitted")
+    assert stream.snapshots >= 1
+
+
+class SlowStart(rlmesh.Model):
+    """A CartPole policy slow enough (1 ms per call) for telemetry windows to pass."""
+
+    def predict(self, obs):
+        time.sleep(0.001)
+        return cartpole_policy(obs)
+
+
+def test_an_observer_that_raises_is_logged_and_the_run_goes_on(caplog):
+    stream = Stream(broken_observer=True)
+    with caplog.at_level("ERROR", logger="rlmesh"):
+        result = rlmesh.run(cartpole_policy, "CartPole-v1", episodes=2, hooks=stream)
+    assert result.num_episodes == 2
+    failures = [r for r in caplog.records if "Stream.action_received raised" in r.getMessage()]
+    assert len(failures) == stream.events.count("action_received") > 0
+
+
+def test_a_failing_transform_stops_the_run():
+    stream = Stream(broken_transform=True)
+    with pytest.raises(HookError, match=r"Stream\.transform_action raised"):
+        rlmesh.run(cartpole_policy, "CartPole-v1", episodes=2, hooks=stream)
+    assert stream.events[-1] == "session_failed"
+
+
+class FlipObservation(rlmesh.RuntimeHooks):
+    def transform_observation(self, observation):
+        return -observation
+
+
+def test_transform_observation_changes_what_the_model_sees():
+    seen = []
+
+    def model(obs):
+        seen.append(obs.copy())
+        return 0
+
+    rlmesh.run(model, "CartPole-v1", seeds=[3], hooks=FlipObservation())
+    first, _ = gym.make("CartPole-v1").reset(seed=3)
+    np.testing.assert_array_equal(seen[0], -first)
+
+
+class AsyncHooks(rlmesh.RunHooks):
+    def __init__(self):
+        self.ends = 0
+
+    async def on_episode_end(self, result):
+        self.ends += 1
+
+
+def test_hook_methods_may_be_coroutines():
+    hooks = AsyncHooks()
+    rlmesh.run(cartpole_policy, "CartPole-v1", episodes=3, hooks=hooks)
+    assert hooks.ends == 3
+
+
+def test_the_bound_form_and_the_numpy_alias_run_the_same_evaluation():
+    from rlmesh.numpy import Model as NumpyModel
+
+    assert NumpyModel is rlmesh.Model
+    bound = PredictOnly().run("CartPole-v1", episodes=3, seed=2)
+    free = rlmesh.run(PredictOnly(), "CartPole-v1", episodes=3, seed=2)
+    assert comparable(bound, drop=()) == comparable(free, drop=())
+
+
+def test_arun_inside_an_event_loop_and_run_refuses_there():
+    import asyncio
+
+    async def main():
+        with pytest.raises(RuntimeError, match=r"await rlmesh\.arun"):
+            rlmesh.run(cartpole_policy, "CartPole-v1")
+        return await rlmesh.arun(cartpole_policy, "CartPole-v1", episodes=2)
+
+    assert asyncio.run(main()).num_episodes == 2

@@ -304,6 +304,9 @@ class EvaluationRun:
         # Per lane: the scored episode's index (-1 for surplus or none) and seed, for hooks.
         self.lane_index = np.full(lanes.num_lanes, -1, dtype=np.int64)
         self.lane_seed: list[int | None] = [None] * lanes.num_lanes
+        # Reused every round: the env step's time charged to each stepped lane.
+        self._step_times = np.zeros(lanes.num_lanes, dtype=np.int64)
+        self._predict_times = np.zeros(lanes.num_lanes, dtype=np.int64)
         self.telemetry = Telemetry(settings.telemetry_window, time.perf_counter_ns(), core=core)
 
     async def _teardown(
@@ -381,8 +384,11 @@ class EvaluationRun:
             batch = await self._guard("step", lanes.step, stepped, actions, where="env.step")
             now = time.perf_counter_ns()
             self.telemetry.record("env.step", now - step_start)
-            for position, lane in enumerate(stepped.tolist()):
-                self.observations[lane] = batch.observations[position]
+            if len(stepped) == len(self.observations):
+                self.observations = list(batch.observations)
+            else:
+                for position, lane in enumerate(stepped.tolist()):
+                    self.observations[lane] = batch.observations[position]
             ended = await self._account(running, batch, actions, predict_ns, now - step_start, now)
             if len(ended):
                 await self._finish(ended, batch, running)
@@ -499,7 +505,9 @@ class EvaluationRun:
         actions = self.applier.apply_actions(output, running)
         if self.hooks.wants_actions:
             actions = await self.hooks.action(running, actions)
-        return actions, np.full(len(running), elapsed, dtype=np.int64)
+        predict_ns = self._predict_times[: len(running)]
+        predict_ns.fill(elapsed)
+        return actions, predict_ns
 
     async def _call_model(self, lanes: np.ndarray, ids: np.ndarray) -> tuple[Any, int]:
         """Assemble the input of ``lanes`` and call the model once; its output and time."""
@@ -548,26 +556,36 @@ class EvaluationRun:
         now: int,
     ) -> np.ndarray:
         """Record the running lanes' step in the ledger; return the lanes whose episode ended."""
-        rows = running if self.lanes.lockstep else slice(None)
-        terminated = batch.terminated[rows]
-        truncated = batch.truncated[rows].copy()
+        lockstep = self.lanes.lockstep
+        rows = running if lockstep else slice(None)
+        terminated, truncated, rewards = batch.terminated, batch.truncated, batch.rewards
+        if lockstep:
+            terminated, truncated, rewards = terminated[rows], truncated[rows], rewards[rows]
         self.episode_steps[running] += 1
         settings = self.settings
-        if settings.max_episode_steps is not None:
-            truncated |= self.episode_steps[running] >= settings.max_episode_steps
-        if settings.max_episode_seconds is not None:
-            age = now - self.episode_started_ns[running]
-            truncated |= age >= settings.max_episode_seconds * 1e9
-        truncated &= ~terminated
-        rewards = batch.rewards[rows]
+        if settings.max_episode_steps is not None or settings.max_episode_seconds is not None:
+            truncated = truncated | self._over_cap(running, now)
+            truncated &= ~terminated
+        step_times = self._step_times[: len(running)]
+        step_times.fill(step_ns)
         ended = self.ledger.record_step(
-            running, rewards, terminated, truncated, np.full(len(running), step_ns), predict_ns
+            running, rewards, terminated, truncated, step_times, predict_ns
         )
         if self.hooks.wants_steps:
             positions = np.arange(len(running)) if isinstance(rows, slice) else running
             flags = (rewards, terminated, truncated, predict_ns, step_ns)
             await self._step_events(running, positions, batch, actions, flags)
         return ended
+
+    def _over_cap(self, running: np.ndarray, now: int) -> np.ndarray:
+        """Which running lanes reached ``max_episode_steps`` or ``max_episode_seconds``."""
+        settings = self.settings
+        over = np.zeros(len(running), dtype=bool)
+        if settings.max_episode_steps is not None:
+            over |= self.episode_steps[running] >= settings.max_episode_steps
+        if settings.max_episode_seconds is not None:
+            over |= now - self.episode_started_ns[running] >= settings.max_episode_seconds * 1e9
+        return over
 
     async def _step_events(
         self, running: np.ndarray, positions: np.ndarray, batch: Any, actions: Any, flags: tuple
