@@ -591,3 +591,17 @@ def test_arun_inside_an_event_loop_and_run_refuses_there():
         return await rlmesh.arun(cartpole_policy, "CartPole-v1", episodes=2)
 
     assert asyncio.run(main()).num_episodes == 2
+
+
+class SlowToLoadAndPredict(rlmesh.Model):
+    def load(self):
+        time.sleep(0.05)  # loading weights is never time-limited
+
+    def predict(self, obs):
+        time.sleep(0.05)
+        return 0
+
+
+def test_a_slow_predict_times_out_but_a_slow_load_does_not():
+    with pytest.raises(OperationTimeout, match=r"model\.predict took longer than its 0\.02 s"):
+        rlmesh.run(SlowToLoadAndPredict(), "CartPole-v1", timeouts={"predict": 0.02})

@@ -363,7 +363,7 @@ class EvaluationRun:
     async def _evaluate(self) -> None:
         lanes, hooks = self.lanes, self.hooks
         await hooks.run_start(self._context())
-        await self._guard("predict", self.handler.load, where="model.load")
+        await self._guard("load", self.handler.load, where="model.load")
         await self._start(self.all_lanes)
         if lanes.autoreset != "driver":
             self.ledger.observe_rolls(
@@ -469,7 +469,7 @@ class EvaluationRun:
         sample_a = probe.assemble([self.observations[started[0]]], [0])
         sample_b = probe.assemble([self.observations[started[1]]], [1])
         await self._guard(
-            "predict", self.handler.check_stateless, sample_a, sample_b, where="model probe"
+            "probe", self.handler.check_stateless, sample_a, sample_b, where="model probe"
         )
 
     async def _act(self, running: np.ndarray) -> tuple[Any, np.ndarray]:
@@ -632,7 +632,7 @@ class EvaluationRun:
                 self.queues.drop(episode_id)
         for episode_id in ledger.take_model_ends(ended_ids).tolist():
             await self._guard(
-                "predict", self.handler.episode_end, episode_id, where="model.on_episode_end"
+                "episode_end", self.handler.episode_end, episode_id, where="model.on_episode_end"
             )
         for summary in summaries:
             await self.hooks.episode_end(EpisodeResult.from_summary(summary))
@@ -640,8 +640,10 @@ class EvaluationRun:
     # -------------------------------------------------------------------- guarded calls
 
     async def _guard(self, op: str, fn: Callable[..., Any], *args: Any, where: str) -> Any:
-        """Call an env or model operation: time-limited when ``timeouts`` names ``op``, and
-        with a foreign exception wrapped in the typed error that says where it came from."""
+        """Call an env or model operation: time-limited when ``timeouts`` names ``op`` (only
+        ``reset``, ``step`` and ``predict`` can be limited; loading the model, its episode ends
+        and the statefulness probe never are), with a foreign exception wrapped in the typed
+        error that says where it came from."""
         limit = self.settings.timeouts.get(op)
         try:
             if limit is None:
