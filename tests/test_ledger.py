@@ -127,6 +127,7 @@ def test_snapshot_of_new_ledger(core):
     assert snapshot == {
         "num_lanes": 2,
         "episodes": 4,
+        "indices": None,
         "base_seed": 1,
         "trial_index_base": 3,
         "slots_claimed": 0,
@@ -1239,3 +1240,37 @@ def test_timing_sums_past_int64_stay_exact():
     assert summaries["rust"] == summaries["python"]
     assert summaries["python"]["step_ms"] == 2**62 / 1e6
     assert summaries["python"]["duration_s"] == float(2**64 - 1) / 1e9
+
+
+def test_a_ledger_can_run_only_some_slots_with_their_own_seeds(core):
+    ledger = core.RouteLedger(2, 6, base_seed=3, indices=[1, 4, 5])
+    assert ledger.slots_remaining == 3
+    starts = ledger.start_episodes([0, 1], now_ns=0)
+    assert starts.indices.tolist() == [1, 4]
+    assert starts.seeds == [episode_seed_of(core, 3, 1), episode_seed_of(core, 3, 4)]
+    finish(ledger, [0, 1])
+    assert not ledger.done
+    last = ledger.start_episodes([1, 0], now_ns=0)
+    assert (last.indices.tolist(), last.idle_lanes.tolist()) == ([5], [0])
+    finish(ledger, [1])
+    assert ledger.done
+    assert sorted(summary.index for summary in ledger.summaries()) == [1, 4, 5]
+
+
+def episode_seed_of(core, base, index):
+    return core.episode_seed(base, index)
+
+
+@pytest.mark.parametrize(
+    ("indices", "message"),
+    [
+        ([], r"^indices must name at least one slot$"),
+        ([2, 1], r"^indices must be strictly increasing, but indices\[1\] is 1 after 2$"),
+        ([0, 6], r"^indices\[1\] is 6, outside the slots 0\.\.5$"),
+        ([-1], r"^indices\[0\] must be an integer in \[0, 2\*\*64\), got -1$"),
+        (3, r"^indices must be a sequence of integers, got int$"),
+    ],
+)
+def test_bad_indices_are_refused(core, indices, message):
+    with pytest.raises(ValueError, match=message):
+        core.RouteLedger(1, 6, indices=indices)

@@ -243,8 +243,13 @@ class RustPythonLedgerParity(RuleBasedStateMachine):
         seeds=st.none() | st.lists(st.integers(0, U64_MAX), max_size=18),
         base_seed=st.none() | st.integers(0, U64_MAX),
         trial_index_base=st.none() | st.integers(0, 2**40),
+        index_subset=st.none() | st.sets(st.integers(0, 15), min_size=1),
     )
-    def create(self, num_lanes, episodes, seeds, base_seed, trial_index_base):
+    def create(self, num_lanes, episodes, seeds, base_seed, trial_index_base, index_subset):
+        # A resumed run's ledger runs only some slots; keep the ones inside the budget.
+        indices = None
+        if index_subset is not None and any(index < episodes for index in index_subset):
+            indices = sorted(index for index in index_subset if index < episodes)
         built = []
         for core in self.cores:
             with warnings.catch_warnings(record=True) as caught:
@@ -255,6 +260,7 @@ class RustPythonLedgerParity(RuleBasedStateMachine):
                     seeds=seeds,
                     base_seed=base_seed,
                     trial_index_base=trial_index_base,
+                    indices=indices,
                 )
             built.append((ledger, [(w.category, str(w.message)) for w in caught]))
         (under_test, under_test_warnings), (reference, reference_warnings) = built
@@ -466,11 +472,19 @@ seed_lists = st.one_of(
     seeds=seed_lists,
     base_seed=st.none() | u64_like,
     trial_index_base=st.none() | u64_like | st.sampled_from([2**63 - 1, 2**63 - 20, 2**63]),
+    indices=st.none() | st.lists(st.integers(-2, 20), max_size=5) | st.just(7),
 )
-def test_rust_constructor_matches_python(num_lanes, episodes, seeds, base_seed, trial_index_base):
+def test_rust_constructor_matches_python(
+    num_lanes, episodes, seeds, base_seed, trial_index_base, indices
+):
     def build(core):
         ledger = core.RouteLedger(
-            num_lanes, episodes, seeds=seeds, base_seed=base_seed, trial_index_base=trial_index_base
+            num_lanes,
+            episodes,
+            seeds=seeds,
+            base_seed=base_seed,
+            trial_index_base=trial_index_base,
+            indices=indices,
         )
         # Slot seeds show which listed seeds were kept; slots past the budget must be refused.
         slot_seeds = [outcome(lambda slot=slot: ledger.seed_for_slot(slot)) for slot in range(8)]

@@ -10,7 +10,7 @@ use std::ffi::CString;
 use numpy::PyArray1;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyDict, PyIterator, PyList};
 
 use crate::args::{
     count_arg, i64_arg, lanes_arg, same_length, u64_arg, user_warning, vector, ArgError, Dtype,
@@ -216,6 +216,8 @@ impl EpisodeStarts {
 pub struct RouteLedger {
     num_lanes: usize,
     episodes: u64,
+    /// The slots this ledger runs, in claim order: None for all of 0..M-1.
+    indices: Option<Vec<u64>>,
     seeds: Vec<u64>,
     base_seed: u64,
     trial_index_base: u64,
@@ -241,10 +243,12 @@ impl RouteLedger {
         seeds: Vec<u64>,
         base_seed: u64,
         trial_index_base: u64,
+        indices: Option<Vec<u64>>,
     ) -> Self {
         RouteLedger {
             num_lanes,
             episodes,
+            indices,
             seeds,
             base_seed,
             trial_index_base,
@@ -267,9 +271,24 @@ impl RouteLedger {
         }
     }
 
-    /// Claim the next `count` slots: all or none if `exact`, else as many as remain.
+    /// How many slots this ledger runs: M, or the number of `indices`.
+    fn slot_count(&self) -> u64 {
+        self.indices
+            .as_ref()
+            .map_or(self.episodes, |indices| indices.len() as u64)
+    }
+
+    /// The slot number of the `ordinal`-th claim.
+    fn slot_at(&self, ordinal: u64) -> u64 {
+        self.indices
+            .as_ref()
+            .map_or(ordinal, |indices| indices[ordinal as usize])
+    }
+
+    /// Claim the next `count` slots: all or none if `exact`, else as many as remain. Returns
+    /// the claim ordinals; `slot_at` maps them to slot numbers.
     fn claim_slots(&mut self, count: u64, exact: bool) -> std::ops::Range<u64> {
-        let remaining = self.episodes - self.slots_claimed;
+        let remaining = self.slot_count() - self.slots_claimed;
         let granted = if exact {
             if count <= remaining {
                 count
@@ -322,7 +341,7 @@ impl RouteLedger {
         for (position, &lane) in lanes.iter().enumerate() {
             let lane_index = lane as usize;
             if position < granted {
-                let slot = slots.start + position as u64;
+                let slot = self.slot_at(slots.start + position as u64);
                 starts.lanes.push(lane);
                 starts
                     .episode_ids
@@ -547,7 +566,7 @@ impl RouteLedger {
     }
 
     pub fn done(&self) -> bool {
-        self.completed == self.episodes
+        self.completed == self.slot_count()
     }
 }
 
@@ -572,6 +591,45 @@ fn summarize(lane: usize, held: &Lane, success: Option<bool>, now_ns: i64) -> Ep
     }
 }
 
+/// Iterate `values`, or a `ValueError` naming `name` when it is not iterable.
+fn items<'py>(values: &Bound<'py, PyAny>, name: &str) -> PyResult<Bound<'py, PyIterator>> {
+    values
+        .try_iter()
+        .map_err(|_| match values.get_type().name() {
+            Ok(kind) => {
+                PyValueError::new_err(format!("{name} must be a sequence of integers, got {kind}"))
+            }
+            Err(err) => err,
+        })
+}
+
+/// The slots to run: strictly increasing, each in `0..episodes-1`, at least one.
+fn checked_indices(indices: &Bound<'_, PyAny>, episodes: u64) -> PyResult<Vec<u64>> {
+    let mut checked: Vec<u64> = Vec::new();
+    for (k, value) in items(indices, "indices")?.enumerate() {
+        let index = u64_arg(&value?, &format!("indices[{k}]"))?;
+        if index >= episodes {
+            return Err(PyValueError::new_err(format!(
+                "indices[{k}] is {index}, outside the slots 0..{}",
+                episodes - 1
+            )));
+        }
+        if let Some(&previous) = checked.last() {
+            if index <= previous {
+                return Err(PyValueError::new_err(format!(
+                    "indices must be strictly increasing, but indices[{k}] is {index} after \
+                     {previous}"
+                )));
+            }
+        }
+        checked.push(index);
+    }
+    if checked.is_empty() {
+        return Err(PyValueError::new_err("indices must name at least one slot"));
+    }
+    Ok(checked)
+}
+
 fn int64_vec<'py>(py: Python<'py>, values: Vec<i64>) -> Bound<'py, PyArray1<i64>> {
     PyArray1::from_vec(py, values)
 }
@@ -580,7 +638,9 @@ fn int64_vec<'py>(py: Python<'py>, values: Vec<i64>) -> Bound<'py, PyArray1<i64>
 #[pymethods]
 impl RouteLedger {
     #[new]
-    #[pyo3(signature = (num_lanes, episodes, *, seeds=None, base_seed=None, trial_index_base=None))]
+    #[pyo3(signature = (
+        num_lanes, episodes, *, seeds=None, base_seed=None, trial_index_base=None, indices=None
+    ))]
     fn py_new(
         py: Python<'_>,
         num_lanes: &Bound<'_, PyAny>,
@@ -588,6 +648,7 @@ impl RouteLedger {
         seeds: Option<&Bound<'_, PyAny>>,
         base_seed: Option<&Bound<'_, PyAny>>,
         trial_index_base: Option<&Bound<'_, PyAny>>,
+        indices: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let num_lanes = count_arg(num_lanes, "num_lanes")?;
         if num_lanes > MAX_LANES {
@@ -607,15 +668,7 @@ impl RouteLedger {
         }
         let mut listed = Vec::new();
         if let Some(seeds) = seeds {
-            let items = seeds
-                .try_iter()
-                .map_err(|_| match seeds.get_type().name() {
-                    Ok(kind) => PyValueError::new_err(format!(
-                        "seeds must be a sequence of integers, got {kind}"
-                    )),
-                    Err(err) => err,
-                })?;
-            for (k, seed) in items.enumerate() {
+            for (k, seed) in items(seeds, "seeds")?.enumerate() {
                 listed.push(u64_arg(&seed?, &format!("seeds[{k}]"))?);
             }
             if (listed.len() as u64) < episodes {
@@ -630,12 +683,16 @@ impl RouteLedger {
                 PyErr::warn(py, &user_warning(py), &message, 1)?;
             }
         }
+        let indices = indices
+            .map(|indices| checked_indices(indices, episodes))
+            .transpose()?;
         Ok(RouteLedger::create(
             num_lanes as usize,
             episodes,
             listed,
             base_seed,
             trial_index_base,
+            indices,
         ))
     }
 
@@ -667,7 +724,7 @@ impl RouteLedger {
 
     #[getter]
     fn slots_remaining(&self) -> u64 {
-        self.episodes - self.slots_claimed
+        self.slot_count() - self.slots_claimed
     }
 
     /// Scored episodes completed so far.
@@ -904,6 +961,7 @@ impl RouteLedger {
         let snapshot = PyDict::new(py);
         snapshot.set_item("num_lanes", self.num_lanes)?;
         snapshot.set_item("episodes", self.episodes)?;
+        snapshot.set_item("indices", self.indices.clone())?;
         snapshot.set_item("base_seed", self.base_seed)?;
         snapshot.set_item("trial_index_base", self.trial_index_base)?;
         snapshot.set_item("slots_claimed", self.slots_claimed)?;
@@ -936,7 +994,7 @@ mod tests {
     const F: bool = false;
 
     fn ledger(num_lanes: usize, episodes: u64) -> RouteLedger {
-        RouteLedger::create(num_lanes, episodes, Vec::new(), 0, 0)
+        RouteLedger::create(num_lanes, episodes, Vec::new(), 0, 0, None)
     }
 
     /// Step `lanes` once with reward 1, ending the ones in `ending`.
@@ -993,6 +1051,28 @@ mod tests {
     }
 
     #[test]
+    fn a_ledger_with_indices_claims_only_those_slots_in_order() {
+        let mut ledger = RouteLedger::create(2, 6, Vec::new(), 3, 0, Some(vec![1, 4, 5]));
+        let starts = ledger
+            .start_episodes(&[0, 1], 0, F, Overflow::Idle)
+            .unwrap();
+        assert_eq!(starts.indices, vec![1, 4]);
+        assert_eq!(
+            starts.seeds,
+            vec![Some(derive_seed(3, 1)), Some(derive_seed(3, 4))]
+        );
+        step(&mut ledger, &[0, 1], &[0, 1]);
+        complete(&mut ledger, &[0, 1], &[0, 1]);
+        let last = ledger
+            .start_episodes(&[1, 0], 0, F, Overflow::Idle)
+            .unwrap();
+        assert_eq!((last.indices, last.idle_lanes), (vec![5], vec![0]));
+        step(&mut ledger, &[1], &[1]);
+        complete(&mut ledger, &[1], &[2]);
+        assert!(ledger.done());
+    }
+
+    #[test]
     fn an_idle_lane_starts_no_other_episode() {
         let mut ledger = ledger(2, 1);
         ledger
@@ -1006,7 +1086,7 @@ mod tests {
 
     #[test]
     fn listed_seeds_come_first_then_derived_ones_with_the_trial_offset() {
-        let mut ledger = RouteLedger::create(3, 3, vec![11, 12], 5, 100);
+        let mut ledger = RouteLedger::create(3, 3, vec![11, 12], 5, 100, None);
         let starts = ledger
             .start_episodes(&[0, 1, 2], 0, F, Overflow::Idle)
             .unwrap();

@@ -37,14 +37,32 @@ OVERFLOWS = ("idle", "surplus")
 MAX_LANES = 1 << 24
 
 
-def _items(seeds: Any) -> enumerate[Any]:
-    """``enumerate(seeds)``, or a ValueError naming ``seeds`` when it is not iterable."""
+def _items(values: Any, name: str) -> enumerate[Any]:
+    """``enumerate(values)``, or a ValueError naming ``name`` when it is not iterable."""
     try:
-        return enumerate(seeds)
+        return enumerate(values)
     except TypeError:
         raise ValueError(
-            f"seeds must be a sequence of integers, got {type(seeds).__name__}"
+            f"{name} must be a sequence of integers, got {type(values).__name__}"
         ) from None
+
+
+def _checked_indices(indices: Any, episodes: int) -> list[int]:
+    """The slots to run: strictly increasing, each in ``0..episodes-1``, at least one."""
+    checked: list[int] = []
+    for k, value in _items(indices, "indices"):
+        index = u64_arg(value, f"indices[{k}]")
+        if index >= episodes:
+            raise ValueError(f"indices[{k}] is {index}, outside the slots 0..{episodes - 1}")
+        if checked and index <= checked[-1]:
+            raise ValueError(
+                f"indices must be strictly increasing, but indices[{k}] is {index} after "
+                f"{checked[-1]}"
+            )
+        checked.append(index)
+    if not checked:
+        raise ValueError("indices must name at least one slot")
+    return checked
 
 
 @dataclass(frozen=True)
@@ -111,6 +129,9 @@ class RouteLedger:
             ``episode_seed(base_seed, trial_index_base + k)``; None means 0.
         trial_index_base: the global index of slot 0 (a shard of a larger evaluation starts
             past 0); slot ``k``'s trial is ``trial_index_base + k``; None means 0.
+        indices: run only these slots (strictly increasing, each in ``0..M-1``), e.g. the ones
+            a resumed results file is missing; they are claimed in this order and keep their
+            seeds and trials. Default: all of ``0..M-1``.
 
     Example:
         >>> ledger = RouteLedger(2, 3)
@@ -132,6 +153,7 @@ class RouteLedger:
         seeds: Sequence[int] | None = None,
         base_seed: int | None = 0,
         trial_index_base: int | None = 0,
+        indices: Sequence[int] | None = None,
     ) -> None:
         num_lanes = count_arg(num_lanes, "num_lanes")
         if num_lanes > MAX_LANES:
@@ -147,7 +169,9 @@ class RouteLedger:
                 f"trial_index_base + episodes must not exceed 2**63, got "
                 f"{trial_index_base} + {episodes}"
             )
-        listed = [] if seeds is None else [u64_arg(s, f"seeds[{k}]") for k, s in _items(seeds)]
+        listed = (
+            [] if seeds is None else [u64_arg(s, f"seeds[{k}]") for k, s in _items(seeds, "seeds")]
+        )
         if seeds is not None and len(listed) < episodes:
             warnings.warn(
                 f"seeds has {len(listed)} entries for {episodes} episodes: slots "
@@ -157,6 +181,12 @@ class RouteLedger:
                 stacklevel=2,
             )
 
+        # The slots this ledger runs, in claim order: all of 0..M-1, or the given subset.
+        self._slots: Sequence[int] = (
+            range(episodes) if indices is None else _checked_indices(indices, episodes)
+        )
+        # Counted once: len() of a range past 2**63 overflows.
+        self._slot_count = episodes if indices is None else len(self._slots)
         self._num_lanes = num_lanes
         self._episodes = episodes
         self._seeds = listed
@@ -213,7 +243,7 @@ class RouteLedger:
 
     @property
     def slots_remaining(self) -> int:
-        return self._episodes - self._slots_claimed
+        return self._slot_count - self._slots_claimed
 
     @property
     def completed(self) -> int:
@@ -222,8 +252,8 @@ class RouteLedger:
 
     @property
     def done(self) -> bool:
-        """True once all ``M`` scored episodes have completed."""
-        return self._completed == self._episodes
+        """True once every slot this ledger runs (all ``M``, or ``indices``) has completed."""
+        return self._completed == self._slot_count
 
     @property
     def wasted_steps(self) -> int:
@@ -248,13 +278,13 @@ class RouteLedger:
             return self._seeds[slot]
         return episode_seed(self._base_seed, self._trial_index_base + slot)
 
-    def _claim_slots(self, count: int, exact: bool) -> range:
+    def _claim_slots(self, count: int, exact: bool) -> Sequence[int]:
         """Claim the next ``count`` slots: all or none if ``exact``, else as many as remain."""
-        remaining = self._episodes - self._slots_claimed
+        remaining = self._slot_count - self._slots_claimed
         granted = (count if count <= remaining else 0) if exact else min(count, remaining)
         first = self._slots_claimed
         self._slots_claimed += granted
-        return range(first, first + granted)
+        return self._slots[first : first + granted]
 
     def _begin(self, lane: int, slot: int | None, seeded: bool, now_ns: int) -> int:
         """Put a new episode on ``lane``: scored on ``slot``, or surplus when it is None."""
@@ -627,6 +657,7 @@ class RouteLedger:
         return {
             "num_lanes": self._num_lanes,
             "episodes": self._episodes,
+            "indices": None if isinstance(self._slots, range) else list(self._slots),
             "base_seed": self._base_seed,
             "trial_index_base": self._trial_index_base,
             "slots_claimed": self._slots_claimed,
