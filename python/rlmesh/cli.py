@@ -12,12 +12,11 @@ were written); 2 bad input (one line saying what was wrong and what was expected
 interrupted (Ctrl-C; completed episodes are on disk and the message says how to resume).
 
 Example:
-    >>> main(["eval", "random", "--env", "CartPole-v1", "--episodes", "3", "--no-progress",
-    ...       "--json"])  # doctest: +SKIP
-    {"episodes": 3, "total_steps": ..., ...}
-    >>> main(["eval", "random", "--env", "CartPole-v1", "--episodes", "0"])
-    rlmesh eval: error: argument --episodes: must be a positive integer, got '0'
+    >>> main(["eval", "random", "--env", "CartPole-v1", "--episodes", "0"])  # a one-line error
     2
+    >>> main(["demo", "--episodes", "2", "--no-progress", "--json"])  # doctest: +ELLIPSIS
+    {"episodes": 2, "total_steps": 1000, "mean_reward": 500.0, ...}
+    0
 """
 
 from __future__ import annotations
@@ -27,7 +26,9 @@ import importlib
 import importlib.util
 import json
 import shlex
+import signal
 import sys
+import threading
 import time
 import warnings
 import zlib
@@ -370,7 +371,8 @@ def _eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
     status, result = EXIT_OK, None
     try:
         if slots:
-            result = driver.run(
+            result = _interruptible(
+                driver.run,
                 policy,
                 env,
                 seeds=slot_seeds,
@@ -402,6 +404,27 @@ def _eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
         return status
     _print_summary(summarize(result, core=core, elapsed_s=elapsed), as_json=args.json)
     return status
+
+
+def _raise_interrupt(signum: int, frame: Any) -> NoReturn:
+    raise KeyboardInterrupt
+
+
+def _interruptible(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` with Ctrl-C raising at once, wherever the run is.
+
+    ``asyncio.run`` replaces the default SIGINT handler with one that cancels the main task at
+    its next real suspension point; a run whose awaits never suspend would then go on to the
+    end. A handler of our own (which asyncio leaves alone) raises in place instead, and the
+    driver's teardown closes the run as for any failure.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return fn(*args, **kwargs)
+    previous = signal.signal(signal.SIGINT, _raise_interrupt)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _interrupted(args: argparse.Namespace, argv: Sequence[str], out: ResultsFile | None) -> None:
