@@ -22,6 +22,8 @@ DOCUMENTED_MODULES = (
     "rlmesh.model",
     "rlmesh.numpy",
     "rlmesh.envs",
+    "rlmesh.stats",
+    "rlmesh.cli",
 )
 
 

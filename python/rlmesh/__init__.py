@@ -17,13 +17,14 @@ from .errors import (
     ModelOutputError,
     ObservationError,
     OperationTimeout,
+    ResultsFileError,
     RlmeshError,
     SpecError,
     StatefulModelError,
 )
 from .hooks import RunHooks, RuntimeHooks, StepEvent
 from .model import Model
-from .results import EpisodeResult, RunResult, TelemetryRow
+from .results import EpisodeResult, ResultsFile, RunResult, TelemetryRow, read_results
 
 try:
     __version__ = version("rlmesh")
@@ -47,6 +48,8 @@ __all__ = [
     "ObservationError",
     "OperationTimeout",
     "Plan",
+    "ResultsFile",
+    "ResultsFileError",
     "RlmeshError",
     "RunHooks",
     "RunResult",
@@ -62,5 +65,6 @@ __all__ = [
     "compile_spec",
     "core_name",
     "episode_seed",
+    "read_results",
     "run",
 ]

@@ -85,3 +85,14 @@ class EnvError(RlmeshError):
     raises. The message names the env and, where one is involved, the lane; the env's own
     exception is chained as ``__cause__``.
     """
+
+
+class ResultsFileError(RlmeshError):
+    """A results file cannot be written or resumed as asked.
+
+    Raised by ``rlmesh.results.ResultsFile`` when a file that already holds results is opened
+    without ``resume`` (pass ``--resume`` / ``resume=True``, or choose another path), when its
+    header records another configuration than the run's (the message lists each differing
+    field, the file's value and the run's), and when a line is not a results line. The message
+    names the file and, where one is involved, the line.
+    """

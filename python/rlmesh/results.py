@@ -2,7 +2,8 @@
 
 Both are frozen dataclasses of plain Python values, whichever core ran the episodes, so they
 compare, pickle and serialize alike. ``TelemetryRow`` is one line of the run's latency and
-throughput telemetry (see ``rlmesh.telemetry``).
+throughput telemetry (see ``rlmesh.telemetry``). ``ResultsFile`` is the JSON-lines results file
+a run writes as it goes, and resumes (see its docstring for the format).
 
 Example:
     >>> episodes = [
@@ -18,9 +19,15 @@ Example:
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import warnings
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import IO, Any
+
+from .errors import ResultsFileError
 
 
 @dataclass(frozen=True)
@@ -164,3 +171,325 @@ class RunResult:
             ).rstrip()
             for line in lines
         )
+
+
+# ---------------------------------------------------------------------------- results files
+
+HEADER_KEY = "rlmesh_results"  # marks the header line; its value is the format version
+RUN_KEY = "rlmesh_run"  # marks a run-segment line; its value is the format version
+FORMAT_VERSION = 1
+
+
+def _telemetry_to_json(rows: Iterable[TelemetryRow]) -> list[dict[str, Any]]:
+    # Strict JSON has no nan: a rate row's missing percentiles are written as null.
+    return [
+        {
+            key: None if isinstance(v, float) and math.isnan(v) else v
+            for key, v in asdict(row).items()
+        }
+        for row in rows
+    ]
+
+
+def _telemetry_from_json(rows: Iterable[dict[str, Any]]) -> tuple[TelemetryRow, ...]:
+    return tuple(
+        TelemetryRow(**{key: math.nan if v is None else v for key, v in row.items()})
+        for row in rows
+    )
+
+
+def merge_telemetry(segments: list[tuple[TelemetryRow, ...]]) -> tuple[TelemetryRow, ...]:
+    """The telemetry of several run segments (a run and its resumptions) as one.
+
+    One segment is returned as it is. Across segments, counts add up, ``max`` is the largest,
+    ``avg`` and the percentiles are count-weighted means (percentiles do not merge exactly; this
+    is the honest approximation without the raw samples), and a throughput row's rate is the
+    total count over the total time (``sum(count) / sum(count / rate)``).
+
+    Example:
+        >>> a = TelemetryRow("env.step", "latency", "ms", 1, 1.0, 1.0, 1.0, 1.0, 1.0)
+        >>> b = TelemetryRow("env.step", "latency", "ms", 3, 3.0, 3.0, 3.0, 3.0, 5.0)
+        >>> merged, = merge_telemetry([(a,), (b,)])
+        >>> merged.count, merged.avg, merged.max
+        (4, 2.5, 5.0)
+    """
+    if len(segments) == 1:
+        return tuple(segments[0])
+    groups: dict[tuple[str, str, str], list[TelemetryRow]] = {}
+    for rows in segments:
+        for row in rows:
+            groups.setdefault((row.op, row.metric, row.unit), []).append(row)
+    merged = []
+    for (op, metric, unit), rows in groups.items():
+        count = sum(row.count for row in rows)
+        if unit == "1/s":
+            seconds = sum(row.count / row.avg for row in rows if row.count and row.avg > 0)
+            rate = count / seconds if seconds > 0 else math.nan
+            merged.append(TelemetryRow(op, metric, unit, count, rate, *[math.nan] * 4))
+            continue
+
+        def weighted(name: str, rows: list[TelemetryRow] = rows, count: int = count) -> float:
+            if count == 0:
+                return math.nan
+            return math.fsum(getattr(row, name) * row.count for row in rows if row.count) / count
+
+        merged.append(
+            TelemetryRow(
+                op,
+                metric,
+                unit,
+                count,
+                weighted("avg"),
+                weighted("p50"),
+                weighted("p95"),
+                weighted("p99"),
+                max(row.max for row in rows),
+            )
+        )
+    return tuple(merged)
+
+
+@dataclass
+class _Contents:
+    """What a results file holds: its header, episodes, run segments, and its valid length."""
+
+    header: dict[str, Any] | None
+    episodes: list[EpisodeResult]
+    runs: list[dict[str, Any]]
+    valid_bytes: int
+    dropped: bytes
+
+
+def _read(path: str | os.PathLike[str]) -> _Contents:
+    """Parse a results file; a last line without its newline (cut by a crash) is set aside."""
+    with open(path, "rb") as handle:
+        data = handle.read()
+    valid_bytes = data.rfind(b"\n") + 1  # 0 when there is no complete line
+    contents = _Contents(None, [], [], valid_bytes, data[valid_bytes:])
+    seen: set[int] = set()
+    for number, raw in enumerate(data[:valid_bytes].splitlines(), start=1):
+        where = f"{os.fspath(path)}, line {number}"
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            raise ResultsFileError(
+                f"{where} is not JSON ({raw[:60]!r}); a results file holds one JSON object a line"
+            ) from None
+        if not isinstance(record, dict):
+            raise ResultsFileError(f"{where} is {raw[:60]!r}, expected a JSON object")
+        if number == 1:
+            if HEADER_KEY not in record:
+                raise ResultsFileError(
+                    f"{where}: expected the header line {{{HEADER_KEY!r}: {FORMAT_VERSION}, ...}}, "
+                    f"got {raw[:60]!r}; is this an rlmesh results file?"
+                )
+            contents.header = record
+        elif RUN_KEY in record:
+            contents.runs.append(record)
+        else:
+            try:
+                episode = EpisodeResult(**record)
+            except TypeError as exc:
+                raise ResultsFileError(
+                    f"{where} is not an episode line ({exc}); expected the fields "
+                    f"{[field.name for field in fields(EpisodeResult)]}"
+                ) from None
+            if episode.index in seen:
+                raise ResultsFileError(f"{where} repeats episode index {episode.index}")
+            seen.add(episode.index)
+            contents.episodes.append(episode)
+    return contents
+
+
+def _warn_dropped(path: str | os.PathLike[str], dropped: bytes, action: str) -> None:
+    preview = dropped if len(dropped) <= 60 else dropped[:60] + b"..."
+    warnings.warn(
+        f"{os.fspath(path)}: the last line was cut off mid-write (a crash?); {action} its "
+        f"{len(dropped)} bytes: {preview!r}",
+        UserWarning,
+        stacklevel=3,
+    )
+
+
+def _combine(header: dict[str, Any], episodes: list[EpisodeResult], runs: list[dict[str, Any]]):
+    """The file's episodes and run segments as one ``RunResult``, and their total seconds."""
+    result = RunResult(
+        episodes=tuple(episodes),
+        base_seed=header.get("seed"),
+        wasted_steps=sum(run.get("wasted_steps", 0) for run in runs),
+        telemetry=merge_telemetry([_telemetry_from_json(run.get("telemetry", [])) for run in runs])
+        if runs
+        else (),
+    )
+    elapsed = [run["elapsed_s"] for run in runs if run.get("elapsed_s") is not None]
+    return result, (math.fsum(elapsed) if elapsed else None)
+
+
+def read_results(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[EpisodeResult]]:
+    """A results file's header (without its format key) and episodes, sorted by index.
+
+    Reads only: a cut-off last line is skipped with a warning, not repaired.
+
+    Example:
+        >>> import os, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "r.jsonl")
+        >>> with ResultsFile.open(path, {"env": "CartPole-v1"}, resume=False) as out:
+        ...     out.append(EpisodeResult(0, 5, 0, 0, 12, 12.0, True, False, None, 0.2, 0.1, 0.2))
+        >>> header, episodes = read_results(path)
+        >>> header, [episode.reward for episode in episodes]
+        ({'env': 'CartPole-v1'}, [12.0])
+    """
+    header, result, _ = read_run(path)
+    return header, list(result.episodes)
+
+
+def read_run(
+    path: str | os.PathLike[str],
+) -> tuple[dict[str, Any], RunResult, float | None]:
+    """A results file as its header, one ``RunResult`` over every episode (with the merged
+    telemetry and waste of every run segment), and the segments' total seconds (None if no
+    segment recorded its time)."""
+    contents = _read(path)
+    if contents.dropped:
+        _warn_dropped(path, contents.dropped, "skipped")
+    if contents.header is None:
+        raise ResultsFileError(f"{os.fspath(path)} is empty: it holds no results header")
+    result, elapsed = _combine(contents.header, contents.episodes, contents.runs)
+    return _config(contents.header), result, elapsed
+
+
+def _config(header: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in header.items() if key != HEADER_KEY}
+
+
+class ResultsFile:
+    """A JSON-lines results file, written as episodes complete, and resumable.
+
+    Format: line 1 is the header ``{"rlmesh_results": 1, ...config}``, the run's configuration
+    (whatever the caller passes: policy, env, seeds, caps, version, core). Then one line per
+    completed episode, ``EpisodeResult.to_dict()``, in completion order, flushed as written,
+    so a crash loses at most the line being written. At the end of each run segment (a run, or
+    one resumption of it), ``append_run`` writes ``{"rlmesh_run": 1, "wasted_steps": ..,
+    "elapsed_s": .., "telemetry": [..]}``, so the summary of a file needs nothing else.
+
+    ``ResultsFile.open(path, header, resume=...)``: a missing or empty file is started with the
+    header. A file holding results is refused without ``resume``. With ``resume``, the file's
+    header must equal ``header`` (after a JSON round trip) or the differing fields are listed in
+    a ``ResultsFileError``; a last line cut mid-write is dropped from the file with a warning;
+    the completed episodes are loaded (``episodes``, ``indices``) and new lines are appended.
+
+    Example:
+        >>> import os, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "r.jsonl")
+        >>> episode = EpisodeResult(3, 5, 3, 0, 12, 12.0, True, False, None, 0.2, 0.1, 0.2)
+        >>> with ResultsFile.open(path, {"episodes": 4}, resume=False) as out:
+        ...     out.append(episode)
+        >>> with ResultsFile.open(path, {"episodes": 4}, resume=True) as out:
+        ...     sorted(out.indices)
+        [3]
+        >>> ResultsFile.open(path, {"episodes": 5}, resume=True)
+        Traceback (most recent call last):
+        ...
+        rlmesh.errors.ResultsFileError: ... episodes: the file has 4, this run has 5. Resume ...
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        handle: IO[str],
+        header: dict[str, Any],
+        episodes: list[EpisodeResult],
+        runs: list[dict[str, Any]],
+    ) -> None:
+        self.path = os.fspath(path)
+        self.header = header
+        self._handle = handle
+        self._episodes = list(episodes)
+        self._runs = list(runs)
+
+    @classmethod
+    def open(
+        cls, path: str | os.PathLike[str], header: dict[str, Any], *, resume: bool
+    ) -> ResultsFile:
+        """Start ``path`` with ``header``, or (``resume``) continue the run it holds."""
+        # The header as it will read back, so a comparison never trips on tuple-vs-list.
+        config = json.loads(json.dumps(_config(header)))
+        exists = os.path.exists(path) and os.path.getsize(path) > 0
+        if exists and not resume:
+            raise ResultsFileError(
+                f"{os.fspath(path)} already holds results: pass --resume (resume=True) to "
+                "continue that run, or choose another path"
+            )
+        contents = _read(path) if exists else None
+        if contents is not None and contents.dropped:
+            _warn_dropped(path, contents.dropped, "dropped")
+            with open(path, "r+b") as handle:
+                handle.truncate(contents.valid_bytes)
+        if contents is None or contents.header is None:  # nothing usable yet: start afresh
+            handle = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed by close()
+            handle.write(json.dumps({HEADER_KEY: FORMAT_VERSION, **config}) + "\n")
+            handle.flush()
+            return cls(path, handle, config, [], [])
+        differences = _differences(_config(contents.header), config)
+        if differences:
+            raise ResultsFileError(
+                f"{os.fspath(path)} holds another run than this one: "
+                + "; ".join(differences)
+                + ". Resume with the same settings, or choose another path"
+            )
+        handle = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
+        return cls(path, handle, config, contents.episodes, contents.runs)
+
+    @property
+    def episodes(self) -> tuple[EpisodeResult, ...]:
+        """Every episode in the file, sorted by index."""
+        return tuple(sorted(self._episodes, key=lambda episode: episode.index))
+
+    @property
+    def indices(self) -> frozenset[int]:
+        """The indices of the episodes in the file."""
+        return frozenset(episode.index for episode in self._episodes)
+
+    def append(self, episode: EpisodeResult) -> None:
+        """Write one completed episode's line and flush it to the OS."""
+        self._write(episode.to_dict())
+        self._episodes.append(episode)
+
+    def append_run(self, result: RunResult, *, elapsed_s: float | None = None) -> None:
+        """Close a run segment: its wasted steps, wall time and telemetry (not its episodes,
+        which ``append`` wrote as they completed)."""
+        record = {
+            RUN_KEY: FORMAT_VERSION,
+            "wasted_steps": result.wasted_steps,
+            "elapsed_s": elapsed_s,
+            "telemetry": _telemetry_to_json(result.telemetry),
+        }
+        self._write(record)
+        self._runs.append(record)
+
+    def run_result(self) -> tuple[RunResult, float | None]:
+        """Every episode in the file as one ``RunResult`` (see ``read_run``), and the seconds
+        of the run segments."""
+        return _combine(self.header, self._episodes, self._runs)
+
+    def close(self) -> None:
+        self._handle.close()
+
+    def __enter__(self) -> ResultsFile:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _write(self, record: dict[str, Any]) -> None:
+        self._handle.write(json.dumps(record) + "\n")
+        self._handle.flush()
+
+
+def _differences(found: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
+    return [
+        f"{key}: the file has {json.dumps(found.get(key))}, this run has "
+        f"{json.dumps(wanted.get(key))}"
+        for key in sorted(set(found) | set(wanted))
+        if found.get(key) != wanted.get(key)
+    ]

@@ -1,0 +1,599 @@
+"""The ``rlmesh`` command: evaluate a policy from the shell, with live progress and a summary.
+
+Commands:
+
+- ``rlmesh eval POLICY --env ID [...]``: run the evaluation, optionally into a results file
+  (``--out``) that survives a crash and can be resumed (``--resume``);
+- ``rlmesh demo``: ``eval`` of a built-in CartPole heuristic over 8 lanes and 100 episodes;
+- ``rlmesh report FILE``: the summary table of a results file alone.
+
+Exit codes: 0 done; 1 the run failed (the typed error's message, after the completed episodes
+were written); 2 bad input (one line saying what was wrong and what was expected); 130
+interrupted (Ctrl-C; completed episodes are on disk and the message says how to resume).
+
+Example:
+    >>> main(["eval", "random", "--env", "CartPole-v1", "--episodes", "0"])  # a one-line error
+    2
+    >>> main(["demo", "--episodes", "2", "--no-progress", "--json"])  # doctest: +ELLIPSIS
+    {"episodes": 2, "total_steps": 1000, "mean_reward": 500.0, ...}
+    0
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import shlex
+import signal
+import sys
+import threading
+import time
+import warnings
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, NoReturn
+
+import gymnasium as gym
+import numpy as np
+
+from . import __version__, core_name, driver
+from .core import load_core
+from .errors import ResultsFileError, RlmeshError
+from .hooks import RunHooks, RuntimeHooks
+from .model import Model
+from .results import EpisodeResult, ResultsFile, read_run
+from .stats import format_summary, summarize
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class UsageError(Exception):
+    """Bad input from the command line: printed as one line, exit code 2."""
+
+
+# ---------------------------------------------------------------------------- built-in policies
+
+
+class RandomPolicy(Model):
+    """Samples the action space. The draw is seeded by the observation's bytes, which descend
+    from the episode's seed: the policy is a pure function, so its results are reproducible
+    and the same for any ``--num-envs`` (a per-lane RNG would depend on which lane ran what)."""
+
+    def __init__(self, action_space: gym.Space) -> None:
+        super().__init__()
+        self.action_space = action_space
+
+    def predict(self, obs: Any) -> Any:
+        leaves = obs.values() if isinstance(obs, dict) else [obs]
+        digest = 0
+        for leaf in leaves:
+            digest = zlib.crc32(np.ascontiguousarray(leaf).tobytes(), digest)
+        self.action_space.seed(digest)
+        return self.action_space.sample()
+
+
+class CartPoleHeuristic(Model):
+    """Push toward where the pole is falling: balances CartPole-v1 for all 500 steps."""
+
+    def predict_batch(self, obs: np.ndarray) -> np.ndarray:  # obs: [N, 4]
+        return (obs[:, 2] + 0.3 * obs[:, 3] > 0).astype(np.int64)
+
+
+BUILTIN_POLICIES = ("random", "cartpole-heuristic")
+
+
+def load_policy(spec: str, action_space: Callable[[], gym.Space]) -> Any:
+    """The policy ``spec`` names: a built-in, ``package.module:Name`` or ``file.py:Name``.
+
+    ``Name`` may be a ``Model`` subclass (instantiated without arguments), a ``Model`` instance
+    or a callable ``fn(obs) -> action``. ``action_space()`` is called only for ``random``.
+    Anything that does not load is a ``UsageError`` saying what was expected.
+    """
+    if spec == "random":
+        return RandomPolicy(action_space())
+    if spec == "cartpole-heuristic":
+        return CartPoleHeuristic()
+    expected = (
+        "expected package.module:Name, path/to/file.py:Name, or a built-in "
+        f"({', '.join(BUILTIN_POLICIES)})"
+    )
+    target, _, name = spec.rpartition(":")
+    if not target or not name:
+        raise UsageError(f"policy {spec!r}: {expected}")
+    try:
+        if target.endswith(".py"):
+            path = Path(target)
+            if not path.is_file():
+                raise UsageError(f"policy {spec!r}: no file {target}; {expected}")
+            # The file's directory goes on sys.path, so it can import its neighbours.
+            sys.path.insert(0, str(path.resolve().parent))
+            module_spec = importlib.util.spec_from_file_location(path.stem, path)
+            module = importlib.util.module_from_spec(module_spec)
+            module_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(target)
+    except UsageError:
+        raise
+    except Exception as exc:  # any error of the user's module is theirs to fix: one line
+        raise UsageError(
+            f"policy {spec!r}: importing {target} failed: {type(exc).__name__}: {exc}"
+        ) from None
+    if not hasattr(module, name):
+        raise UsageError(f"policy {spec!r}: {target} has no attribute {name!r}")
+    policy = getattr(module, name)
+    if isinstance(policy, type):
+        if not issubclass(policy, Model):
+            raise UsageError(
+                f"policy {spec!r}: {name} is a class but not a rlmesh.Model subclass; expected "
+                "a Model subclass, a Model instance or a function fn(obs) -> action"
+            )
+        try:
+            return policy()
+        except Exception as exc:
+            raise UsageError(
+                f"policy {spec!r}: {name}() failed: {type(exc).__name__}: {exc}; a Model "
+                "subclass given by name must construct without arguments"
+            ) from None
+    if not callable(policy) and not isinstance(policy, Model):
+        raise UsageError(
+            f"policy {spec!r}: {name} is a {type(policy).__name__}; expected a Model subclass, "
+            "a Model instance or a function fn(obs) -> action"
+        )
+    return policy
+
+
+# ---------------------------------------------------------------------------- argument checks
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
+    return value
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"is not valid JSON ({exc}); expected an object such as '{{\"g\": 9.81}}'"
+        ) from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(
+            f"must be a JSON object such as '{{\"g\": 9.81}}', got {text!r}"
+        )
+    return value
+
+
+def read_seeds(path: str) -> list[int]:
+    """The seeds in ``path``: non-negative integers separated by whitespace or commas."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"--seeds {path}: cannot read it ({exc.strerror})") from None
+    seeds = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        for token in line.replace(",", " ").split():
+            if not token.isdigit():
+                raise UsageError(
+                    f"--seeds {path}, line {number}: {token!r} is not a non-negative integer; "
+                    "expected integer seeds separated by whitespace, commas or newlines"
+                )
+            seeds.append(int(token))
+    if not seeds:
+        raise UsageError(f"--seeds {path} holds no seeds; expected at least one integer")
+    return seeds
+
+
+def check_env(env_id: str) -> None:
+    """Refuse an env id Gymnasium does not know, before anything runs.
+
+    ``module:Id`` imports ``module`` first (as ``gymnasium.make`` does), for envs registered on
+    import.
+    """
+    module, _, name = env_id.rpartition(":")
+    try:
+        if module:
+            importlib.import_module(module)
+        gym.spec(name)
+    except Exception as exc:
+        raise UsageError(
+            f"--env {env_id!r}: {exc} Expected a registered Gymnasium id such as CartPole-v1 "
+            "(or module:Id for an env its module registers)"
+        ) from None
+
+
+# ---------------------------------------------------------------------------- progress
+
+
+class _Progress:
+    """The live progress bar (rich, on stderr), or nothing when disabled."""
+
+    def __init__(self, total: int, done: list[EpisodeResult], *, enabled: bool) -> None:
+        self.bar = None
+        self.rewards = [episode.reward for episode in done]
+        self.successes = [episode.success for episode in done if episode.success is not None]
+        if not enabled:
+            return
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.bar = Progress(
+            TextColumn("episodes"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("<"),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[status]}"),
+            console=Console(stderr=True),
+            transient=True,
+        )
+        self.task = self.bar.add_task("eval", total=total, completed=len(done), status="")
+        self.lane_steps_per_s: float | None = None
+        self.bar.start()
+
+    def episode(self, episode: EpisodeResult) -> None:
+        self.rewards.append(episode.reward)
+        if episode.success is not None:
+            self.successes.append(episode.success)
+        self._update(advance=1)
+
+    def throughput(self, lane_steps_per_s: float) -> None:
+        self.lane_steps_per_s = lane_steps_per_s
+        self._update(advance=0)
+
+    def _update(self, advance: int) -> None:
+        if self.bar is None:
+            return
+        rate = "-" if self.lane_steps_per_s is None else f"{self.lane_steps_per_s:,.0f}"
+        reward = f"{np.mean(self.rewards):.2f}" if self.rewards else "-"
+        success = f"{np.mean(self.successes):.1%}" if self.successes else "-"
+        status = f"{rate} lane-steps/s  reward {reward}  success {success}"
+        self.bar.update(self.task, advance=advance, status=status)
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+class _EpisodeSink(RunHooks):
+    """Each completed episode: renumbered to its slot (a resumed run runs only the missing
+    slots, as slots 0..k-1 of its own), written to the results file, shown in the progress."""
+
+    def __init__(self, slots: list[int], out: ResultsFile | None, progress: _Progress) -> None:
+        self.slots, self.out, self.progress = slots, out, progress
+
+    def on_episode_end(self, result: EpisodeResult) -> None:
+        slot = self.slots[result.index]
+        episode = replace(result, index=slot, trial=slot)
+        if self.out is not None:
+            self.out.append(episode)
+        self.progress.episode(episode)
+
+
+class _Throughput(RuntimeHooks):
+    """Lane-steps per second from each telemetry window, for the progress bar."""
+
+    def __init__(self, progress: _Progress) -> None:
+        self.progress = progress
+
+    def telemetry_snapshot(self, rows: Sequence[Any]) -> None:
+        for row in rows:
+            if row.op == "driver" and row.metric == "lane-steps" and row.avg == row.avg:
+                self.progress.throughput(row.avg)
+
+
+# ---------------------------------------------------------------------------- commands
+
+
+def _eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    check_env(args.env)
+    seeds = read_seeds(args.seeds) if args.seeds is not None else None
+    episodes = args.episodes or (len(seeds) if seeds is not None else 100)
+    base_seed = 0 if args.seed is None else args.seed
+    core = args.core or core_name()
+    seed_of = load_core(core).episode_seed
+
+    def action_space() -> gym.Space:
+        env = gym.make(args.env, **args.env_kwargs)
+        try:
+            return env.action_space
+        finally:
+            env.close()
+
+    try:
+        policy = load_policy(args.policy, action_space)
+    except gym.error.Error as exc:  # making the env for `random` failed: bad --env-kwargs
+        raise UsageError(f"--env-kwargs for {args.env}: {exc}") from None
+    except TypeError as exc:
+        raise UsageError(f"--env-kwargs for {args.env}: {exc}") from None
+    header = {
+        "policy": args.policy,
+        "env": args.env,
+        "env_kwargs": args.env_kwargs,
+        "episodes": episodes,
+        "seed": base_seed,
+        "seeds": seeds,
+        "horizon": args.horizon,
+        "max_episode_steps": args.max_episode_steps,
+        "rlmesh_version": __version__,
+        "core": core,
+    }
+    out = None
+    if args.out is not None:
+        try:
+            out = ResultsFile.open(args.out, header, resume=args.resume)
+        except OSError as exc:
+            raise UsageError(f"--out {args.out}: cannot open it ({exc.strerror})") from None
+        except ResultsFileError as exc:
+            raise UsageError(str(exc)) from None
+    done = list(out.episodes) if out is not None else []
+    slots = sorted(set(range(episodes)) - {episode.index for episode in done})
+    # Slot k's seed is the same in a resumed run as in an uninterrupted one.
+    slot_seeds = [
+        seeds[k] if seeds is not None and k < len(seeds) else seed_of(base_seed, k) for k in slots
+    ]
+    progress = _Progress(
+        episodes, done, enabled=not args.no_progress and not args.json and sys.stderr.isatty()
+    )
+    env = (
+        args.env
+        if not args.env_kwargs
+        else (lambda: gym.make(args.env, **args.env_kwargs))  # one env per lane
+    )
+    started = time.perf_counter()
+    status, result = EXIT_OK, None
+    try:
+        if slots:
+            result = _interruptible(
+                driver.run,
+                policy,
+                env,
+                seeds=slot_seeds,
+                seed=base_seed,  # recorded in the result; every slot's seed is listed
+                num_envs=args.num_envs,
+                execution_horizon=args.horizon,
+                max_episode_steps=args.max_episode_steps,
+                hooks=[_EpisodeSink(slots, out, progress), _Throughput(progress)],
+                core=core,
+            )
+    except KeyboardInterrupt:
+        status = EXIT_INTERRUPTED
+    except RlmeshError as exc:
+        status, result = EXIT_FAILED, getattr(exc, "partial_result", None)
+        print(f"rlmesh: error: {exc}", file=sys.stderr)
+    finally:
+        progress.stop()
+    elapsed = time.perf_counter() - started
+    if out is not None:
+        if result is not None:
+            out.append_run(result, elapsed_s=elapsed)
+        out.close()
+    if status == EXIT_INTERRUPTED:
+        _interrupted(args, argv, out)
+        return status
+    if out is not None:
+        result, elapsed = out.run_result()
+    elif result is None:
+        return status
+    _print_summary(summarize(result, core=core, elapsed_s=elapsed), as_json=args.json)
+    return status
+
+
+def _raise_interrupt(signum: int, frame: Any) -> NoReturn:
+    raise KeyboardInterrupt
+
+
+def _interruptible(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` with Ctrl-C raising at once, wherever the run is.
+
+    ``asyncio.run`` replaces the default SIGINT handler with one that cancels the main task at
+    its next real suspension point; a run whose awaits never suspend would then go on to the
+    end. A handler of our own (which asyncio leaves alone) raises in place instead, and the
+    driver's teardown closes the run as for any failure.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return fn(*args, **kwargs)
+    previous = signal.signal(signal.SIGINT, _raise_interrupt)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _interrupted(args: argparse.Namespace, argv: Sequence[str], out: ResultsFile | None) -> None:
+    if out is None:
+        print(
+            "rlmesh: interrupted; nothing was kept (pass --out FILE to keep completed episodes "
+            "and resume)",
+            file=sys.stderr,
+        )
+        return
+    again = list(argv) if "--resume" in argv else [*argv, "--resume"]
+    print(
+        f"rlmesh: interrupted; {len(out.episodes)} of {out.header['episodes']} episodes are in "
+        f"{out.path}. Resume with: rlmesh {shlex.join(again)}",
+        file=sys.stderr,
+    )
+
+
+def _report(args: argparse.Namespace) -> int:
+    try:
+        header, result, elapsed = read_run(args.file)
+    except OSError as exc:
+        raise UsageError(f"{args.file}: cannot read it ({exc.strerror})") from None
+    except ResultsFileError as exc:
+        raise UsageError(str(exc)) from None
+    summary = summarize(result, core=header.get("core", "unknown"), elapsed_s=elapsed)
+    _print_summary(summary, as_json=args.json)
+    return EXIT_OK
+
+
+def _print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
+    print(json.dumps(summary) if as_json else format_summary(summary))
+
+
+# ---------------------------------------------------------------------------- the parser
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argparse parser whose errors are one line (no usage block), exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: error: {message}")
+
+
+def _add_run_options(parser: argparse.ArgumentParser, *, episodes: int | None) -> None:
+    parser.add_argument(
+        "--num-envs", type=_positive_int, default=None, help="lanes run in parallel (default 1)"
+    )
+    parser.add_argument(
+        "--episodes",
+        type=_positive_int,
+        default=episodes,
+        help=f"episodes to score (default {episodes or 'len(seeds), else 100'})",
+    )
+    parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--core", choices=("rust", "python"), help="the core (default: active)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = _Parser(
+        prog="rlmesh",
+        description="Evaluate RL agents and robot policies on Gymnasium environments.",
+        epilog="example:\n  rlmesh eval random --env CartPole-v1 --episodes 20 --num-envs 4",
+        formatter_class=formatter,
+    )
+    parser.add_argument("--version", action="version", version=f"rlmesh {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    evaluate = commands.add_parser(
+        "eval",
+        help="evaluate a policy",
+        description="Evaluate POLICY on an environment and print the summary.",
+        epilog="example:\n  rlmesh eval my_policy.py:Policy --env CartPole-v1 --num-envs 8 "
+        "--episodes 100 --out results.jsonl",
+        formatter_class=formatter,
+    )
+    evaluate.add_argument(
+        "policy",
+        metavar="POLICY",
+        help="package.module:Name, path/to/file.py:Name (a Model subclass, a Model instance or "
+        f"a callable), or a built-in: {', '.join(BUILTIN_POLICIES)}",
+    )
+    evaluate.add_argument("--env", required=True, help="a Gymnasium id, e.g. CartPole-v1")
+    evaluate.add_argument(
+        "--env-kwargs", type=_json_object, default={}, help="JSON object for gymnasium.make"
+    )
+    seeding = evaluate.add_mutually_exclusive_group()
+    seeding.add_argument(
+        "--seed", type=_non_negative_int, help="base seed: episode k uses episode_seed(S, k)"
+    )
+    seeding.add_argument("--seeds", metavar="FILE", help="one integer seed per episode")
+    evaluate.add_argument(
+        "--horizon", type=_positive_int, default=1, help="actions replayed per predicted chunk"
+    )
+    evaluate.add_argument(
+        "--max-episode-steps", type=_positive_int, help="truncate episodes at this many steps"
+    )
+    evaluate.add_argument("--out", metavar="FILE", help="write results, one JSON line each")
+    evaluate.add_argument(
+        "--resume", action="store_true", help="continue the run in --out, adding missing episodes"
+    )
+    _add_run_options(evaluate, episodes=None)
+
+    demo = commands.add_parser(
+        "demo",
+        help="a built-in CartPole heuristic over 8 lanes and 100 episodes",
+        description="Evaluate a built-in CartPole heuristic: nothing to write, nothing to set.",
+        epilog="example:\n  rlmesh demo --episodes 20",
+        formatter_class=formatter,
+    )
+    _add_run_options(demo, episodes=100)
+
+    report = commands.add_parser(
+        "report",
+        help="the summary of a results file",
+        description="Print the summary table of a results file written by `rlmesh eval --out`.",
+        epilog="example:\n  rlmesh report results.jsonl --json",
+        formatter_class=formatter,
+    )
+    report.add_argument("file", metavar="FILE", help="a results file (JSON lines)")
+    report.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    return parser
+
+
+def _demo_args(args: argparse.Namespace) -> argparse.Namespace:
+    """The demo is ``eval cartpole-heuristic --env CartPole-v1 --num-envs 8 --episodes 100``."""
+    options = {**vars(args), "num_envs": args.num_envs or 8}
+    return argparse.Namespace(
+        **options,
+        policy="cartpole-heuristic",
+        env="CartPole-v1",
+        env_kwargs={},
+        seed=None,
+        seeds=None,
+        horizon=1,
+        max_episode_steps=None,
+        out=None,
+        resume=False,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``rlmesh`` command with ``argv`` (default ``sys.argv[1:]``); the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    with warnings.catch_warnings():
+        # Warnings (a repaired results file, a run-time notice) are one line each.
+        warnings.showwarning = _show_warning
+        try:
+            args = build_parser().parse_args(argv)
+            if args.command == "eval":
+                if args.resume and args.out is None:
+                    raise UsageError("rlmesh eval: error: --resume needs --out FILE to resume")
+                return _eval(args, argv)
+            if args.command == "demo":
+                return _eval(_demo_args(args), argv)
+            if args.command == "report":
+                return _report(args)
+            build_parser().print_help()
+            return EXIT_USAGE
+        except UsageError as exc:
+            message = str(exc)
+            print(
+                message if message.startswith("rlmesh") else f"rlmesh: error: {message}",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+
+
+def _show_warning(message: Any, category: type, *args: Any, **kwargs: Any) -> None:
+    print(f"rlmesh: warning: {message}", file=sys.stderr)

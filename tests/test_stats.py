@@ -1,0 +1,129 @@
+"""The summary's statistics, pinned against hand computations and textbook values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from rlmesh.results import EpisodeResult, RunResult, TelemetryRow
+from rlmesh.stats import (
+    bootstrap_mean_ci,
+    format_summary,
+    interquartile_mean,
+    summarize,
+    wilson_interval,
+)
+
+
+@pytest.mark.parametrize(
+    ("successes", "n", "expected"),
+    [
+        (8, 10, (0.4901625, 0.9433178)),  # the textbook example
+        (50, 100, (0.4038315, 0.5961685)),
+        (0, 10, (0.0, 0.2775328)),
+        (10, 10, (0.7224672, 1.0)),
+    ],
+)
+def test_wilson_interval_matches_known_values(successes, n, expected):
+    assert wilson_interval(successes, n) == pytest.approx(expected, abs=1e-6)
+
+
+def test_wilson_interval_by_hand_at_90_percent():
+    z = 1.6448536269514722  # Phi^-1(0.95)
+    p, n = 0.3, 20
+    center = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    assert wilson_interval(6, 20, confidence=0.9) == pytest.approx((center - half, center + half))
+
+
+def test_wilson_interval_of_nothing_is_nan():
+    assert all(math.isnan(bound) for bound in wilson_interval(0, 0))
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ([1, 2, 3, 4, 5, 6, 7, 100], 4.5),  # drops 1, 2 and 7, 100
+        ([10, 1, 2, 3], 2.5),
+        ([1, 2, 3, 4, 5, 6, 7, 8, 9], 5.0),  # n = 9 drops 2 from each end: mean of 3..7
+        ([4.0], 4.0),
+        ([1, 5], 3.0),
+    ],
+)
+def test_interquartile_mean(values, expected):
+    assert interquartile_mean(values) == expected
+
+
+def test_interquartile_mean_of_nothing_is_nan():
+    assert math.isnan(interquartile_mean([]))
+
+
+def test_bootstrap_of_a_constant_is_that_constant():
+    assert bootstrap_mean_ci([2.5] * 7) == (2.5, 2.5)
+    assert bootstrap_mean_ci([9.0]) == (9.0, 9.0)
+
+
+def test_bootstrap_is_reproducible_and_seeded():
+    values = [1.3, 4.7, 2.2, 8.9, 5.1, 7.6, 0.4, 3.3]
+    assert bootstrap_mean_ci(values) == bootstrap_mean_ci(values)
+    assert bootstrap_mean_ci(values, resamples=50, seed=1) != bootstrap_mean_ci(
+        values, resamples=50, seed=0
+    )
+
+
+def test_bootstrap_agrees_with_the_normal_interval_on_a_large_sample():
+    values = [0.0, 1.0] * 500  # mean 0.5, standard error 0.5 / sqrt(1000)
+    half = 1.959964 * 0.5 / math.sqrt(1000)
+    lo, hi = bootstrap_mean_ci(values)
+    assert lo == pytest.approx(0.5 - half, abs=0.004)
+    assert hi == pytest.approx(0.5 + half, abs=0.004)
+
+
+def test_bootstrap_of_nothing_is_nan():
+    assert all(math.isnan(bound) for bound in bootstrap_mean_ci([]))
+
+
+def _episode(index, reward, success=None, steps=10):
+    return EpisodeResult(index, index, index, 0, steps, reward, True, False, success, 0.1, 0.1, 0.1)
+
+
+def test_summarize_has_every_field():
+    episodes = [_episode(k, float(k), success=k < 3, steps=10 + k) for k in range(4)]
+    telemetry = (
+        TelemetryRow("model.predict", "latency", "ms", 20, 1.0, 0.9, 1.5, 2.0, 3.0),
+        TelemetryRow("env.step", "latency", "ms", 20, 0.5, 0.4, 0.8, 0.9, 1.0),
+        TelemetryRow("driver", "lane-steps", "1/s", 46, 1000.0, *[math.nan] * 4),
+    )
+    summary = summarize(
+        RunResult(episodes, base_seed=7, wasted_steps=3, telemetry=telemetry), core="python"
+    )
+    assert summary["episodes"] == 4
+    assert summary["total_steps"] == 46
+    assert summary["mean_reward"] == 1.5
+    assert summary["iqm_reward"] == 1.5  # n = 4 drops 0 and 3
+    assert summary["success_rate"] == 0.75
+    assert summary["success_ci95"] == list(wilson_interval(3, 4))
+    assert summary["episode_length_mean"] == 11.5
+    assert (summary["episode_length_min"], summary["episode_length_max"]) == (10, 13)
+    assert summary["steps_per_s"] == 1000.0
+    assert summary["predict_ms"] == {"p50": 0.9, "p95": 1.5, "p99": 2.0}
+    assert summary["env_step_ms"] == {"p50": 0.4, "p95": 0.8, "p99": 0.9}
+    assert summary["predicts_per_episode"] == 5.0
+    assert (summary["wasted_steps"], summary["base_seed"], summary["core"]) == (3, 7, "python")
+    text = format_summary(summary)
+    assert "75.0%" in text and "[0.000, 3.000]" not in text
+
+
+def test_summarize_reports_unreported_success_as_none_not_a_guess():
+    summary = summarize(RunResult([_episode(0, 1.0), _episode(1, 2.0)], base_seed=0), core="rust")
+    assert summary["success_rate"] is None
+    assert summary["success_ci95"] == [None, None]
+    assert "not reported by the env" in format_summary(summary)
+
+
+def test_summarize_of_no_episodes_is_strict_json():
+    import json
+
+    summary = summarize(RunResult((), base_seed=0), core="rust")
+    json.dumps(summary, allow_nan=False)
+    assert summary["mean_reward"] is None
