@@ -605,3 +605,86 @@ class SlowToLoadAndPredict(rlmesh.Model):
 def test_a_slow_predict_times_out_but_a_slow_load_does_not():
     with pytest.raises(OperationTimeout, match=r"model\.predict took longer than its 0\.02 s"):
         rlmesh.run(SlowToLoadAndPredict(), "CartPole-v1", timeouts={"predict": 0.02})
+
+
+def test_a_results_file_holds_every_episode_and_resume_runs_only_the_missing(tmp_path):
+    path = tmp_path / "results.jsonl"
+    full = rlmesh.run(cartpole_policy, "CartPole-v1", episodes=6, num_envs=2, seed=4)
+    # A first run stopped after some episodes: here, slots 0, 2 and 5 of the six.
+    first = rlmesh.run(
+        cartpole_policy, "CartPole-v1", episodes=6, seed=4, indices=[0, 2, 5], results_path=path
+    )
+    assert [e.index for e in first.episodes] == [0, 2, 5]
+    resumed_lanes = []
+
+    class Watch(rlmesh.RunHooks):
+        def on_episode_start(self, *, episode, seed):
+            resumed_lanes.append(episode)
+
+    resumed = rlmesh.run(
+        cartpole_policy,
+        "CartPole-v1",
+        episodes=6,
+        seed=4,
+        num_envs=3,
+        results_path=path,
+        resume=True,
+        hooks=Watch(),
+    )
+    assert sorted(resumed_lanes) == [1, 3, 4]
+    assert comparable(resumed) == comparable(full)
+    lines = path.read_text().splitlines()
+    assert sum('"index"' in line for line in lines) == 6
+
+
+def test_resume_refuses_a_file_of_another_configuration(tmp_path):
+    path = tmp_path / "results.jsonl"
+    rlmesh.run(cartpole_policy, "CartPole-v1", episodes=2, seed=1, results_path=path)
+    with pytest.raises(rlmesh.ResultsFileError, match="seed"):
+        rlmesh.run(
+            cartpole_policy, "CartPole-v1", episodes=2, seed=2, results_path=path, resume=True
+        )
+    with pytest.raises(rlmesh.ResultsFileError, match="resume"):
+        rlmesh.run(cartpole_policy, "CartPole-v1", episodes=2, seed=1, results_path=path)
+
+
+def test_indices_run_a_shard_with_the_seeds_of_the_full_run():
+    shard = rlmesh.run(cartpole_policy, "CartPole-v1", episodes=8, seed=3, indices=[2, 5])
+    full = rlmesh.run(cartpole_policy, "CartPole-v1", episodes=8, seed=3)
+    assert comparable(shard) == [comparable(full)[2], comparable(full)[5]]
+
+
+INTERRUPTED_RUN = """
+import time, rlmesh
+
+class Slow(rlmesh.Model):
+    def predict(self, obs):
+        time.sleep(0.002)
+        return int(obs[2] > 0)
+
+rlmesh.run(Slow(), "CartPole-v1", episodes=1000, results_path={path!r})
+"""
+
+
+def test_ctrl_c_stops_rlmesh_run_promptly_with_the_episodes_on_disk(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    path = tmp_path / "results.jsonl"
+    process = subprocess.Popen(
+        [sys.executable, "-c", INTERRUPTED_RUN.format(path=str(path))],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().count('"index"') >= 2:
+            break
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=10)
+    assert process.returncode != 0
+    assert "KeyboardInterrupt" in stderr
+    header, episodes = rlmesh.read_results(path)
+    assert len(episodes) >= 2 and header["episodes"] == 1000

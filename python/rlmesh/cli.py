@@ -33,7 +33,6 @@ import time
 import warnings
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -41,11 +40,10 @@ import gymnasium as gym
 import numpy as np
 
 from . import __version__, core_name, driver
-from .core import load_core
 from .errors import ResultsFileError, RlmeshError
 from .hooks import RunHooks, RuntimeHooks
 from .model import Model
-from .results import EpisodeResult, ResultsFile, read_run
+from .results import EpisodeResult, read_results, read_run
 from .stats import format_summary, summarize
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -227,11 +225,19 @@ def check_env(env_id: str) -> None:
 class _Progress:
     """The live progress bar (rich, on stderr), or nothing when disabled."""
 
-    def __init__(self, total: int, done: list[EpisodeResult], *, enabled: bool) -> None:
+    def __init__(self, total: int, *, enabled: bool) -> None:
         self.bar = None
+        self.total = total
+        self.rewards: list[float] = []
+        self.successes: list[bool] = []
+        self.enabled = enabled
+        self.lane_steps_per_s: float | None = None
+
+    def start(self, done: Sequence[EpisodeResult]) -> None:
+        """Show the bar, counting the episodes a resumed results file already holds."""
         self.rewards = [episode.reward for episode in done]
         self.successes = [episode.success for episode in done if episode.success is not None]
-        if not enabled:
+        if not self.enabled:
             return
         from rich.console import Console
         from rich.progress import (
@@ -254,8 +260,7 @@ class _Progress:
             console=Console(stderr=True),
             transient=True,
         )
-        self.task = self.bar.add_task("eval", total=total, completed=len(done), status="")
-        self.lane_steps_per_s: float | None = None
+        self.task = self.bar.add_task("eval", total=self.total, completed=len(done), status="")
         self.bar.start()
 
     def episode(self, episode: EpisodeResult) -> None:
@@ -283,18 +288,16 @@ class _Progress:
 
 
 class _EpisodeSink(RunHooks):
-    """Each completed episode: renumbered to its slot (a resumed run runs only the missing
-    slots, as slots 0..k-1 of its own), written to the results file, shown in the progress."""
+    """Shows each completed episode in the progress bar (the driver writes the results file)."""
 
-    def __init__(self, slots: list[int], out: ResultsFile | None, progress: _Progress) -> None:
-        self.slots, self.out, self.progress = slots, out, progress
+    def __init__(self, progress: _Progress) -> None:
+        self.progress = progress
+
+    def on_run_start(self, context: dict[str, Any]) -> None:
+        self.progress.start(context["completed_episodes"])
 
     def on_episode_end(self, result: EpisodeResult) -> None:
-        slot = self.slots[result.index]
-        episode = replace(result, index=slot, trial=slot)
-        if self.out is not None:
-            self.out.append(episode)
-        self.progress.episode(episode)
+        self.progress.episode(result)
 
 
 class _Throughput(RuntimeHooks):
@@ -318,7 +321,6 @@ def _eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
     episodes = args.episodes or (len(seeds) if seeds is not None else 100)
     base_seed = 0 if args.seed is None else args.seed
     core = args.core or core_name()
-    seed_of = load_core(core).episode_seed
 
     def action_space() -> gym.Space:
         env = gym.make(args.env, **args.env_kwargs)
@@ -333,34 +335,8 @@ def _eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
         raise UsageError(f"--env-kwargs for {args.env}: {exc}") from None
     except TypeError as exc:
         raise UsageError(f"--env-kwargs for {args.env}: {exc}") from None
-    header = {
-        "policy": args.policy,
-        "env": args.env,
-        "env_kwargs": args.env_kwargs,
-        "episodes": episodes,
-        "seed": base_seed,
-        "seeds": seeds,
-        "horizon": args.horizon,
-        "max_episode_steps": args.max_episode_steps,
-        "rlmesh_version": __version__,
-        "core": core,
-    }
-    out = None
-    if args.out is not None:
-        try:
-            out = ResultsFile.open(args.out, header, resume=args.resume)
-        except OSError as exc:
-            raise UsageError(f"--out {args.out}: cannot open it ({exc.strerror})") from None
-        except ResultsFileError as exc:
-            raise UsageError(str(exc)) from None
-    done = list(out.episodes) if out is not None else []
-    slots = sorted(set(range(episodes)) - {episode.index for episode in done})
-    # Slot k's seed is the same in a resumed run as in an uninterrupted one.
-    slot_seeds = [
-        seeds[k] if seeds is not None and k < len(seeds) else seed_of(base_seed, k) for k in slots
-    ]
     progress = _Progress(
-        episodes, done, enabled=not args.no_progress and not args.json and sys.stderr.isatty()
+        episodes, enabled=not args.no_progress and not args.json and sys.stderr.isatty()
     )
     env = (
         args.env
@@ -370,19 +346,29 @@ def _eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
     started = time.perf_counter()
     status, result = EXIT_OK, None
     try:
-        if slots:
-            result = _interruptible(
-                driver.run,
-                policy,
-                env,
-                seeds=slot_seeds,
-                seed=base_seed,  # recorded in the result; every slot's seed is listed
-                num_envs=args.num_envs,
-                execution_horizon=args.horizon,
-                max_episode_steps=args.max_episode_steps,
-                hooks=[_EpisodeSink(slots, out, progress), _Throughput(progress)],
-                core=core,
-            )
+        result = _interruptible(
+            driver.run,
+            policy,
+            env,
+            seeds=seeds,
+            episodes=episodes,
+            seed=base_seed,
+            num_envs=args.num_envs,
+            execution_horizon=args.horizon,
+            max_episode_steps=args.max_episode_steps,
+            hooks=[_EpisodeSink(progress), _Throughput(progress)],
+            core=core,
+            results_path=args.out,
+            resume=args.resume,
+            # The results file's header records these too, and a resume must match them.
+            run_info={"env": args.env, "policy": args.policy, "env_kwargs": args.env_kwargs},
+        )
+    except ResultsFileError as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        if args.out is None or exc.filename != args.out:
+            raise
+        raise UsageError(f"--out {args.out}: cannot open it ({exc.strerror})") from None
     except KeyboardInterrupt:
         status = EXIT_INTERRUPTED
     except RlmeshError as exc:
@@ -391,15 +377,11 @@ def _eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
     finally:
         progress.stop()
     elapsed = time.perf_counter() - started
-    if out is not None:
-        if result is not None:
-            out.append_run(result, elapsed_s=elapsed)
-        out.close()
     if status == EXIT_INTERRUPTED:
-        _interrupted(args, argv, out)
+        _interrupted(args, argv)
         return status
-    if out is not None:
-        result, elapsed = out.run_result()
+    if args.out is not None:
+        _, result, elapsed = read_run(args.out)
     elif result is None:
         return status
     _print_summary(summarize(result, core=core, elapsed_s=elapsed), as_json=args.json)
@@ -427,8 +409,8 @@ def _interruptible(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         signal.signal(signal.SIGINT, previous)
 
 
-def _interrupted(args: argparse.Namespace, argv: Sequence[str], out: ResultsFile | None) -> None:
-    if out is None:
+def _interrupted(args: argparse.Namespace, argv: Sequence[str]) -> None:
+    if args.out is None:
         print(
             "rlmesh: interrupted; nothing was kept (pass --out FILE to keep completed episodes "
             "and resume)",
@@ -436,9 +418,10 @@ def _interrupted(args: argparse.Namespace, argv: Sequence[str], out: ResultsFile
         )
         return
     again = list(argv) if "--resume" in argv else [*argv, "--resume"]
+    header, episodes = read_results(args.out)
     print(
-        f"rlmesh: interrupted; {len(out.episodes)} of {out.header['episodes']} episodes are in "
-        f"{out.path}. Resume with: rlmesh {shlex.join(again)}",
+        f"rlmesh: interrupted; {len(episodes)} of {header['episodes']} episodes are in "
+        f"{args.out}. Resume with: rlmesh {shlex.join(again)}",
         file=sys.stderr,
     )
 

@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,15 +34,16 @@ import numpy as np
 from gymnasium.vector.utils import create_empty_array
 
 from .adapters import compile_spec
-from .core import active, load_core
+from .core import active, core_name, load_core
 from .envs import Lanes, make_lanes
 from .errors import EnvError, ModelError, OperationTimeout, RlmeshError
 from .hooks import HookDispatcher, StepEvent
 from .model import ModelHandler
-from .results import EpisodeResult, RunResult
+from .results import EpisodeResult, ResultsFile, RunResult
 from .telemetry import Telemetry
 
 TIMEOUT_OPS = ("reset", "step", "predict")
+YIELD_EVERY_NS = 50_000_000
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class RunSettings:
     telemetry_window: float
     timeouts: dict[str, float]
     close_env: bool
+    indices: list[int] | None = None
 
 
 def _positive_int(name: str, value: Any, *, allow_none: bool = False) -> int | None:
@@ -90,6 +93,7 @@ def check_settings(
     telemetry_window: float,
     timeouts: dict[str, float] | None,
     close_env: bool,
+    indices: Sequence[int] | None = None,
 ) -> RunSettings:
     """The run's arguments checked, with the defaults DESIGN.md gives; ValueError otherwise."""
     if seeds is not None:
@@ -124,6 +128,7 @@ def check_settings(
             for op, limit in (timeouts or {}).items()
         },
         close_env=bool(close_env),
+        indices=None if indices is None else list(indices),
     )
 
 
@@ -158,6 +163,10 @@ async def arun(
     timeouts: dict[str, float] | None = None,
     close_env: bool = False,
     core: str | None = None,
+    indices: Sequence[int] | None = None,
+    results_path: str | os.PathLike[str] | None = None,
+    resume: bool = False,
+    run_info: dict[str, Any] | None = None,
 ) -> RunResult:
     """Evaluate ``model`` on ``env``: the coroutine behind ``rlmesh.run``.
 
@@ -181,9 +190,17 @@ async def arun(
         close_env: also close an env instance or vector the caller passed in (rlmesh always
             closes the envs it made).
         core: ``"rust"`` or ``"python"``; default the active core (``RLMESH_CORE``).
+        indices: run only these episode indices (strictly increasing, in ``0..M-1``), with the
+            seeds and trials they have in the full run: a shard, or the rest of a run.
+        results_path: write a JSONL results file: a header line with the run's configuration
+            (and ``run_info``), then one line per episode as it completes, flushed.
+        resume: with ``results_path``, continue that file: its header must match this run;
+            the episodes it holds are skipped, the missing ones run and are appended.
+        run_info: extra header fields (e.g. the policy's name), checked on resume too.
 
     Returns:
-        The ``RunResult``: M episodes sorted by index, wasted steps and telemetry.
+        The ``RunResult``: M episodes sorted by index (with ``results_path``, every episode in
+        the file), wasted steps and telemetry.
 
     Raises:
         RlmeshError: a typed error (model output, env, hook, timeout, spec); it carries the
@@ -201,8 +218,39 @@ async def arun(
         telemetry_window=telemetry_window,
         timeouts=timeouts,
         close_env=close_env,
+        indices=indices,
     )
-    return await EvaluationRun(model, env, settings, hooks=hooks, core=core).execute()
+    results = None
+    if results_path is not None:
+        header = _results_header(env, settings, core, run_info)
+        results = ResultsFile.open(results_path, header, resume=resume)
+    run = EvaluationRun(model, env, settings, hooks=hooks, core=core, results=results)
+    return await run.execute()
+
+
+def _results_header(
+    env: Any, settings: RunSettings, core: str | None, run_info: dict[str, Any] | None
+) -> dict[str, Any]:
+    """What a results file records of the run, and what a resumed run must match."""
+    return {
+        "env": env if isinstance(env, str) else type(env).__name__,
+        "episodes": settings.episodes,
+        "seed": settings.base_seed,
+        "seeds": settings.seeds,
+        "horizon": settings.execution_horizon,
+        "max_episode_steps": settings.max_episode_steps,
+        "max_episode_seconds": settings.max_episode_seconds,
+        "trial_index_base": settings.trial_index_base,
+        "rlmesh_version": _version(),
+        "core": core or core_name(),
+        **(run_info or {}),
+    }
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
 
 
 def _success(info: dict) -> bool | None:
@@ -233,10 +281,18 @@ class EvaluationRun:
     """One evaluation: the lanes, the model, the core's state and the hooks, from start to end."""
 
     def __init__(
-        self, model: Any, env: Any, settings: RunSettings, *, hooks: Any, core: str | None
+        self,
+        model: Any,
+        env: Any,
+        settings: RunSettings,
+        *,
+        hooks: Any,
+        core: str | None,
+        results: ResultsFile | None = None,
     ) -> None:
         self.settings = settings
         self.hooks_argument = hooks
+        self.results = results
         self.core = active if core is None else load_core(core)
         self.env = env
         self.model = model
@@ -250,21 +306,45 @@ class EvaluationRun:
     # -------------------------------------------------------------------- set-up and teardown
 
     async def execute(self) -> RunResult:
+        started = time.perf_counter()
+        to_run = self._indices_to_run()
+        if to_run == []:  # the results file already holds every episode asked for
+            return self._close_results(None, None)
         error: BaseException | None = None
         try:
-            self._configure()
+            self._configure(to_run)
             await self._evaluate()
         except BaseException as exc:  # every failure closes the run the same way
             error = exc
         result = self._result()
         error = await self._teardown(result, error)
+        result = self._close_results(result, time.perf_counter() - started)
         if error is not None:
             if isinstance(error, Exception):
                 error.partial_result = result  # type: ignore[attr-defined]
             raise error
         return result
 
-    def _configure(self) -> None:
+    def _indices_to_run(self) -> list[int] | None:
+        """The slots this run plays: all (None), the ones asked for, less those on file."""
+        indices = self.settings.indices
+        if self.results is None:
+            return indices
+        wanted = range(self.settings.episodes) if indices is None else indices
+        return [index for index in wanted if index not in self.results.indices]
+
+    def _close_results(self, segment: RunResult | None, elapsed_s: float | None) -> RunResult:
+        """Record this run's segment in the results file and return every episode it holds."""
+        if self.results is None:
+            assert segment is not None
+            return segment
+        if segment is not None:
+            self.results.append_run(segment, elapsed_s=elapsed_s)
+        result, _ = self.results.run_result()
+        self.results.close()
+        return result
+
+    def _configure(self, indices: list[int] | None) -> None:
         settings = self.settings
         self.hooks = HookDispatcher(self.hooks_argument)
         self.handler = ModelHandler(self.model, execution_horizon=settings.execution_horizon)
@@ -289,6 +369,7 @@ class EvaluationRun:
             seeds=settings.seeds,
             base_seed=settings.base_seed,
             trial_index_base=settings.trial_index_base,
+            indices=indices,
         )
         self.assembler = core.ObservationAssembler(plan.observation)
         self.applier = core.ActionApplier(plan.action)
@@ -308,6 +389,7 @@ class EvaluationRun:
         self._step_times = np.zeros(lanes.num_lanes, dtype=np.int64)
         self._predict_times = np.zeros(lanes.num_lanes, dtype=np.int64)
         self.telemetry = Telemetry(settings.telemetry_window, time.perf_counter_ns(), core=core)
+        self._yielded_ns = time.perf_counter_ns()
 
     async def _teardown(
         self, result: RunResult, error: BaseException | None
@@ -406,6 +488,11 @@ class EvaluationRun:
             self.telemetry.count_steps(1, len(stepped))
             if self.telemetry.window_due(end):
                 await hooks.telemetry(self.telemetry.take_window(end))
+            if end - self._yielded_ns > YIELD_EVERY_NS:
+                # Rounds whose awaits never suspend would starve the event loop: let it run,
+                # so a Ctrl-C (a cancellation under asyncio.run) stops the run promptly.
+                await asyncio.sleep(0)
+                self._yielded_ns = end
 
     def _context(self) -> dict[str, Any]:
         lanes, settings = self.lanes, self.settings
@@ -423,6 +510,8 @@ class EvaluationRun:
             "corner": self.handler.corner,
             "core": "python" if self.core is load_core("python") else "rust",
             "plan": self.plan.describe(),
+            # Episodes a resumed results file already holds (they are not run again).
+            "completed_episodes": () if self.results is None else self.results.episodes,
         }
 
     async def _start(self, lanes_to_start: np.ndarray) -> None:
@@ -635,7 +724,10 @@ class EvaluationRun:
                 "episode_end", self.handler.episode_end, episode_id, where="model.on_episode_end"
             )
         for summary in summaries:
-            await self.hooks.episode_end(EpisodeResult.from_summary(summary))
+            episode = EpisodeResult.from_summary(summary)
+            if self.results is not None:
+                self.results.append(episode)  # on disk before anyone hears of it
+            await self.hooks.episode_end(episode)
 
     # -------------------------------------------------------------------- guarded calls
 
