@@ -114,11 +114,15 @@ def test_summarize_has_every_field():
     assert "75.0%" in text and "[0.000, 3.000]" not in text
 
 
-def test_summarize_reports_unreported_success_as_none_not_a_guess():
-    summary = summarize(RunResult([_episode(0, 1.0), _episode(1, 2.0)], base_seed=0), core="rust")
-    assert summary["success_rate"] is None
-    assert summary["success_ci95"] == [None, None]
-    assert "not reported by the env" in format_summary(summary)
+def test_without_a_report_from_the_env_terminated_stands_in_and_says_so():
+    # Episode 0 terminated, episode 1 was truncated; the env reported success for neither.
+    truncated = EpisodeResult(1, 1, 1, 0, 10, 2.0, False, True, None, 0.1, 0.1, 0.1)
+    result = RunResult([_episode(0, 1.0), truncated], base_seed=0)
+    summary = summarize(result, core="rust")
+    assert summary["success_rate"] == result.success_rate == 0.5
+    assert summary["success_ci95"] == list(wilson_interval(1, 2))
+    assert summary["success_reported"] == 0
+    assert "env reported 0 of 2; else terminated" in format_summary(summary)
 
 
 def test_summarize_of_no_episodes_is_strict_json():

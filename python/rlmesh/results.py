@@ -68,6 +68,13 @@ class EpisodeResult:
         return asdict(self)
 
 
+def succeeded(episode: EpisodeResult) -> bool:
+    """Success as rlmesh counts it, everywhere: what the env reported in its final ``info``
+    (``is_success``, else ``success``); when it reported nothing, reaching a terminal state
+    (``terminated``, as opposed to being truncated) counts as success."""
+    return episode.terminated if episode.success is None else episode.success
+
+
 @dataclass(frozen=True)
 class TelemetryRow:
     """One line of telemetry: an op's latency, or the run's throughput, over some span.
@@ -137,18 +144,10 @@ class RunResult:
 
     @property
     def success_rate(self) -> float:
-        """The fraction of successful episodes; nan when there are no episodes.
-
-        An episode succeeded if its ``success`` says so; when ``success`` is None (the env
-        reports no success), reaching a terminal state (``terminated``) counts as success.
-        """
+        """The fraction of episodes that ``succeeded``; nan when there are no episodes."""
         if not self.episodes:
             return math.nan
-        successes = sum(
-            episode.terminated if episode.success is None else episode.success
-            for episode in self.episodes
-        )
-        return successes / len(self.episodes)
+        return sum(map(succeeded, self.episodes)) / len(self.episodes)
 
     def format_telemetry(self) -> str:
         """The telemetry rows as an aligned text table, one line per row after a header.

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from .results import RunResult, TelemetryRow
+from .results import RunResult, TelemetryRow, succeeded
 
 # Resampled means are computed this many resamples at a time, so memory stays at
 # BOOTSTRAP_BLOCK * n indices however many resamples are asked for.
@@ -119,9 +119,10 @@ def _latency(telemetry: Sequence[TelemetryRow], op: str) -> dict[str, float | No
 def summarize(result: RunResult, *, core: str, elapsed_s: float | None = None) -> dict[str, Any]:
     """Every figure of the summary table, as a JSON-ready dict.
 
-    ``success_rate`` counts only what the env reports (``EpisodeResult.success``): an env that
-    reports no success for any episode gets None, not a guess from ``terminated`` (which, for
-    CartPole, means the pole fell). ``steps_per_s`` is the driver's lane-steps per second
+    ``success_rate`` is ``RunResult.success_rate``: each episode by ``results.succeeded`` (what
+    the env reported, else ``terminated``); ``success_reported`` says for how many episodes
+    the env reported success itself, so a reader knows when ``terminated`` stood in (for
+    CartPole it means the pole fell). ``steps_per_s`` is the driver's lane-steps per second
     (telemetry); ``predicts_per_episode`` counts model calls (a batched call counts once) per
     scored episode. ``elapsed_s`` is the caller's wall clock, reported as given.
 
@@ -136,20 +137,20 @@ def summarize(result: RunResult, *, core: str, elapsed_s: float | None = None) -
     episodes = result.episodes
     rewards = [episode.reward for episode in episodes]
     lengths = [episode.steps for episode in episodes]
-    reported = [episode.success for episode in episodes if episode.success is not None]
-    successes = sum(reported)
+    successes = sum(map(succeeded, episodes))
+    reported = [episode for episode in episodes if episode.success is not None]
     telemetry = result.telemetry
     predict = _row(telemetry, "model.predict", "latency")
     lane_steps = _row(telemetry, "driver", "lane-steps")
     reward_lo, reward_hi = bootstrap_mean_ci(rewards)
-    success_lo, success_hi = wilson_interval(successes, len(reported))
+    success_lo, success_hi = wilson_interval(successes, len(episodes))
     return {
         "episodes": len(episodes),
         "total_steps": result.total_steps,
         "mean_reward": _number(result.mean_reward),
         "mean_reward_ci95": [_number(reward_lo), _number(reward_hi)],
         "iqm_reward": _number(interquartile_mean(rewards)),
-        "success_rate": _number(successes / len(reported)) if reported else None,
+        "success_rate": _number(result.success_rate) if episodes else None,
         "success_ci95": [_number(success_lo), _number(success_hi)],
         "success_reported": len(reported),
         "episode_length_mean": _number(float(np.mean(lengths))) if lengths else None,
@@ -183,11 +184,12 @@ def _percentiles(latency: dict[str, float | None]) -> str:
 def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     """The summary as (label, text) rows, in table order."""
     success = (
-        "not reported by the env"
+        "-"
         if summary["success_rate"] is None
         else f"{summary['success_rate']:.1%}  95% CI "
         + _interval(summary["success_ci95"], ".1%")
-        + f"  (of {summary['success_reported']})"
+        + f"  (env reported {summary['success_reported']} of {summary['episodes']}; "
+        + "else terminated)"
     )
     return [
         ("episodes", str(summary["episodes"])),
