@@ -251,5 +251,22 @@ def test_ctrl_c_keeps_completed_episodes_and_resume_completes_the_run(tmp_path, 
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads(resumed.stdout)["episodes"] == 40
     reference = tmp_path / "reference.jsonl"
-    assert _command(*[a if a != str(out) else str(reference) for a in argv]).returncode == 0
+    uninterrupted = _command(*[a if a != str(out) else str(reference) for a in argv], "--json")
+    assert uninterrupted.returncode == 0
     assert _stable(out) == _stable(reference)
+    # The final summary equals an uninterrupted run's in every figure that is not a timing.
+    untimed = [
+        "episodes",
+        "total_steps",
+        "mean_reward",
+        "mean_reward_ci95",
+        "iqm_reward",
+        "success_rate",
+        "success_ci95",
+        "episode_length_mean",
+        "episode_length_min",
+        "episode_length_max",
+        "base_seed",
+    ]
+    final, reference_summary = json.loads(resumed.stdout), json.loads(uninterrupted.stdout)
+    assert {key: final[key] for key in untimed} == {key: reference_summary[key] for key in untimed}
