@@ -688,3 +688,19 @@ def test_ctrl_c_stops_rlmesh_run_promptly_with_the_episodes_on_disk(tmp_path):
     assert "KeyboardInterrupt" in stderr
     header, episodes = rlmesh.read_results(path)
     assert len(episodes) >= 2 and header["episodes"] == 1000
+
+
+def test_resuming_a_complete_file_runs_nothing_and_still_fires_the_run_hooks(tmp_path):
+    path = tmp_path / "results.jsonl"
+    first = rlmesh.run(cartpole_policy, "CartPole-v1", episodes=3, results_path=path)
+    hooks = Recorder()
+    again = rlmesh.run(
+        cartpole_policy, "CartPole-v1", episodes=3, results_path=path, resume=True, hooks=hooks
+    )
+    assert comparable(again) == comparable(first)
+    assert [event[0] for event in hooks.events] == ["run_start", "run_end"]
+
+
+def test_a_negative_seed_is_refused_by_its_own_name():
+    with pytest.raises(ValueError, match=r"seed must be an integer in \[0, 2\*\*64\), got -1"):
+        rlmesh.run(cartpole_policy, "CartPole-v1", seed=-1)

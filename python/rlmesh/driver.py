@@ -111,6 +111,10 @@ def check_settings(
         )
     if trial_index_base < 0:
         raise ValueError(f"trial_index_base must be a non-negative integer, got {trial_index_base}")
+    if seed is not None and (
+        isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**64
+    ):
+        raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
     return RunSettings(
         seeds=seeds,
         episodes=_positive_int("episodes", episodes),
@@ -309,7 +313,7 @@ class EvaluationRun:
         started = time.perf_counter()
         to_run = self._indices_to_run()
         if to_run == []:  # the results file already holds every episode asked for
-            return self._close_results(None, None)
+            return await self._nothing_to_run()
         error: BaseException | None = None
         try:
             self._configure(to_run)
@@ -323,6 +327,24 @@ class EvaluationRun:
             if isinstance(error, Exception):
                 error.partial_result = result  # type: ignore[attr-defined]
             raise error
+        return result
+
+    async def _nothing_to_run(self) -> RunResult:
+        """A resumed file that is already complete: no env is made, the hooks still hear of
+        the run's start and end (once each), and the result is the file's."""
+        hooks = HookDispatcher(self.hooks_argument)
+        settings = self.settings
+        await hooks.run_start(
+            {
+                "env": self.env if isinstance(self.env, str) else type(self.env).__name__,
+                "episodes": settings.episodes,
+                "base_seed": settings.base_seed,
+                "seeds": settings.seeds,
+                "completed_episodes": self.results.episodes,
+            }
+        )
+        result = self._close_results(None, None)
+        await hooks.run_end(result, None)
         return result
 
     def _indices_to_run(self) -> list[int] | None:
