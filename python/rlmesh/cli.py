@@ -43,7 +43,7 @@ from . import __version__, core_name, driver
 from .errors import ResultsFileError, RlmeshError
 from .hooks import RunHooks, RuntimeHooks
 from .model import Model
-from .results import EpisodeResult, read_results, read_run
+from .results import EpisodeResult, read_results, read_run, succeeded
 from .stats import format_summary, summarize
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -236,7 +236,7 @@ class _Progress:
     def start(self, done: Sequence[EpisodeResult]) -> None:
         """Show the bar, counting the episodes a resumed results file already holds."""
         self.rewards = [episode.reward for episode in done]
-        self.successes = [episode.success for episode in done if episode.success is not None]
+        self.successes = [succeeded(episode) for episode in done]
         if not self.enabled:
             return
         from rich.console import Console
@@ -265,8 +265,7 @@ class _Progress:
 
     def episode(self, episode: EpisodeResult) -> None:
         self.rewards.append(episode.reward)
-        if episode.success is not None:
-            self.successes.append(episode.success)
+        self.successes.append(succeeded(episode))
         self._update(advance=1)
 
     def throughput(self, lane_steps_per_s: float) -> None:
