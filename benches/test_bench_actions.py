@@ -19,13 +19,18 @@ NUM_LANES = 256
 ARM = spaces.Box(-1.0, 1.0, (7,), np.float32)
 
 
-@pytest.fixture
-def workload():
+def actions_workload():
+    """The plan, a model output of 256 lanes, and the lane indices: one ``apply_actions`` call."""
     plan = compile_spec(ModelSpec(output=Action(rescale=(-1, 1), clip=True)), ARM, ARM)
     rng = np.random.default_rng(0)
     model_output = rng.uniform(-1.1, 1.1, (NUM_LANES, 7)).astype(np.float32)
     lanes = np.arange(NUM_LANES, dtype=np.int64)
     return plan, model_output, lanes
+
+
+@pytest.fixture
+def workload():
+    return actions_workload()
 
 
 def test_apply_actions_box(benchmark, core, workload):

@@ -10,6 +10,7 @@ it. Both sides do the same steps, so the time ratio is the steps/s ratio.
   stepped by hand for the same number of lane-steps.
 - A null env and a null batched model at N = 256 lanes: what the driver and the core cost per
   lane-step when the env and the model cost nothing (both cores).
+- A chunk policy on 16 CartPole lanes replaying H = 1, 4, 16 actions per prediction.
 
 Run: ``pytest benches/test_bench_driver.py --benchmark-enable``.
 """
@@ -20,25 +21,19 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import rlmesh
+from cartpole import ENV_ID, SEEDS, VECTOR_EPISODES, VECTOR_LANES, batched_policy, policy
 from rlmesh.core import CORE_NAMES
 
-SEEDS = list(range(20))
 ROUNDS = 5
 NULL_LANES, NULL_STEPS = 256, 20
+CHUNK_LENGTH = 16  # the chunk policy's native chunk; a run replays its first H actions
 
 
-def policy(obs):
-    return int(obs[2] + 0.3 * obs[3] > 0)
-
-
-def batched_policy(obs):
-    return (obs[:, 2] + 0.3 * obs[:, 3] > 0).astype(np.int64)
-
-
-def plain_loop() -> int:
-    env = gym.make("CartPole-v1")
+def plain_loop(seeds=SEEDS) -> int:
+    """A plain gymnasium loop over ``seeds``, one episode each; returns the steps taken."""
+    env = gym.make(ENV_ID)
     steps = 0
-    for seed in SEEDS:
+    for seed in seeds:
         obs, _ = env.reset(seed=seed)
         done = False
         while not done:
@@ -47,12 +42,15 @@ def plain_loop() -> int:
     return steps
 
 
+def run_one_lane(core=None, seeds=SEEDS) -> rlmesh.RunResult:
+    """``rlmesh.run`` of the same policy and seeds as ``plain_loop``."""
+    return rlmesh.run(policy, ENV_ID, seeds=seeds, core=core)
+
+
 @pytest.mark.parametrize("core", CORE_NAMES)
 def test_run_cartpole_one_lane(benchmark, core):
     benchmark.group = "run, CartPole 1 lane (vs plain loop)"
-    result = benchmark.pedantic(
-        lambda: rlmesh.run(policy, "CartPole-v1", seeds=SEEDS, core=core), rounds=ROUNDS
-    )
+    result = benchmark.pedantic(run_one_lane, args=(core,), rounds=ROUNDS)
     assert result.total_steps == plain_loop()
 
 
@@ -64,44 +62,79 @@ def test_plain_loop_cartpole_one_lane(benchmark):
 
 def sync_vector_loop(lane_steps: int) -> int:
     """A SyncVectorEnv of 16 CartPoles stepped by hand until `lane_steps` lane-steps."""
-    vector = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(16)])
-    obs, _ = vector.reset(seed=SEEDS[:16])
+    vector = gym.vector.SyncVectorEnv([lambda: gym.make(ENV_ID) for _ in range(VECTOR_LANES)])
+    obs, _ = vector.reset(seed=SEEDS[:VECTOR_LANES])
     done = 0
     while done < lane_steps:
         obs, *_ = vector.step(batched_policy(obs))
-        done += 16
+        done += VECTOR_LANES
     vector.close()
     return done
+
+
+class BatchedPolicy(rlmesh.Model):
+    def predict_batch(self, obs):
+        return batched_policy(obs)
+
+
+def run_sixteen_lanes(core=None, episodes=VECTOR_EPISODES) -> rlmesh.RunResult:
+    """``rlmesh.run`` of the batched policy on 16 CartPole lanes."""
+    return rlmesh.run(BatchedPolicy(), ENV_ID, episodes=episodes, num_envs=VECTOR_LANES, core=core)
 
 
 @pytest.mark.parametrize("core", CORE_NAMES)
 def test_run_cartpole_sixteen_lanes(benchmark, core):
     benchmark.group = "run, CartPole 16 lanes (vs SyncVectorEnv loop)"
-    result = benchmark.pedantic(
-        lambda: rlmesh.run(
-            batched_policy_model(), "CartPole-v1", episodes=64, num_envs=16, core=core
-        ),
-        rounds=ROUNDS,
-    )
+    result = benchmark.pedantic(run_sixteen_lanes, args=(core,), rounds=ROUNDS)
     benchmark.extra_info["lane_steps"] = result.total_steps
-    assert result.num_episodes == 64
-
-
-def batched_policy_model():
-    class Batched(rlmesh.Model):
-        def predict_batch(self, obs):
-            return batched_policy(obs)
-
-    return Batched()
+    assert result.num_episodes == VECTOR_EPISODES
 
 
 def test_sync_vector_loop_cartpole_sixteen_lanes(benchmark):
     benchmark.group = "run, CartPole 16 lanes (vs SyncVectorEnv loop)"
     benchmark.extra_info["floor"] = "a SyncVectorEnv loop of as many lane-steps"
-    lane_steps = rlmesh.run(
-        batched_policy_model(), "CartPole-v1", episodes=64, num_envs=16
-    ).total_steps
+    lane_steps = run_sixteen_lanes().total_steps
     assert benchmark.pedantic(sync_vector_loop, args=(lane_steps,), rounds=ROUNDS) >= lane_steps
+
+
+class ChunkPolicy(rlmesh.Model):
+    """Plans CHUNK_LENGTH actions at once (the current decision, repeated); counts its rows."""
+
+    def __init__(self) -> None:
+        self.predicted_rows = 0
+
+    def predict_chunk_batch(self, obs):
+        self.predicted_rows += len(obs)
+        return np.repeat(batched_policy(obs)[:, None], CHUNK_LENGTH, axis=1)
+
+
+def run_chunked(horizon: int, core=None, episodes=VECTOR_EPISODES):
+    """The chunk policy on 16 CartPole lanes replaying H = ``horizon`` actions per chunk.
+
+    Returns the result and the lane predictions per scored episode.
+    """
+    model = ChunkPolicy()
+    result = rlmesh.run(
+        model,
+        ENV_ID,
+        episodes=episodes,
+        num_envs=VECTOR_LANES,
+        execution_horizon=horizon,
+        core=core,
+    )
+    return result, model.predicted_rows / result.num_episodes
+
+
+@pytest.mark.parametrize("core", CORE_NAMES)
+@pytest.mark.parametrize("horizon", [1, 4, 16])
+def test_run_chunked_sixteen_lanes(benchmark, core, horizon):
+    benchmark.group = f"run, chunk policy H={horizon}, CartPole 16 lanes"
+    result, predicts_per_episode = benchmark.pedantic(
+        run_chunked, args=(horizon, core), rounds=ROUNDS
+    )
+    assert result.num_episodes == VECTOR_EPISODES
+    # One prediction per lane serves up to H steps.
+    assert predicts_per_episode * horizon >= result.total_steps / result.num_episodes
 
 
 class NullEnv(gym.Env):
@@ -125,14 +158,28 @@ class NullModel(rlmesh.Model):
         return np.zeros(len(obs), dtype=np.int64)
 
 
+def run_null(core=None, episodes=2 * NULL_LANES) -> rlmesh.RunResult:
+    """``rlmesh.run`` of the null model on 256 null envs."""
+    return rlmesh.run(NullModel(), NullEnv, episodes=episodes, num_envs=NULL_LANES, core=core)
+
+
+def null_plain_loop(lane_steps: int) -> int:
+    """The null envs alone: 256 of them stepped in a plain loop for ``lane_steps`` lane-steps."""
+    envs = [NullEnv() for _ in range(NULL_LANES)]
+    for env in envs:
+        env.reset()
+    done = 0
+    while done < lane_steps:
+        for env in envs:
+            if env.step(0)[2]:
+                env.reset()
+        done += NULL_LANES
+    return done
+
+
 @pytest.mark.parametrize("core", CORE_NAMES)
 def test_run_null_env_256_lanes(benchmark, core):
     benchmark.group = f"run, null env + null model, N={NULL_LANES}"
-    result = benchmark.pedantic(
-        lambda: rlmesh.run(
-            NullModel(), NullEnv, episodes=2 * NULL_LANES, num_envs=NULL_LANES, core=core
-        ),
-        rounds=ROUNDS,
-    )
+    result = benchmark.pedantic(run_null, args=(core,), rounds=ROUNDS)
     assert result.total_steps == 2 * NULL_LANES * NULL_STEPS
     benchmark.extra_info["lane_steps"] = result.total_steps

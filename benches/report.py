@@ -1,0 +1,508 @@
+"""One benchmark report: rlmesh beside the loops and the package a user would otherwise pick.
+
+Usage:
+    python benches/report.py [--quick] [--peer] [--json out.json]
+
+Every workload is the one the pytest-benchmark suites in this directory define (imported from
+them, so each exists once); this script only times them. The two sides of a row run in one
+process, interleaved (A B A B ...), ``--repeats`` times, and each side's figure is its median,
+so drift on a shared machine hits both sides alike. A micro-benchmark sample times a batch of
+calls long enough to dwarf the timer.
+
+Sections: the core micro-benchmarks (Rust vs Python core), end to end (``rlmesh.run`` vs a
+hand-written loop of the same policy and seeds), chunked runs, and with ``--peer`` the
+published ``rlmesh==0.1.0`` (run in its own virtual environment, see ``peer.py``). Each row
+gives its workload, both figures, the ratio (how many times better rlmesh's side is) and the
+target from the issues, and says MISSED where the ratio falls short. Targets are reported,
+never enforced: the exit status is 0 whenever the report ran.
+
+``--quick`` runs fewer repeats and shorter evaluations (under 2 minutes; ``.ci/run`` runs it as
+a smoke test, so the benchmarks never rot).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import rlmesh
+from cartpole import SEEDS, VECTOR_EPISODES
+from ratios import format_time
+from rlmesh.core import load_core
+from test_bench_actions import actions_workload
+from test_bench_assembly import CopyFloor, FrameStackRound
+from test_bench_chunks import ChunkRound
+from test_bench_driver import (
+    NULL_LANES,
+    null_plain_loop,
+    plain_loop,
+    run_chunked,
+    run_null,
+    run_one_lane,
+    run_sixteen_lanes,
+    sync_vector_loop,
+)
+from test_bench_ledger import EPISODE_STEPS, LANE_COUNTS, LedgerStepLoop
+
+PEER_VERSION = "0.1.0"
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass
+class Settings:
+    """How much work each measurement does: the full run, or ``--quick``."""
+
+    repeats: int  # interleaved samples per side; the figure is their median
+    sample_s: float  # a micro-benchmark sample's length: enough calls to fill it
+    one_lane_seeds: list[int]
+    vector_episodes: int
+    null_episodes: int
+
+
+FULL = Settings(
+    repeats=7,
+    sample_s=0.05,
+    one_lane_seeds=SEEDS,
+    vector_episodes=VECTOR_EPISODES,
+    null_episodes=2 * NULL_LANES,
+)
+QUICK = Settings(
+    repeats=3, sample_s=0.01, one_lane_seeds=SEEDS[:5], vector_episodes=16, null_episodes=256
+)
+
+
+@dataclass
+class Row:
+    """One line of the table: a baseline and rlmesh's side (the subject) of one workload.
+
+    ``unit`` is ``"s"`` (time per call, lower is better) or a rate such as ``"steps/s"``
+    (higher is better); ``ratio`` is always "how many times better the subject is". A row
+    with no figures (``baseline_value`` None) was skipped; ``note`` says why.
+    """
+
+    section: str
+    workload: str
+    baseline: str
+    baseline_value: float | None
+    subject: str
+    subject_value: float | None
+    unit: str
+    target: float | None = None
+    note: str = ""
+
+    @property
+    def ratio(self) -> float | None:
+        if not self.baseline_value or not self.subject_value:
+            return None
+        if self.unit == "s":
+            return self.baseline_value / self.subject_value
+        return self.subject_value / self.baseline_value
+
+    @property
+    def status(self) -> str:
+        if self.ratio is None:
+            return "skipped" if self.baseline_value is None else ""
+        if self.target is None:
+            return ""
+        return "ok" if self.ratio >= self.target else "MISSED"
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "ratio": self.ratio, "status": self.status}
+
+
+def format_value(value: float | None, unit: str) -> str:
+    if value is None:
+        return "n/a"
+    if unit == "s":
+        return format_time(value)
+    return f"{value / 1e3:,.1f}k {unit}" if value >= 1e4 else f"{value:,.0f} {unit}"
+
+
+def format_table(rows: list[Row]) -> str:
+    """Plain aligned text, one line per row; a row's note goes on the line below it."""
+    header = ("workload", "baseline", "rlmesh", "ratio", "target", "")
+    lines = []
+    for row in rows:
+        cells = (
+            row.workload,
+            f"{row.baseline} {format_value(row.baseline_value, row.unit)}",
+            f"{row.subject} {format_value(row.subject_value, row.unit)}",
+            f"{row.ratio:.2f}x" if row.ratio is not None else "n/a",
+            f">= {row.target:g}x" if row.target is not None else "-",
+            row.status,
+        )
+        lines.append((row.section, cells, row.note))
+    widths = [max(len(cells[i]) for cells in [header] + [c for _, c, _ in lines]) for i in range(6)]
+
+    def line(cells) -> str:
+        return "  ".join(
+            cell.ljust(width) if i in (0, 1, 2) else cell.rjust(width)
+            for i, (cell, width) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    out, section = [line(header)], None
+    for row_section, cells, note in lines:
+        if row_section != section:
+            out.append(f"\n[{row_section}]")
+            section = row_section
+        out.append(line(cells))
+        if note:
+            out.append(f"    {note}")
+    return "\n".join(out)
+
+
+def interleaved(sides: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median seconds per call of each side, sampled A B A B ... after one warm-up call each."""
+    for call in sides.values():
+        call()
+    samples: dict[str, list[float]] = {name: [] for name in sides}
+    for _ in range(repeats):
+        for name, call in sides.items():
+            start = time.perf_counter()
+            call()
+            samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(times) for name, times in samples.items()}
+
+
+def repeat(call: Callable[[], object], times: int) -> None:
+    """Call ``times`` times, dropping each result at once (as a caller would, freeing it)."""
+    for _ in range(times):
+        call()
+
+
+def per_call(sides: dict[str, Callable[[], object]], settings: Settings) -> dict[str, float]:
+    """Like ``interleaved``, for calls too short to time alone: each sample is a batch of calls."""
+    batches, sizes = {}, {}
+    for name, call in sides.items():
+        start = time.perf_counter()
+        call()
+        sizes[name] = max(1, int(settings.sample_s / max(time.perf_counter() - start, 1e-9)))
+        batches[name] = lambda call=call, size=sizes[name]: repeat(call, size)
+    medians = interleaved(batches, settings.repeats)
+    return {name: medians[name] / sizes[name] for name in sides}
+
+
+def core_rows(settings: Settings) -> list[Row]:
+    """Rust vs Python core on each core piece's workload, both in this process."""
+    rust, python = load_core("rust"), load_core("python")
+    section = "core micro-benchmarks: Python core vs Rust core, time per call"
+    rows = []
+
+    def row(workload: str, sides: dict[str, Callable[[], object]], target: float) -> None:
+        times = per_call(sides, settings)
+        rows.append(
+            Row(section, workload, "python", times["python"], "rust", times["rust"], "s", target)
+        )
+
+    for num_lanes in LANE_COUNTS:
+        loops = {
+            name: LedgerStepLoop(core, num_lanes)
+            for name, core in (("python", python), ("rust", rust))
+        }
+        for loop in loops.values():  # the steady state: every lane has restarted once
+            for _ in range(EPISODE_STEPS):
+                loop.step()
+        target = 10.0 if num_lanes >= 256 else 2.0 if num_lanes >= 16 else None
+        row(f"ledger step, N={num_lanes}", {k: v.step for k, v in loops.items()}, target)
+
+    stacks = {"python": FrameStackRound(python), "rust": FrameStackRound(rust)}
+    floor = CopyFloor()
+    times = per_call({**{k: v.round for k, v in stacks.items()}, "copy": floor.round}, settings)
+    workload = "frame stack, 64 x 84x84x3 uint8, depth 4"
+    rows.append(Row(section, workload, "python", times["python"], "rust", times["rust"], "s", 2.0))
+    rows.append(
+        Row(
+            section,
+            workload + " (vs np.copyto of its bytes)",
+            "np.copyto",
+            times["copy"],
+            "rust",
+            times["rust"],
+            "s",
+            0.5,
+            note="ratio = the Rust core's throughput as a fraction of the copy floor's",
+        )
+    )
+
+    plan, model_output, lanes = actions_workload()
+    appliers = {
+        "python": python.ActionApplier(plan.action),
+        "rust": rust.ActionApplier(plan.action),
+    }
+    row(
+        "apply_actions, N=256 Box(7,)",
+        {k: (lambda a=a: a.apply_actions(model_output, lanes)) for k, a in appliers.items()},
+        5.0,
+    )
+    row(
+        "chunk split + queue, N=256 H=8",
+        {"python": ChunkRound(python).round, "rust": ChunkRound(rust).round},
+        5.0,
+    )
+    return rows
+
+
+def end_to_end_rows(settings: Settings) -> tuple[list[Row], dict]:
+    """``rlmesh.run`` (default core) vs a hand-written loop of the same policy and seeds.
+
+    Also returns our 1-lane per-episode results and figures, for the peer comparison.
+    """
+    section = "end to end: hand-written loop vs rlmesh.run, lane-steps/s"
+    seeds = settings.one_lane_seeds
+    ours = run_one_lane(seeds=seeds)
+    steps = ours.total_steps
+    times = interleaved(
+        {"loop": lambda: plain_loop(seeds), "run": lambda: run_one_lane(seeds=seeds)},
+        settings.repeats,
+    )
+    one_lane = Row(
+        section,
+        f"CartPole, 1 lane, {len(seeds)} seeded episodes",
+        "gymnasium loop",
+        steps / times["loop"],
+        "rlmesh.run",
+        steps / times["run"],
+        "steps/s",
+        0.7,
+    )
+
+    lane_steps = run_sixteen_lanes(episodes=settings.vector_episodes).total_steps
+    times = interleaved(
+        {
+            "loop": lambda: sync_vector_loop(lane_steps),
+            "run": lambda: run_sixteen_lanes(episodes=settings.vector_episodes),
+        },
+        settings.repeats,
+    )
+    sixteen = Row(
+        section,
+        f"CartPole, 16 lanes, {settings.vector_episodes} episodes, batched policy",
+        "SyncVectorEnv loop",
+        lane_steps / times["loop"],
+        "rlmesh.run",
+        lane_steps / times["run"],
+        "steps/s",
+        0.8,
+    )
+
+    null_steps = run_null(episodes=settings.null_episodes).total_steps
+    times = interleaved(
+        {
+            "python": lambda: run_null("python", settings.null_episodes),
+            "rust": lambda: run_null("rust", settings.null_episodes),
+            "env": lambda: null_plain_loop(null_steps),
+        },
+        settings.repeats,
+    )
+    overhead = {k: (times[k] - times["env"]) / null_steps * 1e9 for k in ("python", "rust")}
+    null = Row(
+        "end to end: Python core vs Rust core, lane-steps/s",
+        f"null env + null model, N={NULL_LANES}",
+        "python",
+        null_steps / times["python"],
+        "rust",
+        null_steps / times["rust"],
+        "steps/s",
+        5.0,
+        note=(
+            f"driver overhead per lane-step: rust {overhead['rust']:.0f} ns, python "
+            f"{overhead['python']:.0f} ns (the null envs alone: "
+            f"{times['env'] / null_steps * 1e9:.0f} ns)"
+        ),
+    )
+    return [one_lane, sixteen, null], {"one_lane": ours, "rows": (one_lane, sixteen)}
+
+
+def chunked_rows(settings: Settings) -> list[Row]:
+    """A chunk policy on 16 CartPole lanes at H = 1, 4, 16; both cores, interleaved."""
+    rows = []
+    for horizon in (1, 4, 16):
+        predicts = {}
+
+        def side(core, horizon=horizon, predicts=predicts):
+            result, predicts[core] = run_chunked(horizon, core, settings.vector_episodes)
+            return result
+
+        lane_steps = side("rust").total_steps
+        times = interleaved(
+            {core: (lambda core=core: side(core)) for core in ("python", "rust")},
+            settings.repeats,
+        )
+        rows.append(
+            Row(
+                "chunked: Python core vs Rust core, lane-steps/s",
+                f"chunk policy, H={horizon}, 16 CartPole lanes",
+                "python",
+                lane_steps / times["python"],
+                "rust",
+                lane_steps / times["rust"],
+                "steps/s",
+                note=f"{predicts['rust']:.1f} lane predicts per episode "
+                f"({lane_steps / settings.vector_episodes:.1f} steps per episode)",
+            )
+        )
+    return rows
+
+
+def peer_python() -> Path:
+    """The peer venv's Python: ``<tmp>/rlmesh-peer-0.1.0``, created and installed on first use.
+
+    numpy and gymnasium are pinned to the versions this process runs, so both packages step
+    the same env code. A marker file says the install finished; without it, it is redone.
+    """
+    import gymnasium
+
+    venv = Path(tempfile.gettempdir()) / f"rlmesh-peer-{PEER_VERSION}"
+    python = venv / "bin" / "python"
+    marker = venv / "installed"
+    if not marker.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
+        requirements = [
+            f"rlmesh=={PEER_VERSION}",
+            f"numpy=={np.__version__}",
+            f"gymnasium=={gymnasium.__version__}",
+        ]
+        install = [str(python), "-m", "pip", "install", "--quiet", *requirements]
+        subprocess.run(install, check=True, capture_output=True, text=True)
+        marker.write_text(" ".join(requirements) + "\n")
+    return python
+
+
+def peer_rows(settings: Settings, ours: dict) -> list[Row]:
+    """The published package on the same CartPole workloads, beside our run and the raw loop."""
+    section = f"the alternative: rlmesh {PEER_VERSION} (PyPI) vs rlmesh.run, lane-steps/s"
+    one_lane, sixteen = ours["rows"]
+    workloads = (one_lane.workload, sixteen.workload)
+    try:
+        command = [
+            str(peer_python()),
+            str(HERE / "peer.py"),
+            f"--repeats={settings.repeats}",
+            f"--one-lane-episodes={len(settings.one_lane_seeds)}",
+            f"--vector-episodes={settings.vector_episodes}",
+        ]
+        done = subprocess.run(command, check=True, capture_output=True, text=True, cwd=HERE)
+        peer = json.loads(done.stdout)
+    except (OSError, subprocess.CalledProcessError, json.JSONDecodeError) as error:
+        stderr = getattr(error, "stderr", "") or ""
+        why = (stderr.strip().splitlines() or [str(error)])[-1]
+        note = f"skipped: rlmesh=={PEER_VERSION} could not be installed or run: {why}"
+        return [
+            Row(
+                section, w, f"rlmesh {PEER_VERSION}", None, "rlmesh.run", None, "steps/s", note=note
+            )
+            for w in workloads
+        ]
+
+    mine = [
+        [e.index, e.seed, e.steps, float(e.reward), bool(e.terminated), bool(e.truncated)]
+        for e in ours["one_lane"].episodes
+    ]
+    equal = "equal ours" if peer["one_lane"]["episodes"] == mine else "DIFFER from ours"
+    return [
+        Row(
+            section,
+            one_lane.workload,
+            f"rlmesh {PEER_VERSION}",
+            peer["one_lane"]["steps_per_s"],
+            "rlmesh.run",
+            one_lane.subject_value,
+            "steps/s",
+            note=f"gymnasium loop {format_value(one_lane.baseline_value, 'steps/s')}; "
+            f"{PEER_VERSION}'s per-episode results (index, seed, steps, reward, terminated, "
+            f"truncated) {equal}",
+        ),
+        Row(
+            section,
+            sixteen.workload,
+            f"rlmesh {PEER_VERSION}",
+            peer["sixteen_lanes"]["steps_per_s"],
+            "rlmesh.run",
+            sixteen.subject_value,
+            "steps/s",
+            note=f"SyncVectorEnv loop {format_value(sixteen.baseline_value, 'steps/s')}; "
+            f"episodes not comparable: {PEER_VERSION} refuses per-episode seeds on a "
+            "SyncVectorEnv (it needs NEXT_STEP autoreset, where the env seeds its episodes)",
+        ),
+    ]
+
+
+def machine() -> dict:
+    """The facts BENCHMARKS.md records next to the table."""
+    cpu = (
+        next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            platform.processor(),
+        )
+        if Path("/proc/cpuinfo").exists()
+        else platform.processor()
+    )
+    try:
+        rustc = subprocess.run(["rustc", "--version"], capture_output=True, text=True).stdout
+    except OSError:
+        rustc = "n/a"
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "rustc": rustc.strip() or "n/a",
+        "rlmesh_core": rlmesh.core_name(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repeats, shorter runs")
+    parser.add_argument("--peer", action="store_true", help=f"also run rlmesh=={PEER_VERSION}")
+    parser.add_argument("--json", metavar="PATH", help="write every row (and the machine) here")
+    args = parser.parse_args(argv)
+    settings = QUICK if args.quick else FULL
+
+    started = time.perf_counter()
+    rows = core_rows(settings)
+    driver, ours = end_to_end_rows(settings)
+    rows += driver + chunked_rows(settings)
+    if args.peer:
+        rows += peer_rows(settings, ours)
+    elapsed = time.perf_counter() - started
+
+    facts = machine()
+    print(" ".join(f"{k}={v}" for k, v in facts.items()))
+    print(
+        f"settings: {'--quick' if args.quick else 'full'}, {settings.repeats} interleaved "
+        f"repeats per side, medians; ran in {elapsed:.0f} s"
+    )
+    print(format_table(rows))
+    missed = [row.workload for row in rows if row.status == "MISSED"]
+    print(
+        f"\n{len(missed)} row(s) miss their target" + (": " + "; ".join(missed) if missed else "")
+    )
+    if args.json:
+        report = {
+            "machine": facts,
+            "settings": asdict(settings),
+            "elapsed_s": elapsed,
+            "rows": [row.as_dict() for row in rows],
+        }
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""report.py: the target logic marks the rows that miss, and ``--quick --json`` runs end to end."""
+
+from __future__ import annotations
+
+import json
+
+import report
+from report import Row, format_table
+
+
+def test_rows_that_miss_their_target_are_marked():
+    faster = Row("core", "twice as fast", "python", 2e-6, "rust", 1e-6, "s", target=2.0)
+    slower = Row("run", "half the rate", "loop", 100.0, "rlmesh", 50.0, "steps/s", target=0.7)
+    untargeted = Row("run", "no target", "loop", 100.0, "rlmesh", 50.0, "steps/s")
+    skipped = Row("peer", "skipped", "0.1.0", None, "rlmesh", None, "steps/s", note="no pip")
+    assert (faster.ratio, faster.status) == (2.0, "ok")
+    assert (slower.ratio, slower.status) == (0.5, "MISSED")
+    assert (untargeted.status, skipped.ratio, skipped.status) == ("", None, "skipped")
+    lines = format_table([faster, slower, untargeted, skipped]).splitlines()
+    marked = [line.split()[0] for line in lines if line.endswith("MISSED")]
+    assert marked == ["half"] and lines[-1].strip() == "no pip"
+
+
+def test_quick_report_runs_and_writes_every_row(tmp_path, capsys):
+    out = tmp_path / "report.json"
+    assert report.main(["--quick", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 14  # 8 core, 3 end to end, 3 chunked
+    assert all(row["ratio"] > 0 for row in rows)
+    assert "miss their target" in capsys.readouterr().out
