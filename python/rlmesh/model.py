@@ -232,7 +232,11 @@ class ModelHandler:
         # A chunk corner in an un-chunked run is asked for one action and cut to its first.
         self._first_action_only = "chunk" in self.corner and not self.chunked
         horizon = execution_horizon if self.chunked else 1
-        self._call = _corner_call(getattr(self.model, self.corner), self.corner, horizon)
+        method = getattr(self.model, self.corner)
+        self._call = _corner_call(method, self.corner, horizon)
+        self._synchronous = not any(
+            _is_async(fn) for fn in (method, self.model._fn if self.corner == "predict" else None)
+        )
         self._loaded = False
         self._closed = False
 
@@ -256,6 +260,11 @@ class ModelHandler:
             await _resolved(self.model.close())
 
     # ------------------------------------------------------------------ prediction
+
+    @property
+    def synchronous(self) -> bool:
+        """The corner is a plain function, so ``predict_now`` calls it without an event loop."""
+        return self._synchronous
 
     async def predict(self, payload: Any, num_lanes: int) -> Any:
         """The model's batched output for K lanes.
@@ -282,39 +291,56 @@ class ModelHandler:
         """
         if not self._loaded:
             await self.load()
+        outputs = [await _resolved(output) for output in self._calls(payload, num_lanes)]
+        return self._combined(outputs, num_lanes)
+
+    def predict_now(self, payload: Any, num_lanes: int) -> Any:
+        """``predict`` of a ``synchronous`` corner of a loaded model, without an event loop.
+
+        Raises:
+            TypeError: the corner returned an awaitable (declare it ``async def``), or the
+                model is not loaded.
+        """
+        if not self._loaded:
+            raise TypeError("predict_now needs a loaded model: await load() first")
+        outputs = self._calls(payload, num_lanes)
+        for output in outputs:
+            if inspect.isawaitable(output):
+                for pending in outputs:
+                    if inspect.iscoroutine(pending):
+                        pending.close()
+                raise TypeError(
+                    f"{type(self.model).__name__}.{self.corner} is a plain function but "
+                    f"returned an awaitable: declare it `async def`"
+                )
+        return self._combined(outputs, num_lanes)
+
+    def _calls(self, payload: Any, num_lanes: int) -> list[Any]:
+        """The corner called on ``payload``: one output, or one per lane in lane order."""
         if self._batched:
-            output = _arrays(await _resolved(self._call(payload)))
+            return [self._call(payload)]
+        if isinstance(payload, np.ndarray):
+            return [self._call(payload[lane]) for lane in range(num_lanes)]
+        return [self._call(_lane(payload, lane)) for lane in range(num_lanes)]
+
+    def _combined(self, outputs: list[Any], num_lanes: int) -> Any:
+        """The corner's outputs as one batch ``[K, ...]`` (``[K, H, ...]`` for chunks)."""
+        if self._batched:
+            output = _arrays(outputs[0])
             self._check_rows(output, num_lanes)
-        elif isinstance(payload, np.ndarray) and "chunk" not in self.corner:
-            output = await self._per_lane_arrays(payload, num_lanes)
+        elif "chunk" in self.corner:
+            outputs = [_arrays(output) for output in outputs]
+            shortest = min(self._horizon(output, lane) for lane, output in enumerate(outputs))
+            output = self._stacked(
+                [_tree_map(lambda leaf: leaf[:shortest], out) for out in outputs]
+            )
         else:
-            outputs = [
-                _arrays(await _resolved(self._call(_lane(payload, lane))))
-                for lane in range(num_lanes)
-            ]
-            if "chunk" in self.corner:
-                shortest = min(self._horizon(output, lane) for lane, output in enumerate(outputs))
-                outputs = [_tree_map(lambda leaf: leaf[:shortest], out) for out in outputs]
-            output = self._stacked(outputs)
+            output = _stacked_numbers(outputs)
+            if output is None:
+                output = self._stacked([_arrays(output) for output in outputs])
         if self._first_action_only:
             output = _tree_map(self._first_of_chunk, output)
         return output
-
-    async def _per_lane_arrays(self, payload: np.ndarray, num_lanes: int) -> Any:
-        """``predict`` per lane on an array payload: the common case, kept cheap (one
-        ``np.asarray`` for all lanes when every lane returned a number or an array)."""
-        outputs = []
-        for lane in range(num_lanes):
-            output = self._call(payload[lane])
-            outputs.append(await output if inspect.isawaitable(output) else output)
-        if not any(isinstance(output, dict) for output in outputs):
-            try:
-                stacked = np.asarray(outputs)
-            except ValueError:  # ragged: the general path says which lanes disagree
-                stacked = None
-            if stacked is not None and stacked.dtype != object:
-                return stacked
-        return self._stacked([_arrays(output) for output in outputs])
 
     def _check_rows(self, output: Any, num_lanes: int) -> None:
         for path, leaf in _leaves(output):
@@ -444,6 +470,26 @@ def _corner_call(method: Callable[..., Any], corner: str, horizon: int) -> Calla
     if sum(parameter.kind in POSITIONAL for parameter in parameters) >= 2:
         return lambda obs: method(obs, horizon)  # a second positional parameter, named otherwise
     return method
+
+
+def _is_async(fn: Any) -> bool:
+    """``fn`` is an ``async def`` function, or a callable object whose ``__call__`` is one."""
+    return fn is not None and (
+        inspect.iscoroutinefunction(fn)
+        or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+    )
+
+
+def _stacked_numbers(outputs: list[Any]) -> np.ndarray | None:
+    """Per-lane outputs stacked in one ``np.asarray`` when every lane returned a number or an
+    array of one shape (the common case, kept cheap); None otherwise."""
+    if any(isinstance(output, dict) for output in outputs):
+        return None
+    try:
+        stacked = np.asarray(outputs)
+    except ValueError:  # ragged: the general path says which lanes disagree
+        return None
+    return None if stacked.dtype == object else stacked
 
 
 async def _resolved(value: Any) -> Any:

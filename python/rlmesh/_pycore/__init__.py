@@ -3,7 +3,7 @@
 Same classes, same methods, same results as the Rust core (``rust/src/``), file for file:
 ``seeding.py`` ~ ``seeding.rs``, ``args.py`` ~ ``args.rs``, ``ledger.py`` ~ ``ledger.rs``,
 ``assembly.py`` ~ ``assembly.rs``, ``actions.py`` ~ ``actions.rs``, ``chunks.py`` ~ ``chunks.rs``,
-``telemetry.py`` ~ ``telemetry.rs``.
+``telemetry.py`` ~ ``telemetry.rs``, ``rounds.py`` ~ ``rounds.rs``.
 Selected with ``RLMESH_CORE=python``; the parity tests keep the two in lockstep.
 """
 
@@ -11,6 +11,7 @@ from .actions import ActionApplier
 from .assembly import ObservationAssembler
 from .chunks import ChunkQueues, split_chunk
 from .ledger import EpisodeStarts, EpisodeSummary, RouteLedger
+from .rounds import RoundRunner
 from .seeding import episode_seed
 from .telemetry import LatencyStats
 
@@ -21,6 +22,7 @@ __all__ = [
     "EpisodeSummary",
     "LatencyStats",
     "ObservationAssembler",
+    "RoundRunner",
     "RouteLedger",
     "episode_seed",
     "split_chunk",
