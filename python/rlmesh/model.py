@@ -476,7 +476,7 @@ def _is_async(fn: Any) -> bool:
     """``fn`` is an ``async def`` function, or a callable object whose ``__call__`` is one."""
     return fn is not None and (
         inspect.iscoroutinefunction(fn)
-        or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+        or inspect.iscoroutinefunction(type(fn).__call__)
     )
 
 
