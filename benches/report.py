@@ -48,6 +48,7 @@ from test_bench_driver import (
     null_plain_loop,
     plain_loop,
     run_chunked,
+    run_lockstep,
     run_null,
     run_one_lane,
     run_sixteen_lanes,
@@ -296,6 +297,32 @@ def end_to_end_rows(settings: Settings) -> tuple[list[Row], dict]:
         0.8,
     )
 
+    lockstep_result, predicts = run_lockstep()
+    lockstep_steps = lockstep_result.total_steps + lockstep_result.wasted_steps
+    times = interleaved(
+        {
+            "loop": lambda: sync_vector_loop(lockstep_steps),
+            "run": run_lockstep,
+        },
+        settings.repeats,
+    )
+    lockstep = Row(
+        section,
+        f"a user's SyncVectorEnv, 16 CartPole lanes, {lockstep_result.num_episodes} episodes",
+        "SyncVectorEnv loop",
+        lockstep_steps / times["loop"],
+        "rlmesh.run",
+        lockstep_steps / times["run"],
+        "steps/s",
+        note=(
+            f"lockstep: {lockstep_result.wasted_steps} wasted lane-steps of "
+            f"{lockstep_steps} ({lockstep_result.wasted_steps / lockstep_steps:.1%}), "
+            f"{predicts:.1f} lane predicts per episode "
+            f"({lockstep_result.total_steps / lockstep_result.num_episodes:.1f} scored steps "
+            f"per episode)"
+        ),
+    )
+
     null_steps = run_null(episodes=settings.null_episodes).total_steps
     times = interleaved(
         {
@@ -321,7 +348,8 @@ def end_to_end_rows(settings: Settings) -> tuple[list[Row], dict]:
             f"{times['env'] / null_steps * 1e9:.0f} ns)"
         ),
     )
-    return [one_lane, sixteen, null], {"one_lane": ours, "rows": (one_lane, sixteen)}
+    rows = [one_lane, sixteen, lockstep, null]
+    return rows, {"one_lane": ours, "rows": (one_lane, sixteen)}
 
 
 def chunked_rows(settings: Settings) -> list[Row]:

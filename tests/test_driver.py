@@ -383,11 +383,12 @@ class BreakCounter:
     total = 0
 
 
-def test_a_wrong_action_shape_fails_typed_with_the_partial_result():
+@pytest.mark.parametrize("core", CORES)
+def test_a_wrong_action_shape_fails_typed_with_the_partial_result(core):
     model = WrongShape(good_steps=300)
     hooks = Recorder()
     with pytest.raises(ModelOutputError, match=r"lane|rows") as raised:
-        rlmesh.run(model, "CartPole-v1", episodes=50, num_envs=1, hooks=hooks)
+        rlmesh.run(model, "CartPole-v1", episodes=50, num_envs=1, hooks=hooks, core=core)
     partial = raised.value.partial_result
     assert partial.num_episodes >= 1
     assert [e.index for e in partial.episodes] == list(range(partial.num_episodes))
@@ -395,18 +396,27 @@ def test_a_wrong_action_shape_fails_typed_with_the_partial_result():
     assert [e[0] for e in hooks.events].count("run_end") == 1
 
 
-def test_an_env_raising_fails_as_env_error_and_closes_the_envs():
+@pytest.mark.parametrize("core", CORES)
+@pytest.mark.parametrize("with_step_hook", [False, True])
+def test_an_env_raising_fails_as_env_error_and_closes_the_envs(core, with_step_hook):
     BreakCounter.total, BreaksAtStep.closed = 0, 0
-    with pytest.raises(EnvError, match=r"lane \d.*the simulator crashed|raised") as raised:
-        rlmesh.run(lambda obs: 0, BreaksAtStep, episodes=20, num_envs=2)
+    # Without a step hook the core runs the rounds; with one, the driver awaits each step.
+    hooks = Recorder() if with_step_hook else None
+    with pytest.raises(EnvError) as raised:
+        rlmesh.run(lambda obs: 0, BreaksAtStep, episodes=20, num_envs=2, core=core, hooks=hooks)
+    assert str(raised.value).startswith(
+        "lane 1 (BreaksAtStep): step() raised RuntimeError: the simulator crashed"
+    )
+    assert isinstance(raised.value.__cause__, RuntimeError)
     assert raised.value.partial_result.num_episodes == 4  # 25 steps of 2 lanes, 5 per episode
     assert BreaksAtStep.closed == 2
 
 
-def test_a_hook_raising_stops_the_run_with_hook_error():
+@pytest.mark.parametrize("core", CORES)
+def test_a_hook_raising_stops_the_run_with_hook_error(core):
     hooks = Recorder(fail_at=10)
     with pytest.raises(HookError, match=r"Recorder\.on_step raised"):
-        rlmesh.run(cartpole_policy, "CartPole-v1", episodes=3, hooks=hooks)
+        rlmesh.run(cartpole_policy, "CartPole-v1", episodes=3, hooks=hooks, core=core)
     assert hooks.events[-1][0] == "run_end"
 
 
@@ -516,6 +526,10 @@ def test_the_runtime_event_stream_is_complete_and_ordered(core):
     assert events.count("step_completed") == result.total_steps
     assert events.index("episode_started") < events.index("observation_emitted")
     assert stream.snapshots >= 1
+    assert result.observer_errors == 0
+    # Every dispatch to a hook is timed: the "hooks" op counts at least one per event.
+    (hooks_row,) = [row for row in result.telemetry if row.op == "hooks"]
+    assert hooks_row.count >= len(events)
 
 
 class SlowStart(rlmesh.Model):
@@ -533,6 +547,7 @@ def test_an_observer_that_raises_is_logged_and_the_run_goes_on(caplog):
     assert result.num_episodes == 2
     failures = [r for r in caplog.records if "Stream.action_received raised" in r.getMessage()]
     assert len(failures) == stream.events.count("action_received") > 0
+    assert result.observer_errors == len(failures)
 
 
 def test_a_failing_transform_stops_the_run():
@@ -704,3 +719,113 @@ def test_resuming_a_complete_file_runs_nothing_and_still_fires_the_run_hooks(tmp
 def test_a_negative_seed_is_refused_by_its_own_name():
     with pytest.raises(ValueError, match=r"seed must be an integer in \[0, 2\*\*64\), got -1"):
         rlmesh.run(cartpole_policy, "CartPole-v1", seed=-1)
+
+
+class ChunkedStacked(rlmesh.Model):
+    """A chunk policy over a stack of 3 CartPole frames; records every input it sees."""
+
+    spec = ModelSpec(input=State(stack=3))
+
+    def __init__(self):
+        super().__init__()
+        self.inputs = []
+
+    def predict_chunk(self, obs, execution_horizon=None):
+        self.inputs.append(np.array(obs))
+        newest = obs[-1]
+        return np.array([int(newest[2] + 0.3 * newest[3] > 0)] * 3)
+
+
+class AwaitEveryStep(rlmesh.RunHooks):
+    """Listens to every step, so the driver awaits each round instead of the core running
+    them."""
+
+    def on_step(self, event):
+        pass
+
+
+@pytest.mark.parametrize("core", CORES)
+@pytest.mark.parametrize("num_envs", [1, 3])
+def test_rounds_the_core_runs_equal_rounds_the_driver_awaits(core, num_envs):
+    """The core's synchronous loop of rounds and the driver's awaited rounds go through the
+    same phases: same episodes, same model inputs (stacks, chunk replays), same predictions."""
+    runs = {}
+    for awaited in (False, True):
+        model = ChunkedStacked()
+        result = rlmesh.run(
+            model,
+            "CartPole-v1",
+            episodes=5,
+            num_envs=num_envs,
+            execution_horizon=3,
+            max_episode_steps=40,
+            hooks=AwaitEveryStep() if awaited else None,
+            core=core,
+        )
+        runs[awaited] = (comparable(result, drop=()), model.inputs)
+    (core_episodes, core_inputs), (awaited_episodes, awaited_inputs) = runs[False], runs[True]
+    assert core_episodes == awaited_episodes
+    assert len(core_inputs) == len(awaited_inputs)
+    assert all(np.array_equal(a, b) for a, b in zip(core_inputs, awaited_inputs, strict=True))
+    assert all(episode["truncated"] and episode["steps"] == 40 for episode in core_episodes)
+
+
+class PlainFunctionReturningACoroutine(rlmesh.Model):
+    def predict(self, obs):
+        async def later():
+            return 0
+
+        return later()
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_a_plain_predict_returning_an_awaitable_is_refused_with_what_to_do(core):
+    with pytest.raises(rlmesh.errors.ModelError, match=r"declare it `async def`") as raised:
+        rlmesh.run(PlainFunctionReturningACoroutine(), "CartPole-v1", episodes=1, core=core)
+    assert raised.value.partial_result.num_episodes == 0
+
+
+class AsyncPredict(rlmesh.Model):
+    async def predict(self, obs):
+        return cartpole_policy(obs)
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_an_async_corner_runs_the_same_episodes_as_a_plain_one(core):
+    plain = rlmesh.run(cartpole_policy, "CartPole-v1", episodes=3, num_envs=2, core=core)
+    awaited = rlmesh.run(AsyncPredict(), "CartPole-v1", episodes=3, num_envs=2, core=core)
+    assert comparable(awaited) == comparable(plain)
+
+
+class RecordsActions(gym.Env):
+    """Records every action it is given, as the env received it."""
+
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+
+    def __init__(self, action_space):
+        self.action_space = action_space
+        self.received = []
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.full(2, 0.5, np.float32), {}
+
+    def step(self, action):
+        self.received.append(action)
+        self.t += 1
+        return np.full(2, 0.5, np.float32), 1.0, self.t >= 3, False, {}
+
+
+@pytest.mark.parametrize("core", CORES)
+@pytest.mark.parametrize("awaited", [False, True])
+def test_scalar_actions_reach_the_env_as_python_numbers_and_others_as_arrays(core, awaited):
+    hooks = AwaitEveryStep() if awaited else None
+    discrete = RecordsActions(gym.spaces.Discrete(3))
+    rlmesh.run(lambda obs: np.int64(2), discrete, episodes=1, core=core, hooks=hooks)
+    assert discrete.received == [2, 2, 2]
+    assert all(type(action) is int for action in discrete.received)
+    box = RecordsActions(gym.spaces.Box(-1, 1, (2,), np.float32))
+    rlmesh.run(lambda obs: obs * 2 - 1.5, box, episodes=1, core=core, hooks=hooks)
+    assert all(isinstance(action, np.ndarray) for action in box.received)
+    assert [action.tolist() for action in box.received] == [[-0.5, -0.5]] * 3

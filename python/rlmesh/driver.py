@@ -35,7 +35,7 @@ from gymnasium.vector.utils import create_empty_array
 
 from .adapters import compile_spec
 from .core import active, core_name, load_core
-from .envs import Lanes, make_lanes
+from .envs import Lanes, LaneVector, make_lanes
 from .errors import EnvError, ModelError, OperationTimeout, RlmeshError
 from .hooks import HookDispatcher, StepEvent
 from .model import ModelHandler
@@ -44,6 +44,8 @@ from .telemetry import Telemetry
 
 TIMEOUT_OPS = ("reset", "step", "predict")
 YIELD_EVERY_NS = 50_000_000
+# The ops whose latencies the core's run_rounds records, in the order it takes their stats.
+ROUND_OPS = ("model.predict", "env.step", "driver.round")
 
 
 @dataclass(frozen=True)
@@ -305,7 +307,7 @@ class EvaluationRun:
         self.handler: ModelHandler | None = None
         self.ledger: Any = None
         self.telemetry: Telemetry | None = None
-        self.rounds = 0
+        self.runner: Any = None
 
     # -------------------------------------------------------------------- set-up and teardown
 
@@ -400,17 +402,21 @@ class EvaluationRun:
             if self.handler.chunked
             else None
         )
+        self.runner = core.RoundRunner(
+            self.ledger,
+            self.assembler,
+            self.applier,
+            self.queues,
+            max_episode_steps=settings.max_episode_steps,
+            max_episode_seconds=settings.max_episode_seconds,
+        )
         self.all_lanes = np.arange(lanes.num_lanes, dtype=np.int64)
-        self.observations: list[Any] = [None] * lanes.num_lanes
-        self.episode_steps = np.zeros(lanes.num_lanes, dtype=np.int64)
-        self.episode_started_ns = np.zeros(lanes.num_lanes, dtype=np.int64)
         # Per lane: the scored episode's index (-1 for surplus or none) and seed, for hooks.
         self.lane_index = np.full(lanes.num_lanes, -1, dtype=np.int64)
         self.lane_seed: list[int | None] = [None] * lanes.num_lanes
-        # Reused every round: the env step's time charged to each stepped lane.
-        self._step_times = np.zeros(lanes.num_lanes, dtype=np.int64)
-        self._predict_times = np.zeros(lanes.num_lanes, dtype=np.int64)
         self.telemetry = Telemetry(settings.telemetry_window, time.perf_counter_ns(), core=core)
+        telemetry = self.telemetry
+        self.hooks.record_latency = lambda ns: telemetry.record("hooks", ns)
         self._yielded_ns = time.perf_counter_ns()
 
     async def _teardown(
@@ -460,6 +466,7 @@ class EvaluationRun:
             base_seed=self.settings.base_seed,
             wasted_steps=0 if ledger is None else ledger.wasted_steps,
             telemetry=telemetry,
+            observer_errors=0 if self.hooks is None else self.hooks.observer_errors,
         )
 
     # -------------------------------------------------------------------- the loop
@@ -474,47 +481,113 @@ class EvaluationRun:
                 self.all_lanes, lanes.env_episode_ids(), now_ns=time.perf_counter_ns()
             )
         await self._probe_statefulness()
+        synchronous = self._synchronous_rounds()
         while not self.ledger.done:
-            round_start = time.perf_counter_ns()
-            running = self.ledger.running_lanes()
-            if len(running):
-                actions, predict_ns = await self._act(running)
-            else:  # every lane of an autoresetting vector is between episodes this step
-                actions, predict_ns = None, np.zeros(0, dtype=np.int64)
-            stepped = self.all_lanes if lanes.lockstep else running
-            if lanes.lockstep and len(running) < lanes.num_lanes:
-                actions = self._fill_idle_lanes(running, actions)
-            step_start = time.perf_counter_ns()
-            batch = await self._guard("step", lanes.step, stepped, actions, where="env.step")
+            if synchronous:
+                await self._run_rounds()
+            else:
+                await self._round()
             now = time.perf_counter_ns()
-            self.telemetry.record("env.step", now - step_start)
-            if len(stepped) == len(self.observations):
-                self.observations = list(batch.observations)
-            else:
-                for position, lane in enumerate(stepped.tolist()):
-                    self.observations[lane] = batch.observations[position]
-            ended = await self._account(running, batch, actions, predict_ns, now - step_start, now)
-            if len(ended):
-                await self._finish(ended, batch, running)
-            if lanes.autoreset == "driver":
-                if len(ended):
-                    await self._start(ended)
-            else:
-                starts = self.ledger.observe_rolls(
-                    self.all_lanes, lanes.env_episode_ids(), now_ns=now
-                )
-                await self._announce(starts)
-            self.rounds += 1
-            end = time.perf_counter_ns()
-            self.telemetry.record("driver.round", end - round_start)
-            self.telemetry.count_steps(1, len(stepped))
-            if self.telemetry.window_due(end):
-                await hooks.telemetry(self.telemetry.take_window(end))
-            if end - self._yielded_ns > YIELD_EVERY_NS:
+            if self.telemetry.window_due(now):
+                await hooks.telemetry(self.telemetry.take_window(now))
+            if now - self._yielded_ns > YIELD_EVERY_NS:
                 # Rounds whose awaits never suspend would starve the event loop: let it run,
                 # so a Ctrl-C (a cancellation under asyncio.run) stops the run promptly.
                 await asyncio.sleep(0)
-                self._yielded_ns = end
+                self._yielded_ns = now
+
+    def _synchronous_rounds(self) -> bool:
+        """Whether nothing in a round needs awaiting, so the core can run whole rounds itself:
+        per-lane Gymnasium envs, a plain-function corner, no timeouts, no per-step hooks."""
+        hooks = self.hooks
+        return (
+            isinstance(self.lanes, LaneVector)
+            and self.handler.synchronous
+            and not self.settings.timeouts
+            and not (hooks.wants_steps or hooks.wants_observations or hooks.wants_actions)
+        )
+
+    async def _run_rounds(self) -> None:
+        """Rounds run by the core until an episode ends, the telemetry window closes or it is
+        time to yield to the event loop; then the ended episodes are completed and restarted."""
+        telemetry = self.telemetry
+        until_ns = min(self._yielded_ns + YIELD_EVERY_NS, telemetry.window_ends_ns)
+        ended, infos, rounds, lane_steps = self.runner.run_rounds(
+            self._predict_now,
+            self.lanes.env_steps,
+            self.lanes.name,
+            until_ns=int(until_ns),
+            stats=[telemetry.window_stats(op) for op in ROUND_OPS],
+        )
+        telemetry.count_steps(rounds, lane_steps)
+        if len(ended):
+            await self._finish(ended, infos)
+            await self._start(ended)
+
+    def _predict_now(self, payload: Any, count: int) -> Any:
+        """The model's output for ``count`` lanes, called by the core's ``run_rounds``."""
+        try:
+            return self.handler.predict_now(payload, count)
+        except RlmeshError:
+            raise
+        except Exception as exc:
+            raise self._failure(f"model.{self.handler.corner}", exc) from exc
+
+    async def _round(self) -> None:
+        """One round the driver awaits step by step (async models, a lockstep vector,
+        timeouts, per-step hooks), through the same core phases as ``run_rounds``."""
+        lanes, hooks, runner, telemetry = self.lanes, self.hooks, self.runner, self.telemetry
+        round_start = time.perf_counter_ns()
+        running, predict_lanes, payload = runner.begin_round()
+        output, predict_ns = None, 0
+        if len(predict_lanes):
+            if hooks.wants_observations:
+                payload = await hooks.observation(predict_lanes, payload)
+            predict_start = time.perf_counter_ns()
+            output = await self._guard(
+                "predict",
+                self.handler.predict,
+                payload,
+                len(predict_lanes),
+                where=f"model.{self.handler.corner}",
+            )
+            predict_ns = time.perf_counter_ns() - predict_start
+            telemetry.record("model.predict", predict_ns)
+        actions = None  # every lane of an autoresetting vector is between episodes this step
+        if len(running):
+            actions = runner.take_actions(output, predict_ns)
+            if hooks.wants_actions:
+                actions = await hooks.action(running, actions)
+        stepped = self.all_lanes if lanes.lockstep else running
+        if lanes.lockstep and len(running) < lanes.num_lanes:
+            actions = self._fill_idle_lanes(running, actions)
+        step_start = time.perf_counter_ns()
+        batch = await self._guard("step", lanes.step, stepped, actions, where="env.step")
+        now = time.perf_counter_ns()
+        step_ns = now - step_start
+        telemetry.record("env.step", step_ns)
+        runner.set_observations(stepped, batch.observations)
+        rows = running if lanes.lockstep else slice(None)
+        rewards, terminated = batch.rewards[rows], batch.terminated[rows]
+        ended, truncated = runner.end_round(
+            rewards, terminated, batch.truncated[rows], step_ns, now
+        )
+        if hooks.wants_steps:
+            positions = running if lanes.lockstep else np.arange(len(running))
+            lane_predict_ns = np.where(np.isin(running, predict_lanes), predict_ns, 0)
+            flags = (rewards, terminated, truncated, lane_predict_ns, step_ns)
+            await self._step_events(running, positions, batch, actions, flags)
+        if len(ended):
+            position_of = {lane: k for k, lane in enumerate(stepped.tolist())}
+            await self._finish(ended, [batch.infos[position_of[lane]] for lane in ended.tolist()])
+        if lanes.autoreset == "driver":
+            if len(ended):
+                await self._start(ended)
+        else:
+            starts = self.ledger.observe_rolls(self.all_lanes, lanes.env_episode_ids(), now_ns=now)
+            await self._announce(starts)
+        telemetry.record("driver.round", time.perf_counter_ns() - round_start)
+        telemetry.count_steps(1, len(stepped))
 
     def _context(self) -> dict[str, Any]:
         lanes, settings = self.lanes, self.settings
@@ -551,16 +624,14 @@ class EvaluationRun:
                 "reset", self.lanes.reset, reset, seeds, trials, where="env.reset"
             )
             self.telemetry.record("env.reset", time.perf_counter_ns() - reset_start)
-            for lane, observation in zip(reset.tolist(), observations, strict=True):
-                self.observations[lane] = observation
+            self.runner.set_observations(reset, observations)
         await self._announce(starts)
 
     async def _announce(self, starts: Any) -> None:
         """Note the new episodes' lanes, and tell the hooks of the scored ones."""
         now = time.perf_counter_ns()
         new_lanes = np.concatenate([starts.lanes, starts.surplus_lanes])
-        self.episode_steps[new_lanes] = 0
-        self.episode_started_ns[new_lanes] = now
+        self.runner.start_lanes(new_lanes, now_ns=now)
         self.lane_index[starts.surplus_lanes] = -1
         self.lane_index[starts.lanes] = starts.indices
         for lane, index, seed in zip(
@@ -571,81 +642,16 @@ class EvaluationRun:
 
     async def _probe_statefulness(self) -> None:
         """With several lanes sharing the model, refuse one that keeps state across calls."""
-        started = [
-            lane for lane in range(self.lanes.num_lanes) if self.observations[lane] is not None
-        ]
+        started = self.ledger.running_lanes()[:2]
         if len(started) < 2:
             return
         probe = self.core.ObservationAssembler(self.plan.observation)
-        sample_a = probe.assemble([self.observations[started[0]]], [0])
-        sample_b = probe.assemble([self.observations[started[1]]], [1])
+        first, second = self.runner.observations(started)
+        sample_a = probe.assemble([first], [0])
+        sample_b = probe.assemble([second], [1])
         await self._guard(
             "probe", self.handler.check_stateless, sample_a, sample_b, where="model probe"
         )
-
-    async def _act(self, running: np.ndarray) -> tuple[Any, np.ndarray]:
-        """One env action per running lane (``[K, ...]``), and each lane's model time."""
-        ids = self.ledger.episode_ids(running)
-        if self.queues is None:
-            return await self._predict_actions(running, ids)
-        queues = self.queues
-        predict_ns = np.zeros(len(running), dtype=np.int64)
-        needing = queues.lanes_needing_predict(running)
-        if len(needing) < len(running):
-            replaying = running[~np.isin(running, needing)]
-            self.assembler.push(
-                [self.observations[lane] for lane in replaying.tolist()],
-                self.ledger.episode_ids(replaying),
-            )
-        if len(needing):
-            needing_ids = self.ledger.episode_ids(needing)
-            chunk, elapsed = await self._call_model(needing, needing_ids)
-            horizon = self.core.split_chunk(chunk, len(needing))
-            kept = min(horizon, self.settings.execution_horizon)
-            queues.push(needing, needing_ids, self._apply_chunk(chunk, needing, kept))
-            predict_ns[np.isin(running, needing)] = elapsed
-        actions = queues.pop(running, ids)
-        if self.hooks.wants_actions:
-            actions = await self.hooks.action(running, actions)
-        return actions, predict_ns
-
-    async def _predict_actions(
-        self, running: np.ndarray, ids: np.ndarray
-    ) -> tuple[Any, np.ndarray]:
-        output, elapsed = await self._call_model(running, ids)
-        actions = self.applier.apply_actions(output, running)
-        if self.hooks.wants_actions:
-            actions = await self.hooks.action(running, actions)
-        predict_ns = self._predict_times[: len(running)]
-        predict_ns.fill(elapsed)
-        return actions, predict_ns
-
-    async def _call_model(self, lanes: np.ndarray, ids: np.ndarray) -> tuple[Any, int]:
-        """Assemble the input of ``lanes`` and call the model once; its output and time."""
-        payload = self.assembler.assemble([self.observations[lane] for lane in lanes.tolist()], ids)
-        if self.hooks.wants_observations:
-            payload = await self.hooks.observation(lanes, payload)
-        start = time.perf_counter_ns()
-        output = await self._guard(
-            "predict",
-            self.handler.predict,
-            payload,
-            len(lanes),
-            where=f"model.{self.handler.corner}",
-        )
-        elapsed = time.perf_counter_ns() - start
-        self.telemetry.record("model.predict", elapsed)
-        self.ledger.mark_predicted(lanes)
-        return output, elapsed
-
-    def _apply_chunk(self, chunk: Any, lanes: np.ndarray, kept: int) -> Any:
-        """The action plan over each lane's first ``kept`` actions: ``[K, kept, ...]``."""
-        count = len(lanes)
-        flat = _map_leaves(
-            chunk, lambda leaf: leaf[:, :kept].reshape(count * kept, *leaf.shape[2:])
-        )
-        applied = self.applier.apply_actions(flat, np.repeat(lanes, kept))
-        return _map_leaves(applied, lambda leaf: leaf.reshape(count, kept, *leaf.shape[1:]))
 
     def _fill_idle_lanes(self, running: np.ndarray, actions: Any) -> Any:
         """A lockstep vector steps every lane: lanes without an episode (autoresetting on
@@ -657,52 +663,12 @@ class EvaluationRun:
             _scatter(full, running, actions)
         return full
 
-    async def _account(
-        self,
-        running: np.ndarray,
-        batch: Any,
-        actions: Any,
-        predict_ns: np.ndarray,
-        step_ns: int,
-        now: int,
-    ) -> np.ndarray:
-        """Record the running lanes' step in the ledger; return the lanes whose episode ended."""
-        lockstep = self.lanes.lockstep
-        rows = running if lockstep else slice(None)
-        terminated, truncated, rewards = batch.terminated, batch.truncated, batch.rewards
-        if lockstep:
-            terminated, truncated, rewards = terminated[rows], truncated[rows], rewards[rows]
-        self.episode_steps[running] += 1
-        settings = self.settings
-        if settings.max_episode_steps is not None or settings.max_episode_seconds is not None:
-            truncated = truncated | self._over_cap(running, now)
-            truncated &= ~terminated
-        step_times = self._step_times[: len(running)]
-        step_times.fill(step_ns)
-        ended = self.ledger.record_step(
-            running, rewards, terminated, truncated, step_times, predict_ns
-        )
-        if self.hooks.wants_steps:
-            positions = np.arange(len(running)) if isinstance(rows, slice) else running
-            flags = (rewards, terminated, truncated, predict_ns, step_ns)
-            await self._step_events(running, positions, batch, actions, flags)
-        return ended
-
-    def _over_cap(self, running: np.ndarray, now: int) -> np.ndarray:
-        """Which running lanes reached ``max_episode_steps`` or ``max_episode_seconds``."""
-        settings = self.settings
-        over = np.zeros(len(running), dtype=bool)
-        if settings.max_episode_steps is not None:
-            over |= self.episode_steps[running] >= settings.max_episode_steps
-        if settings.max_episode_seconds is not None:
-            over |= now - self.episode_started_ns[running] >= settings.max_episode_seconds * 1e9
-        return over
-
     async def _step_events(
         self, running: np.ndarray, positions: np.ndarray, batch: Any, actions: Any, flags: tuple
     ) -> None:
         """A ``StepEvent`` per scored lane of this step (only built when a hook listens)."""
         rewards, terminated, truncated, predict_ns, step_ns = flags
+        steps = self.runner.episode_steps(running)
         for k, lane in enumerate(running.tolist()):
             index = int(self.lane_index[lane])
             if index < 0:
@@ -713,7 +679,7 @@ class EvaluationRun:
                 StepEvent(
                     episode=index,
                     seed=self.lane_seed[lane],
-                    step=int(self.episode_steps[lane]),
+                    step=int(steps[k]),
                     observation=batch.observations[position] if final is None else final,
                     action=_map_leaves(actions, lambda leaf, row=position: leaf[row]),
                     reward=float(rewards[k]),
@@ -725,15 +691,12 @@ class EvaluationRun:
                 )
             )
 
-    async def _finish(self, ended: np.ndarray, batch: Any, running: np.ndarray) -> None:
-        """Complete the ended episodes: summaries, evictions, the model's and hooks' ends."""
+    async def _finish(self, ended: np.ndarray, infos: list[dict[str, Any]]) -> None:
+        """Complete the ended episodes (``infos``: their final infos): summaries, evictions,
+        the model's and hooks' ends."""
         ledger = self.ledger
-        position_of = {
-            lane: k
-            for k, lane in enumerate((self.all_lanes if self.lanes.lockstep else running).tolist())
-        }
         ended_ids = ledger.episode_ids(ended)
-        successes = [_success(batch.infos[position_of[lane]]) for lane in ended.tolist()]
+        successes = [_success(info) for info in infos]
         summaries = ledger.complete_episodes(
             ended, ended_ids, successes, now_ns=time.perf_counter_ns()
         )
@@ -767,13 +730,18 @@ class EvaluationRun:
         except (TimeoutError, asyncio.TimeoutError):
             raise OperationTimeout(
                 f"{where} took longer than its {limit:g} s limit (timeouts[{op!r}]) at round "
-                f"{self.rounds}"
+                f"{self.runner.rounds if self.runner is not None else 0}"
             ) from None
         except RlmeshError:
             raise
         except Exception as exc:
-            error = EnvError if where.startswith("env.") else ModelError
-            raise error(f"{where} raised {exc!r} at round {self.rounds}") from exc
+            raise self._failure(where, exc) from exc
+
+    def _failure(self, where: str, exc: Exception) -> RlmeshError:
+        """The typed error for ``exc``, raised by the env or model call ``where``."""
+        error = EnvError if where.startswith("env.") else ModelError
+        rounds = self.runner.rounds if self.runner is not None else 0
+        return error(f"{where} raised {exc!r} at round {rounds}")
 
 
 def _call_blocking(fn: Callable[..., Any], *args: Any) -> Any:

@@ -50,7 +50,8 @@ import numpy as np
 from gymnasium.vector import VectorEnv
 from gymnasium.vector.utils import iterate
 
-from ._pycore.args import check_lanes, count_arg, path_text, same_length, vector
+from ._pycore.args import check_lanes, count_arg, same_length, vector
+from ._pycore.rounds import env_failure, lane_actions
 from .errors import EnvError
 
 DRIVER = "driver"
@@ -212,6 +213,8 @@ class LaneVector(Lanes):
                     f"share lane 0's spaces"
                 )
         self._envs = list(envs)
+        self.name = self._name
+        self.env_steps = [env.step for env in self._envs]
         self._closed = False
         self.num_lanes = len(self._envs)
         self.single_observation_space = first.observation_space
@@ -229,7 +232,7 @@ class LaneVector(Lanes):
                     seed=seed, options=self._reset_options(trial)
                 )
             except Exception as err:
-                raise _raised(self._name, "reset", err, lane) from err
+                raise env_failure(self._name, "reset", err, lane) from err
             observations.append(observation)
             infos.append(info)
         return observations, infos
@@ -239,12 +242,12 @@ class LaneVector(Lanes):
         # so they are not re-checked here; the per-lane results are gathered in lists and
         # become arrays once.
         lane_list = np.asarray(lanes).tolist()
-        lane_actions = _per_lane(actions, len(lane_list))
+        per_lane = lane_actions(actions, len(lane_list))
         envs = self._envs
         observations, rewards, terminated, truncated, infos = [], [], [], [], []
         lane = None
         try:
-            for lane, action in zip(lane_list, lane_actions, strict=True):
+            for lane, action in zip(lane_list, per_lane, strict=True):
                 observation, reward, term, trunc, info = envs[lane].step(action)
                 observations.append(observation)
                 rewards.append(reward)
@@ -252,7 +255,7 @@ class LaneVector(Lanes):
                 truncated.append(trunc)
                 infos.append(info)
         except Exception as err:
-            raise _raised(self._name, "step", err, lane) from err
+            raise env_failure(self._name, "step", err, lane) from err
         return StepBatch(
             observations,
             np.array(rewards, dtype=np.float64),
@@ -271,7 +274,7 @@ class LaneVector(Lanes):
             try:
                 env.close()
             except Exception as err:
-                failure = failure or _raised(self._name, "close", err, lane)
+                failure = failure or env_failure(self._name, "close", err, lane)
         if failure is not None:
             raise failure from failure.__cause__
 
@@ -392,7 +395,7 @@ class VectorLanes(Lanes):
         try:
             batch, infos = self._env.reset(seed=seeds, options=options)
         except Exception as err:
-            raise _raised(self._name, "reset", err) from err
+            raise env_failure(self._name, "reset", err) from err
         return list(iterate(self._env.observation_space, batch)), _split_infos(
             infos, self.num_lanes
         )
@@ -411,7 +414,7 @@ class VectorLanes(Lanes):
         try:
             batch, rewards, terminated, truncated, vector_infos = self._env.step(actions)
         except Exception as err:
-            raise _raised(self._name, "step", err) from err
+            raise env_failure(self._name, "step", err) from err
         terminated = np.asarray(terminated, dtype=np.bool_)
         truncated = np.asarray(truncated, dtype=np.bool_)
         ended = terminated | truncated
@@ -451,7 +454,7 @@ class VectorLanes(Lanes):
         try:
             self._env.close()
         except Exception as err:
-            raise _raised(self._name, "close", err) from err
+            raise env_failure(self._name, "close", err) from err
 
     def __repr__(self) -> str:
         return f"VectorLanes({self._name}, num_lanes={self.num_lanes}, autoreset={self.autoreset})"
@@ -566,30 +569,6 @@ def _checked_reset(
     return check_lanes(lanes_array, num_lanes)
 
 
-def _per_lane(actions: Any, count: int, path: tuple[str, ...] = ()) -> Sequence[Any]:
-    """``actions`` batched along a leading lane axis, as something indexed by lane position.
-
-    An array is returned as it is (iterating it yields its rows, without copying); a dict or
-    tuple of batches becomes a list of ``count`` per-lane dicts or tuples.
-    """
-    if isinstance(actions, Mapping):
-        columns = {key: _per_lane(leaf, count, (*path, str(key))) for key, leaf in actions.items()}
-        return [{key: column[k] for key, column in columns.items()} for k in range(count)]
-    if isinstance(actions, tuple):
-        parts = [_per_lane(leaf, count, (*path, str(i))) for i, leaf in enumerate(actions)]
-        return [tuple(part[k] for part in parts) for k in range(count)]
-    try:
-        rows = len(actions)
-    except TypeError:
-        rows = None
-    if rows != count:
-        raise ValueError(
-            f"{path_text('actions', path)} must hold one action per lane stepped ({count}) "
-            f"along its leading axis, got {'no lane axis' if rows is None else rows}"
-        )
-    return actions  # type: ignore[no-any-return]
-
-
 def _split_infos(infos: Mapping[str, Any], num_lanes: int) -> list[dict[str, Any]]:
     """A vector's infos (each key an ``[N]`` batch, ``_key`` its bool mask) split per lane.
 
@@ -621,8 +600,3 @@ def _declares_trial_index(env: gymnasium.Env[Any, Any] | VectorEnv[Any, Any, Any
 def _env_name(env: Any) -> str:
     spec = getattr(env, "spec", None)
     return spec.id if spec is not None else type(env).__name__
-
-
-def _raised(name: str, method: str, err: Exception, lane: int | None = None) -> EnvError:
-    where = name if lane is None else f"lane {lane} ({name})"
-    return EnvError(f"{where}: {method}() raised {type(err).__name__}: {err}")

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,6 +133,9 @@ class HookDispatcher:
                     f"hooks= takes RunHooks, RuntimeHooks or a list of them, got "
                     f"{type(hook).__name__}"
                 )
+        # Called with the nanoseconds each dispatch to at least one hook took (the "hooks"
+        # telemetry op); the driver sets it once its telemetry exists.
+        self.record_latency: Callable[[int], None] | None = None
         self.run_hooks = [hook for hook in given if isinstance(hook, RunHooks)]
         self.runtime_hooks = [hook for hook in given if isinstance(hook, RuntimeHooks)]
         self.observer_errors = 0
@@ -149,27 +153,47 @@ class HookDispatcher:
             for name in ("action_received", "transform_action")
         )
 
+    def _timed(self, started_ns: int) -> None:
+        if self.record_latency is not None:
+            self.record_latency(time.perf_counter_ns() - started_ns)
+
     async def _call_run_hooks(self, name: str, *args: Any, **kwargs: Any) -> None:
-        for hook in self.run_hooks:
-            try:
-                await _settle(getattr(hook, name)(*args, **kwargs))
-            except Exception as exc:
-                raise HookError(f"{type(hook).__name__}.{name} raised {exc!r}") from exc
+        if not self.run_hooks:
+            return
+        started = time.perf_counter_ns()
+        try:
+            for hook in self.run_hooks:
+                try:
+                    await _settle(getattr(hook, name)(*args, **kwargs))
+                except Exception as exc:
+                    raise HookError(f"{type(hook).__name__}.{name} raised {exc!r}") from exc
+        finally:
+            self._timed(started)
 
     async def _notify(self, name: str, *args: Any, **kwargs: Any) -> None:
+        if not self.runtime_hooks:
+            return
+        started = time.perf_counter_ns()
         for hook in self.runtime_hooks:
             try:
                 await _settle(getattr(hook, name)(*args, **kwargs))
             except Exception:
                 self.observer_errors += 1
                 logger.exception("rlmesh: %s.%s raised; the run goes on", type(hook).__name__, name)
+        self._timed(started)
 
     async def _transform(self, name: str, value: Any) -> Any:
-        for hook in self.runtime_hooks:
-            try:
-                value = await _settle(getattr(hook, name)(value))
-            except Exception as exc:
-                raise HookError(f"{type(hook).__name__}.{name} raised {exc!r}") from exc
+        if not self.runtime_hooks:
+            return value
+        started = time.perf_counter_ns()
+        try:
+            for hook in self.runtime_hooks:
+                try:
+                    value = await _settle(getattr(hook, name)(value))
+                except Exception as exc:
+                    raise HookError(f"{type(hook).__name__}.{name} raised {exc!r}") from exc
+        finally:
+            self._timed(started)
         return value
 
     async def run_start(self, context: dict[str, Any]) -> None:

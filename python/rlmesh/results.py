@@ -112,13 +112,16 @@ class RunResult:
 
     The constructor stores ``episodes`` as a tuple sorted by ``index`` (episodes complete out
     of order; results read in slot order) and ``telemetry`` as a tuple. ``wasted_steps`` counts
-    the lane-steps of surplus episodes; ``telemetry`` is the run's cumulative telemetry.
+    the lane-steps of surplus episodes; ``telemetry`` is the run's cumulative telemetry;
+    ``observer_errors`` counts the ``RuntimeHooks`` observer calls that raised (each was logged
+    and the run went on).
     """
 
     episodes: tuple[EpisodeResult, ...]
     base_seed: int | None
     wasted_steps: int = 0
     telemetry: tuple[TelemetryRow, ...] = ()
+    observer_errors: int = 0
 
     def __post_init__(self) -> None:
         # A frozen dataclass sets its own fields only through object.__setattr__.
@@ -316,6 +319,7 @@ def _combine(header: dict[str, Any], episodes: list[EpisodeResult], runs: list[d
         episodes=tuple(episodes),
         base_seed=header.get("seed"),
         wasted_steps=sum(run.get("wasted_steps", 0) for run in runs),
+        observer_errors=sum(run.get("observer_errors", 0) for run in runs),
         telemetry=merge_telemetry([_telemetry_from_json(run.get("telemetry", [])) for run in runs])
         if runs
         else (),
@@ -455,11 +459,12 @@ class ResultsFile:
         self._episodes.append(episode)
 
     def append_run(self, result: RunResult, *, elapsed_s: float | None = None) -> None:
-        """Close a run segment: its wasted steps, wall time and telemetry (not its episodes,
-        which ``append`` wrote as they completed)."""
+        """Close a run segment: its wasted steps, observer errors, wall time and telemetry
+        (not its episodes, which ``append`` wrote as they completed)."""
         record = {
             RUN_KEY: FORMAT_VERSION,
             "wasted_steps": result.wasted_steps,
+            "observer_errors": result.observer_errors,
             "elapsed_s": elapsed_s,
             "telemetry": _telemetry_to_json(result.telemetry),
         }

@@ -97,6 +97,17 @@ class Telemetry:
         """One call of ``op`` took ``ns`` nanoseconds."""
         self._stats(op).record(ns)
 
+    def window_stats(self, op: str) -> Any:
+        """The open window's ``LatencyStats`` of ``op``, for a caller that records into it
+        directly (the core's ``RoundRunner.run_rounds``). The same object serves every window:
+        taking a window empties it in place."""
+        return self._stats(op)
+
+    @property
+    def window_ends_ns(self) -> float:
+        """The clock reading at which the open window is due (``math.inf`` without windows)."""
+        return self._window_started_ns + self._window_ns
+
     def record_many(self, op: str, ns: Any) -> None:
         """Calls of ``op`` took ``ns`` nanoseconds each: a ``[K]`` integer array."""
         self._stats(op).record_many(ns)

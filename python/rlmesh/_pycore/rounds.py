@@ -59,9 +59,11 @@ NS_PER_S = 1e9
 def lane_actions(actions: Any, count: int, path: tuple[str, ...] = ()) -> Sequence[Any]:
     """``actions`` batched along a leading lane axis, as something indexed by lane position.
 
-    An array is returned as it is (indexing it yields a lane's row, a numpy scalar for a
-    1-D batch); a dict or tuple of batches becomes a list of ``count`` per-lane dicts or
-    tuples.
+    A 1-D array (one scalar action per lane: ``Discrete``, a ``Box`` of shape ``()``) becomes
+    a list of Python numbers, the form a hand-written loop passes (and the cheapest for
+    Gymnasium's ``Discrete.contains``); a deeper array is returned as it is, indexing it
+    yields a lane's row. A dict or tuple of batches becomes a list of ``count`` per-lane
+    dicts or tuples.
 
     Raises:
         ValueError: a leaf without ``count`` rows along its leading axis.
@@ -83,6 +85,8 @@ def lane_actions(actions: Any, count: int, path: tuple[str, ...] = ()) -> Sequen
             f"{path_text('actions', path)} must hold one action per lane stepped ({count}) "
             f"along its leading axis, got {'no lane axis' if rows is None else rows}"
         )
+    if isinstance(actions, np.ndarray) and actions.ndim == 1:
+        return actions.tolist()  # type: ignore[no-any-return]
     return actions  # type: ignore[no-any-return]
 
 
@@ -221,6 +225,7 @@ class RoundRunner:
                 ledger.episode_ids(np.array(predict_lanes, dtype=np.int64)),
             )
         self._running, self._predict_lanes = running, predict_lanes
+        self._predict_ns = [0] * len(running)
         return np.array(running, dtype=np.int64), np.array(predict_lanes, dtype=np.int64), payload
 
     def take_actions(self, output: Any, predict_ns: int) -> Any:
