@@ -440,9 +440,9 @@ class ModelHandler:
             f"cannot share it (num_envs > 1): called {2 * PROBE_ROUNDS} times on one fixed "
             f"observation with another one in between, element {element} of its output tracked "
             f"{name} (rank correlation {correlation:+.2f}; outputs that vary by noise alone stay "
-            f"below {PROBE_THRESHOLD}). Make the output depend only on the input: keep "
-            f"per-episode state keyed by episode id and reset it in on_episode_end, or carry "
-            f"history in the observation (stack= in the ModelSpec); or run with num_envs=1"
+            f"below {PROBE_THRESHOLD}). Make the output depend only on the input, carrying "
+            f"history in the observation instead (stack= in the ModelSpec keeps the last "
+            f"frames of each episode); or run with num_envs=1, where one lane owns the model"
         )
 
 
