@@ -670,6 +670,16 @@ pub struct ActionApplier {
 }
 
 impl ActionApplier {
+    /// `apply_actions` with the lanes already read: one array per leaf, nested like the space.
+    pub(crate) fn apply<'py>(
+        &self,
+        py: Python<'py>,
+        batched_model_output: &Bound<'py, PyAny>,
+        lanes: &[i64],
+    ) -> PyResult<Bound<'py, PyAny>> {
+        self.apply_node(py, &self.tree, batched_model_output, lanes)
+    }
+
     fn apply_node<'py>(
         &self,
         py: Python<'py>,
@@ -901,7 +911,7 @@ impl ActionApplier {
         lanes: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let lanes = vector::<i64>(lanes, Dtype::Int64, "lanes")?;
-        self.apply_node(py, &self.tree, batched_model_output, lanes.as_slice()?)
+        self.apply(py, batched_model_output, lanes.as_slice()?)
     }
 }
 

@@ -364,6 +364,40 @@ impl ObservationAssembler {
         Ok((raw, ids.as_slice()?.to_vec()))
     }
 
+    /// `assemble` with the arguments already read: `raw[k]` is episode `ids[k]`'s observation.
+    pub(crate) fn assemble_frames<'py>(
+        &mut self,
+        py: Python<'py>,
+        raw: &[Bound<'py, PyAny>],
+        ids: &[i64],
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let mut payload: Option<Bound<'py, PyAny>> = None;
+        for index in 0..self.leaves.len() {
+            let value = self.assemble_leaf(py, index, raw, ids)?;
+            let slot = &self.leaves[index].slot;
+            payload = Some(if slot.is_empty() {
+                value
+            } else {
+                placed(py, payload, slot, value)?
+            });
+        }
+        Ok(payload.unwrap_or_else(|| py.None().into_bound(py)))
+    }
+
+    /// `push` with the arguments already read: `raw[k]` is episode `ids[k]`'s observation.
+    pub(crate) fn push_frames(&mut self, raw: &[Bound<'_, PyAny>], ids: &[i64]) -> PyResult<()> {
+        for index in 0..self.leaves.len() {
+            if !self.leaves[index].stacked() {
+                continue;
+            }
+            for (lane, (observation, &episode_id)) in raw.iter().zip(ids).enumerate() {
+                let sources = self.leaves[index].sources_of(observation, lane)?;
+                self.advance_window(index, episode_id, &sources);
+            }
+        }
+        Ok(())
+    }
+
     fn assemble_leaf<'py>(
         &mut self,
         py: Python<'py>,
@@ -542,17 +576,7 @@ impl ObservationAssembler {
         episode_ids: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let (raw, ids) = self.check(raw_lane_observations, episode_ids)?;
-        let mut payload: Option<Bound<'py, PyAny>> = None;
-        for index in 0..self.leaves.len() {
-            let value = self.assemble_leaf(py, index, &raw, &ids)?;
-            let slot = &self.leaves[index].slot;
-            payload = Some(if slot.is_empty() {
-                value
-            } else {
-                placed(py, payload, slot, value)?
-            });
-        }
-        Ok(payload.unwrap_or_else(|| py.None().into_bound(py)))
+        self.assemble_frames(py, &raw, &ids)
     }
 
     /// Add each lane's frame to its episode's windows without building a payload.
@@ -562,16 +586,7 @@ impl ObservationAssembler {
         episode_ids: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let (raw, ids) = self.check(raw_lane_observations, episode_ids)?;
-        for index in 0..self.leaves.len() {
-            if !self.leaves[index].stacked() {
-                continue;
-            }
-            for (lane, (observation, &episode_id)) in raw.iter().zip(&ids).enumerate() {
-                let sources = self.leaves[index].sources_of(observation, lane)?;
-                self.advance_window(index, episode_id, &sources);
-            }
-        }
-        Ok(())
+        self.push_frames(&raw, &ids)
     }
 
     /// Forget an ended episode's windows (no-op if it has none).

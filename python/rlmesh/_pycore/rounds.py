@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import EnvError
-from .args import path_text, vector
+from .args import i64_arg, path_text, vector
 from .chunks import split_chunk
 
 NS_PER_S = 1e9
@@ -160,7 +160,12 @@ class RoundRunner:
         return self._rounds
 
     def start_lanes(self, lanes: Any, *, now_ns: int) -> None:
-        """``lanes`` (``[K]`` int) start a new episode at ``now_ns``: step counts restart."""
+        """``lanes`` (``[K]`` int) start a new episode at ``now_ns``: step counts restart.
+
+        Raises:
+            ValueError: a lane out of range, or ``now_ns`` not an int64 clock reading.
+        """
+        now_ns = i64_arg(now_ns, "now_ns")
         for lane in self._checked(lanes):
             self._episode_steps[lane] = 0
             self._started_ns[lane] = now_ns
@@ -236,7 +241,9 @@ class RoundRunner:
 
         Raises:
             ModelOutputError: the output does not fit the action space or is not a chunk.
+            ValueError: ``predict_ns`` is not an int64 duration.
         """
+        predict_ns = i64_arg(predict_ns, "predict_ns")
         running, predict_lanes = self._running, self._predict_lanes
         ledger, queues = self._ledger, self._queues
         predict_array = np.array(predict_lanes, dtype=np.int64)
@@ -273,7 +280,13 @@ class RoundRunner:
             ``(ended, truncated)``: the lanes whose episode ended ``[E]``, and the ``[K]``
             truncation flags as recorded (a cap reached truncates an episode that did not
             terminate).
+
+        Raises:
+            ValueError: ``step_ns`` or ``now_ns`` not an int64, a vector of the wrong kind or
+                length, or what ``RouteLedger.record_step`` refuses.
         """
+        step_ns = i64_arg(step_ns, "step_ns")
+        now_ns = i64_arg(now_ns, "now_ns")
         running = self._running
         count = len(running)
         rewards = vector(rewards, "float64", "rewards")
