@@ -475,8 +475,7 @@ def _corner_call(method: Callable[..., Any], corner: str, horizon: int) -> Calla
 def _is_async(fn: Any) -> bool:
     """``fn`` is an ``async def`` function, or a callable object whose ``__call__`` is one."""
     return fn is not None and (
-        inspect.iscoroutinefunction(fn)
-        or inspect.iscoroutinefunction(type(fn).__call__)
+        inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
     )
 
 
