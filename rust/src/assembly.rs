@@ -13,11 +13,12 @@ use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMet
 use pyo3::exceptions::{PyIndexError, PyKeyError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyDict, PyList, PyString};
 
 use crate::args::{
     array_bytes, array_bytes_mut, path_text, same_length, shape_text, vector, Dtype,
 };
+use crate::chunks::empty_array;
 
 pyo3::import_exception!(rlmesh.errors, ObservationError);
 
@@ -438,17 +439,14 @@ impl ObservationAssembler {
         ids: &[i64],
     ) -> PyResult<Bound<'py, PyAny>> {
         let leaf = &self.leaves[index];
-        let mut out_shape = vec![ids.len()];
+        let mut out_shape = Vec::with_capacity(2 + leaf.frame_shape.len());
+        out_shape.push(ids.len());
         if leaf.stack > 1 {
             out_shape.push(leaf.stack);
         }
         out_shape.extend(&leaf.frame_shape);
-        let mut out = py
-            .import("numpy")?
-            .getattr("empty")?
-            .call1((PyTuple::new(py, &out_shape)?, leaf.dtype.bind(py)))?
-            .cast_into::<PyUntypedArray>()?;
-        // SAFETY: `out` was just created by numpy.empty: C-contiguous, and seen by nobody else.
+        let mut out = empty_array(py, leaf.dtype.bind(py), &out_shape)?;
+        // SAFETY: `out` was just created, as numpy.empty would: C-contiguous, seen by nobody else.
         let out_bytes = unsafe { array_bytes_mut(&mut out) };
         let row_bytes = leaf.frame_bytes * leaf.stack.max(1);
         let (stacked, frame_bytes) = (leaf.stack > 1, leaf.frame_bytes);

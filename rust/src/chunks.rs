@@ -412,7 +412,7 @@ struct LeafLayout {
 }
 
 /// A new, uninitialised C-ordered array of `descr` and `shape`.
-fn empty_array<'py>(
+pub(crate) fn empty_array<'py>(
     py: Python<'py>,
     descr: &Bound<'py, PyArrayDescr>,
     shape: &[usize],

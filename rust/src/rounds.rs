@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use numpy::PyArray1;
+use numpy::{PyArray1, PyUntypedArray};
 use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -61,6 +61,10 @@ fn lane_actions<'py>(
     path: &mut Vec<String>,
 ) -> PyResult<LaneActions<'py>> {
     let py = actions.py();
+    if actions.is_instance_of::<PyUntypedArray>() {
+        // The usual batch, neither a mapping nor a tuple: skip the `Mapping` ABC check.
+        return Ok(LaneActions::Batch(batch_of(actions, count, path)?));
+    }
     if let Ok(mapping) = actions.cast::<PyMapping>() {
         let mut columns = Vec::new();
         for item in mapping.items()?.iter() {
@@ -100,6 +104,16 @@ fn lane_actions<'py>(
             .collect::<PyResult<_>>()?;
         return Ok(LaneActions::PerLane(per_lane));
     }
+    Ok(LaneActions::Batch(batch_of(actions, count, path)?))
+}
+
+/// `actions` itself, refused unless it holds `count` rows along its leading axis.
+fn batch_of<'py>(
+    actions: &Bound<'py, PyAny>,
+    count: usize,
+    path: &[String],
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = actions.py();
     let rows = match actions.len() {
         Ok(rows) => Some(rows),
         Err(err) if err.is_instance_of::<PyTypeError>(py) => None,
@@ -113,7 +127,7 @@ fn lane_actions<'py>(
             path_text(py, "actions", path)?
         )));
     }
-    Ok(LaneActions::Batch(actions.clone()))
+    Ok(actions.clone())
 }
 
 /// The `EnvError` for an env's `method` that raised `err` on `lane`, with `err` as its cause.
