@@ -1,5 +1,8 @@
 """One round of the loop over a run's running lanes, and the synchronous loop of rounds.
 
+Mirrors ``rust/src/rounds.rs`` name for name. This file is the executable specification: the
+Rust core must produce the same results, raise the same error types and the same messages.
+
 A round (DESIGN.md, "The loop") is: assemble the running lanes' model input, call the model
 for the lanes whose replay queue is empty, turn its output into one env action per lane, step
 the lanes, record the step. ``RoundRunner`` does every per-lane part of it on top of the other
