@@ -15,6 +15,7 @@ DOCUMENTED_MODULES = (
     "rlmesh._pycore.chunks",
     "rlmesh._pycore.actions",
     "rlmesh._pycore.telemetry",
+    "rlmesh._pycore.rounds",
     "rlmesh.adapters",
     "rlmesh.errors",
     "rlmesh.results",

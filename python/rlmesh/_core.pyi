@@ -1,11 +1,11 @@
 """Type stubs for ``rlmesh._core``, the Rust core (``rust/src/``).
 
 The pure-Python core ``rlmesh._pycore`` has the same API and is its specification: see
-``rlmesh/_pycore/ledger.py`` and ``rlmesh/_pycore/chunks.py`` for the full contract of each
-method.
+``rlmesh/_pycore/ledger.py``, ``rlmesh/_pycore/chunks.py`` and ``rlmesh/_pycore/rounds.py`` for
+the full contract of each method.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, final
 
 import numpy as np
@@ -211,3 +211,52 @@ class LatencyStats:
         """Within 1/128 of the exact nearest-rank ``q``-quantile, never above ``max_ns``."""
     def snapshot(self) -> dict[str, Any]:
         """``{count, avg_ns, p50_ns, p95_ns, p99_ns, max_ns}``."""
+
+class RoundRunner:
+    """The per-lane work of every round of one run: the phases of a round, and ``run_rounds``.
+
+    ``ledger``, ``assembler``, ``applier`` and ``queues`` must be this core's objects (a
+    ``TypeError`` names the argument otherwise). See ``rlmesh/_pycore/rounds.py`` for the full
+    contract.
+    """
+
+    def __init__(
+        self,
+        ledger: RouteLedger,
+        assembler: ObservationAssembler,
+        applier: ActionApplier,
+        queues: ChunkQueues | None = None,
+        *,
+        max_episode_steps: int | None = None,
+        max_episode_seconds: float | None = None,
+    ) -> None: ...
+    @property
+    def rounds(self) -> int: ...
+    def start_lanes(self, lanes: npt.ArrayLike, *, now_ns: int) -> None: ...
+    def set_observations(self, lanes: npt.ArrayLike, observations: Sequence[Any]) -> None: ...
+    def observations(self, lanes: npt.ArrayLike) -> list[Any]: ...
+    def episode_steps(self, lanes: npt.ArrayLike) -> Int64Array: ...
+    def begin_round(self) -> tuple[Int64Array, Int64Array, Any]:
+        """``(running [K], predict_lanes [P], payload)``; the payload is None when ``P = 0``."""
+    def take_actions(self, output: Any, predict_ns: int) -> npt.NDArray[Any] | dict[str, Any]:
+        """The env actions ``[K, ...]`` (or a dict of them) in the order of the running lanes."""
+    def end_round(
+        self,
+        rewards: npt.ArrayLike,
+        terminated: npt.ArrayLike,
+        truncated: npt.ArrayLike,
+        step_ns: int,
+        now_ns: int,
+    ) -> tuple[Int64Array, npt.NDArray[np.bool_]]:
+        """``(ended [E], truncated [K])``: a cap reached truncates an episode that did not end."""
+    def run_rounds(
+        self,
+        predict: Callable[[Any, int], Any],
+        env_steps: Sequence[Callable[[Any], tuple[Any, Any, Any, Any, Any]]],
+        env_name: str,
+        *,
+        until_ns: int,
+        stats: Sequence[LatencyStats],
+    ) -> tuple[Int64Array, list[dict[str, Any]], int, int]:
+        """``(ended, infos, rounds, lane_steps)``; a lane's ``step`` that raises becomes an
+        ``rlmesh.EnvError`` naming the lane and the env, the error chained as ``__cause__``."""

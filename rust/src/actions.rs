@@ -670,6 +670,16 @@ pub struct ActionApplier {
 }
 
 impl ActionApplier {
+    /// `apply_actions` with the lanes already read: one array per leaf, nested like the space.
+    pub(crate) fn apply<'py>(
+        &self,
+        py: Python<'py>,
+        batched_model_output: &Bound<'py, PyAny>,
+        lanes: &[i64],
+    ) -> PyResult<Bound<'py, PyAny>> {
+        self.apply_node(py, &self.tree, batched_model_output, lanes)
+    }
+
     fn apply_node<'py>(
         &self,
         py: Python<'py>,
@@ -793,8 +803,9 @@ impl ActionApplier {
             .into());
         }
         let integral_input = INTEGRAL_KINDS.contains(&input_kind);
-        // Read as contiguous float64: borrowed when it already is; float32 (what most models
-        // return) widened here, exactly as numpy would; anything else by one numpy conversion.
+        // Read as contiguous float64: borrowed when it already is; float32 and int64 (what most
+        // models return) widened here, exactly as numpy would; anything else by one numpy
+        // conversion.
         let float64 = dtype::<f64>(py);
         let contiguous = array.is_c_contiguous();
         let widened: Vec<f64>;
@@ -804,8 +815,17 @@ impl ActionApplier {
             borrowed = array.cast::<PyArrayDyn<f64>>()?.readonly();
             borrowed.as_slice()?
         } else if contiguous && input_dtype.is_equiv_to(&dtype::<f32>(py)) {
-            let narrow = array.cast::<PyArrayDyn<f32>>()?.readonly();
-            widened = narrow.as_slice()?.iter().map(|&x| f64::from(x)).collect();
+            let narrow = array.cast::<PyArrayDyn<f32>>()?;
+            // SAFETY: a contiguous array read once, copied out before any Python code runs.
+            let narrow = unsafe { narrow.as_slice()? };
+            widened = narrow.iter().map(|&x| f64::from(x)).collect();
+            &widened
+        } else if contiguous && input_dtype.is_equiv_to(&dtype::<i64>(py)) {
+            // What a discrete policy returns: rounded to nearest like numpy's cast.
+            let integers = array.cast::<PyArrayDyn<i64>>()?;
+            // SAFETY: as above.
+            let integers = unsafe { integers.as_slice()? };
+            widened = integers.iter().map(|&x| x as f64).collect();
             &widened
         } else {
             converted = self
@@ -862,10 +882,9 @@ fn write<'py, T: FromF64>(
     dims: &[usize],
 ) -> PyResult<Bound<'py, PyAny>> {
     let converted = PyArrayDyn::<T>::zeros(py, IxDyn(dims), false);
-    {
-        let mut writable = converted.readwrite();
-        leaf.convert(values, lanes, integral_input, writable.as_slice_mut()?)?;
-    }
+    // SAFETY: a new C-contiguous array nobody else has seen, written by Rust code alone.
+    let out = unsafe { converted.as_slice_mut()? };
+    leaf.convert(values, lanes, integral_input, out)?;
     Ok(converted.into_any())
 }
 
@@ -901,7 +920,7 @@ impl ActionApplier {
         lanes: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let lanes = vector::<i64>(lanes, Dtype::Int64, "lanes")?;
-        self.apply_node(py, &self.tree, batched_model_output, lanes.as_slice()?)
+        self.apply(py, batched_model_output, lanes.as_slice()?)
     }
 }
 

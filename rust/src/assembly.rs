@@ -13,11 +13,12 @@ use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMet
 use pyo3::exceptions::{PyIndexError, PyKeyError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyDict, PyList, PyString};
 
 use crate::args::{
     array_bytes, array_bytes_mut, path_text, same_length, shape_text, vector, Dtype,
 };
+use crate::chunks::empty_array;
 
 pyo3::import_exception!(rlmesh.errors, ObservationError);
 
@@ -364,6 +365,40 @@ impl ObservationAssembler {
         Ok((raw, ids.as_slice()?.to_vec()))
     }
 
+    /// `assemble` with the arguments already read: `raw[k]` is episode `ids[k]`'s observation.
+    pub(crate) fn assemble_frames<'py>(
+        &mut self,
+        py: Python<'py>,
+        raw: &[Bound<'py, PyAny>],
+        ids: &[i64],
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let mut payload: Option<Bound<'py, PyAny>> = None;
+        for index in 0..self.leaves.len() {
+            let value = self.assemble_leaf(py, index, raw, ids)?;
+            let slot = &self.leaves[index].slot;
+            payload = Some(if slot.is_empty() {
+                value
+            } else {
+                placed(py, payload, slot, value)?
+            });
+        }
+        Ok(payload.unwrap_or_else(|| py.None().into_bound(py)))
+    }
+
+    /// `push` with the arguments already read: `raw[k]` is episode `ids[k]`'s observation.
+    pub(crate) fn push_frames(&mut self, raw: &[Bound<'_, PyAny>], ids: &[i64]) -> PyResult<()> {
+        for index in 0..self.leaves.len() {
+            if !self.leaves[index].stacked() {
+                continue;
+            }
+            for (lane, (observation, &episode_id)) in raw.iter().zip(ids).enumerate() {
+                let sources = self.leaves[index].sources_of(observation, lane)?;
+                self.advance_window(index, episode_id, &sources);
+            }
+        }
+        Ok(())
+    }
+
     fn assemble_leaf<'py>(
         &mut self,
         py: Python<'py>,
@@ -404,17 +439,14 @@ impl ObservationAssembler {
         ids: &[i64],
     ) -> PyResult<Bound<'py, PyAny>> {
         let leaf = &self.leaves[index];
-        let mut out_shape = vec![ids.len()];
+        let mut out_shape = Vec::with_capacity(2 + leaf.frame_shape.len());
+        out_shape.push(ids.len());
         if leaf.stack > 1 {
             out_shape.push(leaf.stack);
         }
         out_shape.extend(&leaf.frame_shape);
-        let mut out = py
-            .import("numpy")?
-            .getattr("empty")?
-            .call1((PyTuple::new(py, &out_shape)?, leaf.dtype.bind(py)))?
-            .cast_into::<PyUntypedArray>()?;
-        // SAFETY: `out` was just created by numpy.empty: C-contiguous, and seen by nobody else.
+        let mut out = empty_array(py, leaf.dtype.bind(py), &out_shape)?;
+        // SAFETY: `out` was just created, as numpy.empty would: C-contiguous, seen by nobody else.
         let out_bytes = unsafe { array_bytes_mut(&mut out) };
         let row_bytes = leaf.frame_bytes * leaf.stack.max(1);
         let (stacked, frame_bytes) = (leaf.stack > 1, leaf.frame_bytes);
@@ -542,17 +574,7 @@ impl ObservationAssembler {
         episode_ids: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let (raw, ids) = self.check(raw_lane_observations, episode_ids)?;
-        let mut payload: Option<Bound<'py, PyAny>> = None;
-        for index in 0..self.leaves.len() {
-            let value = self.assemble_leaf(py, index, &raw, &ids)?;
-            let slot = &self.leaves[index].slot;
-            payload = Some(if slot.is_empty() {
-                value
-            } else {
-                placed(py, payload, slot, value)?
-            });
-        }
-        Ok(payload.unwrap_or_else(|| py.None().into_bound(py)))
+        self.assemble_frames(py, &raw, &ids)
     }
 
     /// Add each lane's frame to its episode's windows without building a payload.
@@ -562,16 +584,7 @@ impl ObservationAssembler {
         episode_ids: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let (raw, ids) = self.check(raw_lane_observations, episode_ids)?;
-        for index in 0..self.leaves.len() {
-            if !self.leaves[index].stacked() {
-                continue;
-            }
-            for (lane, (observation, &episode_id)) in raw.iter().zip(&ids).enumerate() {
-                let sources = self.leaves[index].sources_of(observation, lane)?;
-                self.advance_window(index, episode_id, &sources);
-            }
-        }
-        Ok(())
+        self.push_frames(&raw, &ids)
     }
 
     /// Forget an ended episode's windows (no-op if it has none).

@@ -34,7 +34,7 @@ const ACTION_KINDS: &[u8] = b"biuf";
 type Path = Vec<String>;
 
 /// One leaf of a chunk: its path and its values as an array.
-struct ChunkLeaf<'py> {
+pub(crate) struct ChunkLeaf<'py> {
     path: Path,
     array: Bound<'py, PyUntypedArray>,
 }
@@ -83,7 +83,7 @@ fn flatten<'py>(
 }
 
 /// The horizon `H` of `chunk` and its leaves; see `split_chunk` for the rules.
-fn chunk_leaves<'py>(
+pub(crate) fn chunk_leaves<'py>(
     chunk: &Bound<'py, PyAny>,
     num_lanes: Option<u64>,
 ) -> PyResult<(usize, Vec<ChunkLeaf<'py>>)> {
@@ -412,7 +412,7 @@ struct LeafLayout {
 }
 
 /// A new, uninitialised C-ordered array of `descr` and `shape`.
-fn empty_array<'py>(
+pub(crate) fn empty_array<'py>(
     py: Python<'py>,
     descr: &Bound<'py, PyArrayDescr>,
     shape: &[usize],
@@ -461,6 +461,16 @@ pub struct ChunkQueues {
 }
 
 impl ChunkQueues {
+    /// Of `lanes`, those whose queue is empty, in order.
+    pub(crate) fn needing_predict(&mut self, lanes: &[i64]) -> Result<Vec<i64>, ArgError> {
+        self.store.lanes_needing_predict(Some(lanes))
+    }
+
+    /// The most actions of one chunk a lane replays before the model is asked again.
+    pub(crate) fn horizon_limit(&self) -> u64 {
+        self.execution_horizon
+    }
+
     /// The leaves' arrays in layout order; the first push sets the layout.
     fn conform<'py>(
         &mut self,
@@ -524,6 +534,89 @@ impl ChunkQueues {
         }
         Ok(arrays)
     }
+
+    /// `push` with the lanes and episode ids already read.
+    pub(crate) fn push_lanes(
+        &mut self,
+        py: Python<'_>,
+        lanes: &[i64],
+        ids: &[i64],
+        chunks: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        self.store.check_push(lanes, ids)?;
+        let (horizon, leaves) = chunk_leaves(chunks, Some(lanes.len() as u64))?;
+        let mut arrays = self.conform(py, leaves)?;
+        // Copy from C-ordered bytes; a strided leaf is made contiguous once, here.
+        for array in &mut arrays {
+            if !array.is_c_contiguous() {
+                *array = py
+                    .import("numpy")?
+                    .getattr("ascontiguousarray")?
+                    .call1((&*array,))?
+                    .cast_into::<PyUntypedArray>()?;
+            }
+        }
+        // SAFETY: the arrays stay alive and C-contiguous here, and no Python code runs while
+        // the slices are read.
+        let sources: Vec<&[u8]> = arrays
+            .iter()
+            .map(|array| unsafe { array_bytes(array) })
+            .collect();
+        self.store.push(lanes, ids, horizon, &sources);
+        Ok(())
+    }
+
+    /// `pop` with the lanes and episode ids already read.
+    pub(crate) fn pop_lanes<'py>(
+        &mut self,
+        py: Python<'py>,
+        lanes: &[i64],
+        ids: &[i64],
+    ) -> PyResult<Bound<'py, PyAny>> {
+        self.store.check_pop(lanes, ids)?;
+        let Some(layout) = &self.layout else {
+            return Err(PyValueError::new_err(
+                "nothing was pushed yet: ChunkQueues learns the action layout from the first push",
+            ));
+        };
+        let mut outputs = Vec::with_capacity(layout.len());
+        let mut shape = Vec::new();
+        for held in layout {
+            shape.clear();
+            shape.push(lanes.len());
+            shape.extend_from_slice(&held.step_shape);
+            outputs.push(empty_array(py, held.descr.bind(py), &shape)?);
+        }
+        {
+            // SAFETY: the outputs are new arrays nobody else sees yet.
+            let mut rows: Vec<&mut [u8]> = outputs
+                .iter_mut()
+                .map(|output| unsafe { array_bytes_mut(output) })
+                .collect();
+            self.store.pop_into(lanes, &mut rows);
+        }
+        if layout.len() == 1 && layout[0].path.is_empty() {
+            return Ok(outputs.swap_remove(0).into_any());
+        }
+        // Rebuild the dicts, keys in the order the first push gave them.
+        let root = PyDict::new(py);
+        for (held, output) in layout.iter().zip(outputs) {
+            let (last, parents) = held.path.split_last().expect("a dict leaf has a key");
+            let mut node = root.clone();
+            for key in parents {
+                node = match node.get_item(key)? {
+                    Some(child) => child.cast_into::<PyDict>()?,
+                    None => {
+                        let child = PyDict::new(py);
+                        node.set_item(key, &child)?;
+                        child
+                    }
+                };
+            }
+            node.set_item(last, output)?;
+        }
+        Ok(root.into_any())
+    }
 }
 
 /// The Python face of the queues: argument and array conversion around `ReplayStore`.
@@ -571,28 +664,7 @@ impl ChunkQueues {
     ) -> PyResult<()> {
         let lanes = lanes_arg(lanes)?;
         let ids = vector::<i64>(episode_ids, Dtype::Int64, "episode_ids")?;
-        let (lanes, ids) = (lanes.as_slice()?, ids.as_slice()?);
-        self.store.check_push(lanes, ids)?;
-        let (horizon, leaves) = chunk_leaves(chunks, Some(lanes.len() as u64))?;
-        let mut arrays = self.conform(py, leaves)?;
-        // Copy from C-ordered bytes; a strided leaf is made contiguous once, here.
-        for array in &mut arrays {
-            if !array.is_c_contiguous() {
-                *array = py
-                    .import("numpy")?
-                    .getattr("ascontiguousarray")?
-                    .call1((&*array,))?
-                    .cast_into::<PyUntypedArray>()?;
-            }
-        }
-        // SAFETY: the arrays stay alive and C-contiguous here, and no Python code runs while
-        // the slices are read.
-        let sources: Vec<&[u8]> = arrays
-            .iter()
-            .map(|array| unsafe { array_bytes(array) })
-            .collect();
-        self.store.push(lanes, ids, horizon, &sources);
-        Ok(())
+        self.push_lanes(py, lanes.as_slice()?, ids.as_slice()?, chunks)
     }
 
     /// Take the next action of each lane's queue: one env step's actions for ``lanes``.
@@ -604,52 +676,8 @@ impl ChunkQueues {
     ) -> PyResult<Bound<'py, PyAny>> {
         let lanes = lanes_arg(lanes)?;
         let ids = vector::<i64>(episode_ids, Dtype::Int64, "episode_ids")?;
-        let (lanes, ids) = (lanes.as_slice()?, ids.as_slice()?);
-        self.store.check_pop(lanes, ids)?;
-        let Some(layout) = &self.layout else {
-            return Err(PyValueError::new_err(
-                "nothing was pushed yet: ChunkQueues learns the action layout from the first push",
-            ));
-        };
-        let mut outputs = Vec::with_capacity(layout.len());
-        let mut shape = Vec::new();
-        for held in layout {
-            shape.clear();
-            shape.push(lanes.len());
-            shape.extend_from_slice(&held.step_shape);
-            outputs.push(empty_array(py, held.descr.bind(py), &shape)?);
-        }
-        {
-            // SAFETY: the outputs are new arrays nobody else sees yet.
-            let mut rows: Vec<&mut [u8]> = outputs
-                .iter_mut()
-                .map(|output| unsafe { array_bytes_mut(output) })
-                .collect();
-            self.store.pop_into(lanes, &mut rows);
-        }
-        if layout.len() == 1 && layout[0].path.is_empty() {
-            return Ok(outputs.swap_remove(0).into_any());
-        }
-        // Rebuild the dicts, keys in the order the first push gave them.
-        let root = PyDict::new(py);
-        for (held, output) in layout.iter().zip(outputs) {
-            let (last, parents) = held.path.split_last().expect("a dict leaf has a key");
-            let mut node = root.clone();
-            for key in parents {
-                node = match node.get_item(key)? {
-                    Some(child) => child.cast_into::<PyDict>()?,
-                    None => {
-                        let child = PyDict::new(py);
-                        node.set_item(key, &child)?;
-                        child
-                    }
-                };
-            }
-            node.set_item(last, output)?;
-        }
-        Ok(root.into_any())
+        self.pop_lanes(py, lanes.as_slice()?, ids.as_slice()?)
     }
-
     /// Discard the queued actions of episode ``episode_id``; return how many there were.
     #[pyo3(name = "drop")]
     fn py_drop(&mut self, episode_id: &Bound<'_, PyAny>) -> PyResult<usize> {

@@ -559,6 +559,23 @@ impl RouteLedger {
         owed.into_iter().collect()
     }
 
+    /// Lanes whose episode (scored or surplus) is being stepped, ascending.
+    pub(crate) fn running(&self) -> Vec<i64> {
+        self.lanes_in(LaneState::Running)
+    }
+
+    /// The episode each of `lanes` holds (-1 for none). The lanes must be in range.
+    pub(crate) fn episode_ids_of(&self, lanes: &[i64]) -> Vec<i64> {
+        lanes
+            .iter()
+            .map(|&lane| self.lanes[lane as usize].episode_id)
+            .collect()
+    }
+
+    pub(crate) fn lane_count(&self) -> usize {
+        self.num_lanes
+    }
+
     fn lanes_in(&self, state: LaneState) -> Vec<i64> {
         (0..self.num_lanes as i64)
             .filter(|&lane| self.lanes[lane as usize].state == state)

@@ -1,8 +1,9 @@
 //! `rlmesh._core`: the per-lane, per-step bookkeeping of an evaluation run.
 //!
 //! Mirrors the pure-Python core `python/rlmesh/_pycore/` file for file: `seeding`, `args`,
-//! `ledger`, `assembly`, `actions`, `chunks`, `telemetry`. The Python core is the specification;
-//! the parity tests keep the two in lockstep.
+//! `ledger`, `assembly`, `actions`, `chunks`, `telemetry`, `rounds` (the per-lane work of a
+//! round, and the synchronous loop of rounds on top of the others). The Python core is the
+//! specification; the parity tests keep the two in lockstep.
 
 use pyo3::prelude::*;
 
@@ -11,6 +12,7 @@ pub mod args;
 pub mod assembly;
 pub mod chunks;
 pub mod ledger;
+pub mod rounds;
 pub mod seeding;
 pub mod telemetry;
 
@@ -25,5 +27,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<chunks::ChunkQueues>()?;
     m.add_class::<actions::ActionApplier>()?;
     m.add_class::<telemetry::LatencyStats>()?;
+    m.add_class::<rounds::RoundRunner>()?;
     Ok(())
 }

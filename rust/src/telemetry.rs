@@ -87,7 +87,8 @@ impl LatencyStats {
         }
     }
 
-    fn add(&mut self, ns: u64) {
+    /// Add one duration.
+    pub(crate) fn add(&mut self, ns: u64) {
         let index = bucket_index(ns);
         self.grow_to(index);
         self.buckets[index] += 1;

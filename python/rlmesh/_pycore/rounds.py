@@ -1,5 +1,8 @@
 """One round of the loop over a run's running lanes, and the synchronous loop of rounds.
 
+Mirrors ``rust/src/rounds.rs`` name for name. This file is the executable specification: the
+Rust core must produce the same results, raise the same error types and the same messages.
+
 A round (DESIGN.md, "The loop") is: assemble the running lanes' model input, call the model
 for the lanes whose replay queue is empty, turn its output into one env action per lane, step
 the lanes, record the step. ``RoundRunner`` does every per-lane part of it on top of the other
@@ -50,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import EnvError
-from .args import path_text, vector
+from .args import i64_arg, path_text, vector
 from .chunks import split_chunk
 
 NS_PER_S = 1e9
@@ -164,7 +167,12 @@ class RoundRunner:
         return self._rounds
 
     def start_lanes(self, lanes: Any, *, now_ns: int) -> None:
-        """``lanes`` (``[K]`` int) start a new episode at ``now_ns``: step counts restart."""
+        """``lanes`` (``[K]`` int) start a new episode at ``now_ns``: step counts restart.
+
+        Raises:
+            ValueError: a lane out of range, or ``now_ns`` not an int64 clock reading.
+        """
+        now_ns = i64_arg(now_ns, "now_ns")
         for lane in self._checked(lanes):
             self._episode_steps[lane] = 0
             self._started_ns[lane] = now_ns
@@ -241,7 +249,9 @@ class RoundRunner:
 
         Raises:
             ModelOutputError: the output does not fit the action space or is not a chunk.
+            ValueError: ``predict_ns`` is not an int64 duration.
         """
+        predict_ns = i64_arg(predict_ns, "predict_ns")
         running, predict_lanes = self._running, self._predict_lanes
         ledger, queues = self._ledger, self._queues
         predict_array = np.array(predict_lanes, dtype=np.int64)
@@ -278,7 +288,13 @@ class RoundRunner:
             ``(ended, truncated)``: the lanes whose episode ended ``[E]``, and the ``[K]``
             truncation flags as recorded (a cap reached truncates an episode that did not
             terminate).
+
+        Raises:
+            ValueError: ``step_ns`` or ``now_ns`` not an int64, a vector of the wrong kind or
+                length, or what ``RouteLedger.record_step`` refuses.
         """
+        step_ns = i64_arg(step_ns, "step_ns")
+        now_ns = i64_arg(now_ns, "now_ns")
         running = self._running
         count = len(running)
         rewards = vector(rewards, "float64", "rewards")

@@ -1,0 +1,986 @@
+//! One round of the loop over a run's running lanes, and the synchronous loop of rounds.
+//!
+//! Mirrors `python/rlmesh/_pycore/rounds.py` name for name; that file is the specification
+//! (the phases of a round, when `run_rounds` stops, the messages). Here the runner holds the
+//! Rust core's ledger, assembler, applier and queues and calls their Rust methods directly,
+//! with lanes as slices: within a round, the only per-lane Python work left is what is
+//! inherent (indexing the lane's action, calling its env's `step`, reading the step's result).
+
+use std::time::Instant;
+
+use numpy::{PyArray1, PyUntypedArray};
+use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyMapping, PySlice, PyTuple};
+use pyo3::PyClass;
+
+use crate::actions::ActionApplier;
+use crate::args::{i64_arg, lanes_arg, path_text, vector, Dtype};
+use crate::assembly::ObservationAssembler;
+use crate::chunks::{chunk_leaves, ChunkQueues};
+use crate::ledger::RouteLedger;
+use crate::telemetry::LatencyStats;
+
+pyo3::import_exception!(rlmesh.errors, EnvError);
+
+const NS_PER_S: f64 = 1e9;
+
+type Int64Array<'py> = Bound<'py, PyArray1<i64>>;
+/// What `begin_round` returns: `(running, predict_lanes, payload)`.
+type Opened<'py> = (Int64Array<'py>, Int64Array<'py>, Bound<'py, PyAny>);
+/// What `end_round` returns: `(ended, truncated)`.
+type Closed<'py> = (Int64Array<'py>, Bound<'py, PyArray1<bool>>);
+/// What `run_rounds` returns: `(ended, infos, rounds, lane_steps)`.
+type Ran<'py> = (Int64Array<'py>, Bound<'py, PyList>, u64, u64);
+
+/// A batch of actions indexed by lane position, as `lane_actions` returns it.
+enum LaneActions<'py> {
+    /// An array (or any sequence) indexed as it is: `actions[k]`.
+    Batch(Bound<'py, PyAny>),
+    /// One object per lane: the per-lane dicts or tuples of a dict or tuple batch.
+    PerLane(Vec<Bound<'py, PyAny>>),
+}
+
+impl<'py> LaneActions<'py> {
+    fn get(&self, k: usize) -> PyResult<Bound<'py, PyAny>> {
+        match self {
+            LaneActions::Batch(actions) => actions.get_item(k),
+            LaneActions::PerLane(actions) => Ok(actions[k].clone()),
+        }
+    }
+}
+
+/// `actions` batched along a leading lane axis, as something indexed by lane position.
+///
+/// An array stays as it is; a dict (any mapping) or tuple of batches becomes `count` per-lane
+/// dicts or tuples. A `ValueError` names a leaf without `count` rows along its leading axis.
+fn lane_actions<'py>(
+    actions: &Bound<'py, PyAny>,
+    count: usize,
+    path: &mut Vec<String>,
+) -> PyResult<LaneActions<'py>> {
+    let py = actions.py();
+    if actions.is_instance_of::<PyUntypedArray>() {
+        // The usual batch, neither a mapping nor a tuple: skip the `Mapping` ABC check.
+        return Ok(LaneActions::Batch(batch_of(actions, count, path)?));
+    }
+    if let Ok(mapping) = actions.cast::<PyMapping>() {
+        let mut columns = Vec::new();
+        for item in mapping.items()?.iter() {
+            let (key, leaf): (Bound<'py, PyAny>, Bound<'py, PyAny>) = item.extract()?;
+            path.push(key.str()?.to_string());
+            let column = lane_actions(&leaf, count, path);
+            path.pop();
+            columns.push((key, column?));
+        }
+        let per_lane = (0..count)
+            .map(|k| {
+                let dict = PyDict::new(py);
+                for (key, column) in &columns {
+                    dict.set_item(key, column.get(k)?)?;
+                }
+                Ok(dict.into_any())
+            })
+            .collect::<PyResult<_>>()?;
+        return Ok(LaneActions::PerLane(per_lane));
+    }
+    if let Ok(tuple) = actions.cast::<PyTuple>() {
+        let mut parts = Vec::with_capacity(tuple.len());
+        for (i, leaf) in tuple.iter().enumerate() {
+            path.push(i.to_string());
+            let part = lane_actions(&leaf, count, path);
+            path.pop();
+            parts.push(part?);
+        }
+        let per_lane = (0..count)
+            .map(|k| {
+                let items = parts
+                    .iter()
+                    .map(|part| part.get(k))
+                    .collect::<PyResult<Vec<_>>>()?;
+                Ok(PyTuple::new(py, items)?.into_any())
+            })
+            .collect::<PyResult<_>>()?;
+        return Ok(LaneActions::PerLane(per_lane));
+    }
+    Ok(LaneActions::Batch(batch_of(actions, count, path)?))
+}
+
+/// `actions` itself, refused unless it holds `count` rows along its leading axis.
+fn batch_of<'py>(
+    actions: &Bound<'py, PyAny>,
+    count: usize,
+    path: &[String],
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = actions.py();
+    let rows = match actions.len() {
+        Ok(rows) => Some(rows),
+        Err(err) if err.is_instance_of::<PyTypeError>(py) => None,
+        Err(err) => return Err(err),
+    };
+    if rows != Some(count) {
+        let found = rows.map_or_else(|| "no lane axis".to_owned(), |rows| rows.to_string());
+        return Err(PyValueError::new_err(format!(
+            "{} must hold one action per lane stepped ({count}) along its leading axis, got \
+             {found}",
+            path_text(py, "actions", path)?
+        )));
+    }
+    Ok(actions.clone())
+}
+
+/// The `EnvError` for an env's `method` that raised `err` on `lane`, with `err` as its cause.
+fn env_failure(
+    py: Python<'_>,
+    env_name: &Bound<'_, PyAny>,
+    method: &str,
+    err: PyErr,
+    lane: Option<i64>,
+) -> PyResult<PyErr> {
+    let place = match lane {
+        None => env_name.str()?.to_string(),
+        Some(lane) => format!("lane {lane} ({})", env_name.str()?),
+    };
+    let failure = EnvError::new_err(format!(
+        "{place}: {method}() raised {}: {}",
+        err.get_type(py).name()?,
+        err.value(py).str()?
+    ));
+    failure.set_cause(py, Some(err));
+    Ok(failure)
+}
+
+/// A lambda that unpacks a value into `names` as an assignment does: the same results and the
+/// same errors (`cannot unpack non-iterable ...`, `not enough values to unpack ...`) as
+/// `a, b, c = value` in the running Python, whatever its version words them as.
+fn unpacker<'py>(
+    py: Python<'py>,
+    cell: &'static PyOnceLock<Py<PyAny>>,
+    code: &'static std::ffi::CStr,
+) -> PyResult<&'py Bound<'py, PyAny>> {
+    Ok(cell
+        .get_or_try_init(py, || py.eval(code, None, None).map(Bound::unbind))?
+        .bind(py))
+}
+
+/// `(observation, reward, terminated, truncated, info)` of what an env's `step` returned.
+fn unpack_step<'py>(result: Bound<'py, PyAny>) -> PyResult<[Bound<'py, PyAny>; 5]> {
+    let tuple = match result.cast_into_exact::<PyTuple>() {
+        Ok(tuple) if tuple.len() == 5 => tuple,
+        Ok(tuple) => unpack_slow(tuple.into_any())?,
+        Err(err) => unpack_slow(err.into_inner())?,
+    };
+    let item = |index| tuple.get_item(index);
+    Ok([item(0)?, item(1)?, item(2)?, item(3)?, item(4)?])
+}
+
+#[cold]
+fn unpack_slow(result: Bound<'_, PyAny>) -> PyResult<Bound<'_, PyTuple>> {
+    static UNPACK: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let code = c"lambda r: [(o, w, te, tr, i) for o, w, te, tr, i in (r,)][0]";
+    Ok(unpacker(result.py(), &UNPACK, code)?
+        .call1((result,))?
+        .cast_into::<PyTuple>()?)
+}
+
+/// The three `LatencyStats` of `stats`, unpacked as `a, b, c = stats` does.
+fn unpack_stats<'py>(stats: &Bound<'py, PyAny>) -> PyResult<[Bound<'py, LatencyStats>; 3]> {
+    static UNPACK: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let code = c"lambda s: [(p, e, r) for p, e, r in (s,)][0]";
+    let unpacked = unpacker(stats.py(), &UNPACK, code)?
+        .call1((stats,))?
+        .cast_into::<PyTuple>()?;
+    let item = |index: usize| {
+        same_core::<LatencyStats>(
+            &unpacked.get_item(index)?,
+            &format!("stats[{index}]"),
+            "a LatencyStats",
+        )
+    };
+    Ok([item(0)?, item(1)?, item(2)?])
+}
+
+/// `value` as an instance of the Rust core's class `T`, or a `TypeError` naming `name`.
+fn same_core<'py, T: PyClass>(
+    value: &Bound<'py, PyAny>,
+    name: &str,
+    expected: &str,
+) -> PyResult<Bound<'py, T>> {
+    if let Ok(object) = value.cast::<T>() {
+        return Ok(object.clone());
+    }
+    let kind = value.get_type();
+    Err(PyTypeError::new_err(format!(
+        "{name} must be {expected} from the same core (rlmesh._core), got {}.{}",
+        kind.module()?,
+        kind.qualname()?
+    )))
+}
+
+/// `None`, or `value` checked as a positive int or float (not a bool), as the caps take it.
+fn optional_positive<'py>(
+    value: Option<&Bound<'py, PyAny>>,
+    name: &str,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let number = value.is_instance_of::<PyInt>() || value.is_instance_of::<PyFloat>();
+    if value.is_instance_of::<PyBool>() || !number || !value.gt(0)? {
+        return Err(PyValueError::new_err(format!(
+            "{name} must be None or a positive number, got {}",
+            value.repr()?
+        )));
+    }
+    Ok(Some(value.clone()))
+}
+
+/// Whether an episode that took `steps` steps and `elapsed_ns` has reached a cap.
+fn over_cap(steps: i64, max_steps: Option<i64>, elapsed_ns: i128, max_ns: Option<f64>) -> bool {
+    if max_steps.is_some_and(|max_steps| steps >= max_steps) {
+        return true;
+    }
+    max_ns.is_some_and(|max_ns| at_least(elapsed_ns, max_ns))
+}
+
+/// `value >= threshold` exactly, as Python compares an int with a float: an integer is at
+/// least `threshold` when it is at least `ceil(threshold)`. The cast saturates, so an infinite
+/// or huge threshold is never reached.
+fn at_least(value: i128, threshold: f64) -> bool {
+    value >= threshold.ceil() as i128
+}
+
+/// What `until_ns` is compared as: an int in i64 (the usual clock reading), an int past it
+/// either way, or any other object, compared by Python as `round_end >= until_ns`.
+enum Deadline {
+    At(i64),
+    Never,
+    Object(Py<PyAny>),
+}
+
+impl Deadline {
+    fn new(until_ns: &Bound<'_, PyAny>) -> PyResult<Self> {
+        if let Ok(until_ns) = until_ns.extract::<i64>() {
+            return Ok(Deadline::At(until_ns));
+        }
+        if until_ns.is_instance_of::<PyInt>() {
+            // An int past i64: every clock reading is below a positive one, above a negative one.
+            return Ok(if until_ns.gt(0)? {
+                Deadline::Never
+            } else {
+                Deadline::At(i64::MIN)
+            });
+        }
+        Ok(Deadline::Object(until_ns.clone().unbind()))
+    }
+
+    fn passed(&self, py: Python<'_>, now_ns: i64) -> PyResult<bool> {
+        match self {
+            Deadline::At(until_ns) => Ok(now_ns >= *until_ns),
+            Deadline::Never => Ok(false),
+            Deadline::Object(until_ns) => now_ns.into_pyobject(py)?.ge(until_ns.bind(py)),
+        }
+    }
+}
+
+/// `time.perf_counter_ns()` without calling Python: one reading taken at construction, plus
+/// the `Instant`s elapsed since (both are the monotonic clock).
+struct Clock {
+    anchor_ns: i64,
+    anchor: Instant,
+}
+
+impl Clock {
+    fn new(py: Python<'_>) -> PyResult<Self> {
+        let anchor_ns = py
+            .import("time")?
+            .getattr("perf_counter_ns")?
+            .call0()?
+            .extract::<i64>()?;
+        Ok(Clock {
+            anchor_ns,
+            anchor: Instant::now(),
+        })
+    }
+
+    fn ns_at(&self, instant: Instant) -> i64 {
+        self.anchor_ns
+            .saturating_add(elapsed_ns(self.anchor, instant) as i64)
+    }
+}
+
+fn elapsed_ns(start: Instant, end: Instant) -> u64 {
+    end.saturating_duration_since(start).as_nanos() as u64
+}
+
+/// The numpy scalar types whose `float()` and truth value are what numpy's casts give.
+fn numpy_scalars(py: Python<'_>) -> PyResult<&Bound<'_, PyTuple>> {
+    static TYPES: PyOnceLock<Py<PyTuple>> = PyOnceLock::new();
+    let types = TYPES.get_or_try_init(py, || {
+        let numpy = py.import("numpy")?;
+        let names = [
+            "float32",
+            "float16",
+            "bool_",
+            "signedinteger",
+            "unsignedinteger",
+        ];
+        let types = names
+            .iter()
+            .map(|name| numpy.getattr(*name))
+            .collect::<PyResult<Vec<_>>>()?;
+        Ok::<_, PyErr>(PyTuple::new(py, types)?.unbind())
+    })?;
+    Ok(types.bind(py))
+}
+
+/// One column of a round's step results on its way to a vector: read directly, or handed to
+/// `numpy.array(values, dtype)` as the Python core does when a value is not a plain scalar.
+enum Column<'py, T> {
+    Read(Vec<T>),
+    Array(Bound<'py, PyAny>),
+}
+
+impl<'py, T: numpy::Element + Copy> Column<'py, T> {
+    /// `read(value)` for each value, or numpy's array of all of them when `read` says None.
+    fn new(
+        values: &[Bound<'py, PyAny>],
+        dtype: &str,
+        read: impl Fn(&Bound<'py, PyAny>) -> PyResult<Option<T>>,
+    ) -> PyResult<Self> {
+        let mut read_values = Vec::with_capacity(values.len());
+        for value in values {
+            match read(value)? {
+                Some(x) => read_values.push(x),
+                None => {
+                    let py = value.py();
+                    let array = py
+                        .import("numpy")?
+                        .getattr("array")?
+                        .call1((PyList::new(py, values)?, dtype))?;
+                    return Ok(Column::Array(array));
+                }
+            }
+        }
+        Ok(Column::Read(read_values))
+    }
+
+    /// The values, the array checked as `vector(array, dtype, name)`.
+    fn into_vec(self, dtype: Dtype, name: &str) -> PyResult<Vec<T>> {
+        match self {
+            Column::Read(values) => Ok(values),
+            Column::Array(array) => Ok(vector::<T>(&array, dtype, name)?.as_slice()?.to_vec()),
+        }
+    }
+}
+
+/// A reward as `numpy.array(rewards, dtype=float64)` reads it, when it is a plain scalar.
+fn read_reward(value: &Bound<'_, PyAny>) -> PyResult<Option<f64>> {
+    if let Ok(float) = value.cast::<PyFloat>() {
+        return Ok(Some(float.value()));
+    }
+    if value.is_instance_of::<PyInt>() || value.is_instance(numpy_scalars(value.py())?)? {
+        return Ok(value.extract::<f64>().ok());
+    }
+    Ok(None)
+}
+
+/// A flag as `numpy.array(flags, dtype=bool)` reads it, when it is a plain scalar.
+fn read_flag(value: &Bound<'_, PyAny>) -> PyResult<Option<bool>> {
+    if let Ok(flag) = value.cast::<PyBool>() {
+        return Ok(Some(flag.is_true()));
+    }
+    if value.is_instance_of::<PyInt>()
+        || value.is_instance_of::<PyFloat>()
+        || value.is_instance(numpy_scalars(value.py())?)?
+    {
+        return Ok(value.is_truthy().ok());
+    }
+    Ok(None)
+}
+
+/// `leaf` (or each leaf of a dict of them) replaced by `map(leaf)`.
+fn map_leaves<'py>(
+    tree: &Bound<'py, PyAny>,
+    map: &impl Fn(&Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let Ok(dict) = tree.cast::<PyDict>() else {
+        return map(tree);
+    };
+    let mapped = PyDict::new(tree.py());
+    for (key, value) in dict.iter() {
+        mapped.set_item(key, map_leaves(&value, map)?)?;
+    }
+    Ok(mapped.into_any())
+}
+
+/// `array.reshape(*leading, *array.shape[skip:])`.
+fn reshaped<'py>(
+    array: &Bound<'py, PyAny>,
+    leading: &[usize],
+    shape_of: &Bound<'py, PyAny>,
+    skip: isize,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = array.py();
+    let rest = shape_of
+        .getattr("shape")?
+        .get_item(PySlice::new(py, skip, isize::MAX, 1))?;
+    let mut sizes: Vec<Bound<'py, PyAny>> = leading
+        .iter()
+        .map(|&size| Ok(size.into_pyobject(py)?.into_any()))
+        .collect::<PyResult<_>>()?;
+    for size in rest.try_iter()? {
+        sizes.push(size?);
+    }
+    array.call_method1("reshape", PyTuple::new(py, sizes)?)
+}
+
+/// The per-lane work of every round of one run.
+///
+/// See ``rlmesh._pycore.rounds.RoundRunner`` for the full contract; both cores behave alike.
+/// The ledger, assembler, applier and queues must be the Rust core's.
+///
+/// Example:
+///     >>> runner = RoundRunner(ledger, ObservationAssembler(plan.observation),
+///     ...                      ActionApplier(plan.action), max_episode_steps=500)
+///     >>> ended, infos, rounds, lane_steps = runner.run_rounds(
+///     ...     policy, [env.step for env in envs], "CartPole-v1", until_ns=deadline,
+///     ...     stats=[predict_stats, step_stats, round_stats])
+#[pyclass(module = "rlmesh._core", unsendable)]
+pub struct RoundRunner {
+    ledger: Py<RouteLedger>,
+    assembler: Py<ObservationAssembler>,
+    applier: Py<ActionApplier>,
+    queues: Option<Py<ChunkQueues>>,
+    max_steps: Option<i64>,
+    max_ns: Option<f64>,
+    observations: Vec<Option<Py<PyAny>>>,
+    episode_steps: Vec<i64>,
+    started_ns: Vec<i64>,
+    rounds: u64,
+    // The open round: its running lanes, the lanes predicted for, each running lane's model
+    // time.
+    running: Vec<i64>,
+    predict_lanes: Vec<i64>,
+    predict_ns: Vec<i64>,
+    /// Scratch, all false between calls: which lanes a round predicts for.
+    predicted: Vec<bool>,
+    clock: Clock,
+}
+
+/// The phases of a round with their arguments already read.
+impl RoundRunner {
+    fn num_lanes(&self) -> usize {
+        self.observations.len()
+    }
+
+    /// `lanes` as a vector, refusing a lane out of range (a lane may be given twice).
+    fn checked(&self, lanes: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+        let lanes = lanes_arg(lanes)?;
+        let lanes = lanes.as_slice()?;
+        let num_lanes = self.num_lanes();
+        if let Some(lane) = lanes
+            .iter()
+            .find(|&&lane| lane < 0 || lane as u64 >= num_lanes as u64)
+        {
+            return Err(PyValueError::new_err(format!(
+                "lane {lane} is out of range for {num_lanes} lanes"
+            )));
+        }
+        Ok(lanes.to_vec())
+    }
+
+    /// The latest raw observation of each of `lanes` (None before its first reset).
+    fn raw_observations<'py>(&self, py: Python<'py>, lanes: &[i64]) -> Vec<Bound<'py, PyAny>> {
+        lanes
+            .iter()
+            .map(|&lane| match &self.observations[lane as usize] {
+                Some(observation) => observation.bind(py).clone(),
+                None => py.None().into_bound(py),
+            })
+            .collect()
+    }
+
+    /// Mark `lanes` in the `predicted` scratch (`true`), or clear them again (`false`).
+    fn mark(&mut self, lanes: &[i64], value: bool) {
+        for &lane in lanes {
+            self.predicted[lane as usize] = value;
+        }
+    }
+
+    /// Open a round: set its running and predicted lanes; the payload when some lane predicts.
+    fn begin<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let ledger = self.ledger.bind(py).clone();
+        let running = ledger.borrow().running();
+        let mut predict_lanes = running.clone();
+        if let Some(queues) = &self.queues {
+            if !running.is_empty() {
+                predict_lanes = queues.bind(py).borrow_mut().needing_predict(&running)?;
+                if predict_lanes.len() < running.len() {
+                    self.mark(&predict_lanes, true);
+                    let replaying: Vec<i64> = running
+                        .iter()
+                        .copied()
+                        .filter(|&lane| !self.predicted[lane as usize])
+                        .collect();
+                    self.mark(&predict_lanes, false);
+                    let raw = self.raw_observations(py, &replaying);
+                    let ids = ledger.borrow().episode_ids_of(&replaying);
+                    self.assembler
+                        .bind(py)
+                        .borrow_mut()
+                        .push_frames(&raw, &ids)?;
+                }
+            }
+        }
+        let mut payload = None;
+        if !predict_lanes.is_empty() {
+            let raw = self.raw_observations(py, &predict_lanes);
+            let ids = ledger.borrow().episode_ids_of(&predict_lanes);
+            let mut assembler = self.assembler.bind(py).borrow_mut();
+            payload = Some(assembler.assemble_frames(py, &raw, &ids)?);
+        }
+        self.running = running;
+        self.predict_lanes = predict_lanes;
+        Ok(payload)
+    }
+
+    /// One env action per running lane of the open round.
+    fn take<'py>(
+        &mut self,
+        py: Python<'py>,
+        output: &Bound<'py, PyAny>,
+        predict_ns: i64,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let ledger = self.ledger.bind(py).clone();
+        let predict_lanes = std::mem::take(&mut self.predict_lanes);
+        if !predict_lanes.is_empty() {
+            let marked = ledger.borrow_mut().mark_predicted(&predict_lanes);
+            if let Err(err) = marked {
+                self.predict_lanes = predict_lanes;
+                return Err(err.into());
+            }
+        }
+        self.mark(&predict_lanes, true);
+        let predicted = &self.predicted;
+        self.predict_ns = self
+            .running
+            .iter()
+            .map(|&lane| {
+                if predicted[lane as usize] {
+                    predict_ns
+                } else {
+                    0
+                }
+            })
+            .collect();
+        self.mark(&predict_lanes, false);
+        self.predict_lanes = predict_lanes;
+        let applier = self.applier.bind(py).get();
+        let Some(queues) = &self.queues else {
+            return applier.apply(py, output, &self.running);
+        };
+        let queues = queues.bind(py);
+        let predict_lanes = &self.predict_lanes;
+        if !predict_lanes.is_empty() {
+            let count = predict_lanes.len();
+            let (horizon, _) = chunk_leaves(output, Some(count as u64))?;
+            let limit = queues.borrow().horizon_limit();
+            let kept = (horizon as u64).min(limit) as usize;
+            let slice = py.get_type::<PySlice>();
+            let index = PyTuple::new(
+                py,
+                [slice.call1((py.None(),))?, slice.call1((py.None(), kept))?],
+            )?;
+            let flat = map_leaves(output, &|leaf| {
+                reshaped(&leaf.get_item(&index)?, &[count * kept], leaf, 2)
+            })?;
+            let repeated: Vec<i64> = predict_lanes
+                .iter()
+                .flat_map(|&lane| std::iter::repeat_n(lane, kept))
+                .collect();
+            let applied = applier.apply(py, &flat, &repeated)?;
+            let chunks = map_leaves(&applied, &|leaf| reshaped(leaf, &[count, kept], leaf, 1))?;
+            let ids = ledger.borrow().episode_ids_of(predict_lanes);
+            queues
+                .borrow_mut()
+                .push_lanes(py, predict_lanes, &ids, &chunks)?;
+        }
+        let ids = ledger.borrow().episode_ids_of(&self.running);
+        let popped = queues.borrow_mut().pop_lanes(py, &self.running, &ids);
+        popped
+    }
+
+    /// Record the env step of the open round's running lanes and close the round.
+    fn end(
+        &mut self,
+        py: Python<'_>,
+        rewards: &[f64],
+        terminated: &[bool],
+        mut truncated: Vec<bool>,
+        step_ns: i64,
+        now_ns: i64,
+    ) -> PyResult<(Vec<i64>, Vec<bool>)> {
+        let count = self.running.len();
+        for (name, length) in [
+            ("rewards", rewards.len()),
+            ("terminated", terminated.len()),
+            ("truncated", truncated.len()),
+        ] {
+            if length != count {
+                return Err(PyValueError::new_err(format!(
+                    "{name} has {length} entries for {count} running lanes"
+                )));
+            }
+        }
+        for (k, &lane) in self.running.iter().enumerate() {
+            let lane = lane as usize;
+            self.episode_steps[lane] += 1;
+            let elapsed = i128::from(now_ns) - i128::from(self.started_ns[lane]);
+            if !terminated[k]
+                && over_cap(
+                    self.episode_steps[lane],
+                    self.max_steps,
+                    elapsed,
+                    self.max_ns,
+                )
+            {
+                truncated[k] = true;
+            }
+        }
+        let ended = self.ledger.bind(py).borrow_mut().record_step(
+            &self.running,
+            rewards,
+            terminated,
+            &truncated,
+            &vec![step_ns; count],
+            &self.predict_ns,
+        )?;
+        self.rounds += 1;
+        Ok((ended, truncated))
+    }
+}
+
+#[pymethods]
+impl RoundRunner {
+    #[new]
+    #[pyo3(signature = (
+        ledger, assembler, applier, queues=None, *, max_episode_steps=None,
+        max_episode_seconds=None
+    ))]
+    fn py_new(
+        py: Python<'_>,
+        ledger: &Bound<'_, PyAny>,
+        assembler: &Bound<'_, PyAny>,
+        applier: &Bound<'_, PyAny>,
+        queues: Option<&Bound<'_, PyAny>>,
+        max_episode_steps: Option<&Bound<'_, PyAny>>,
+        max_episode_seconds: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let ledger = same_core::<RouteLedger>(ledger, "ledger", "a RouteLedger")?;
+        let assembler =
+            same_core::<ObservationAssembler>(assembler, "assembler", "an ObservationAssembler")?;
+        let applier = same_core::<ActionApplier>(applier, "applier", "an ActionApplier")?;
+        let queues = queues
+            .map(|queues| same_core::<ChunkQueues>(queues, "queues", "None or a ChunkQueues"))
+            .transpose()?;
+        let max_steps = match optional_positive(max_episode_steps, "max_episode_steps")? {
+            None => None,
+            Some(value) => {
+                let steps = py.get_type::<PyInt>().call1((value,))?;
+                // A cap past i64 is never reached, like i64::MAX.
+                Some(steps.extract::<i64>().unwrap_or(i64::MAX))
+            }
+        };
+        let max_ns = match optional_positive(max_episode_seconds, "max_episode_seconds")? {
+            None => None,
+            Some(value) => {
+                let seconds: f64 = py.get_type::<PyFloat>().call1((value,))?.extract()?;
+                Some(seconds * NS_PER_S)
+            }
+        };
+        let num_lanes = ledger.borrow().lane_count();
+        Ok(RoundRunner {
+            ledger: ledger.unbind(),
+            assembler: assembler.unbind(),
+            applier: applier.unbind(),
+            queues: queues.map(Bound::unbind),
+            max_steps,
+            max_ns,
+            observations: (0..num_lanes).map(|_| None).collect(),
+            episode_steps: vec![0; num_lanes],
+            started_ns: vec![0; num_lanes],
+            rounds: 0,
+            running: Vec::new(),
+            predict_lanes: Vec::new(),
+            predict_ns: Vec::new(),
+            predicted: vec![false; num_lanes],
+            clock: Clock::new(py)?,
+        })
+    }
+
+    /// Rounds recorded so far (``end_round`` calls, and the rounds of ``run_rounds``).
+    #[getter]
+    fn rounds(&self) -> u64 {
+        self.rounds
+    }
+
+    /// ``lanes`` (``[K]`` int) start a new episode at ``now_ns``: step counts restart.
+    #[pyo3(signature = (lanes, *, now_ns))]
+    fn start_lanes(&mut self, lanes: &Bound<'_, PyAny>, now_ns: &Bound<'_, PyAny>) -> PyResult<()> {
+        let now_ns = i64_arg(now_ns, "now_ns")?;
+        for lane in self.checked(lanes)? {
+            self.episode_steps[lane as usize] = 0;
+            self.started_ns[lane as usize] = now_ns;
+        }
+        Ok(())
+    }
+
+    /// Lane ``lanes[k]``'s latest raw observation is ``observations[k]``.
+    fn set_observations(
+        &mut self,
+        lanes: &Bound<'_, PyAny>,
+        observations: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let checked = self.checked(lanes)?;
+        let entries = observations.len()?;
+        if entries != checked.len() {
+            return Err(PyValueError::new_err(format!(
+                "observations has {entries} entries for {} lanes",
+                checked.len()
+            )));
+        }
+        for (&lane, observation) in checked.iter().zip(observations.try_iter()?) {
+            self.observations[lane as usize] = Some(observation?.unbind());
+        }
+        Ok(())
+    }
+
+    /// The latest raw observation of each of ``lanes`` (None before its first reset).
+    fn observations<'py>(
+        &self,
+        py: Python<'py>,
+        lanes: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let lanes = self.checked(lanes)?;
+        PyList::new(py, self.raw_observations(py, &lanes))
+    }
+
+    /// ``[K]`` int64: the steps each of ``lanes``' current episode has taken.
+    fn episode_steps<'py>(
+        &self,
+        py: Python<'py>,
+        lanes: &Bound<'py, PyAny>,
+    ) -> PyResult<Int64Array<'py>> {
+        let steps = self
+            .checked(lanes)?
+            .iter()
+            .map(|&lane| self.episode_steps[lane as usize])
+            .collect();
+        Ok(PyArray1::from_vec(py, steps))
+    }
+
+    /// Open a round over the running lanes: ``(running, predict_lanes, payload)``.
+    fn begin_round<'py>(&mut self, py: Python<'py>) -> PyResult<Opened<'py>> {
+        let payload = self.begin(py)?;
+        Ok((
+            PyArray1::from_slice(py, &self.running),
+            PyArray1::from_slice(py, &self.predict_lanes),
+            payload.unwrap_or_else(|| py.None().into_bound(py)),
+        ))
+    }
+
+    /// One env action per running lane of the open round.
+    fn take_actions<'py>(
+        &mut self,
+        py: Python<'py>,
+        output: &Bound<'py, PyAny>,
+        predict_ns: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let predict_ns = i64_arg(predict_ns, "predict_ns")?;
+        self.take(py, output, predict_ns)
+    }
+
+    /// Record the env step of the open round's running lanes and close the round.
+    fn end_round<'py>(
+        &mut self,
+        py: Python<'py>,
+        rewards: &Bound<'py, PyAny>,
+        terminated: &Bound<'py, PyAny>,
+        truncated: &Bound<'py, PyAny>,
+        step_ns: &Bound<'py, PyAny>,
+        now_ns: &Bound<'py, PyAny>,
+    ) -> PyResult<Closed<'py>> {
+        let step_ns = i64_arg(step_ns, "step_ns")?;
+        let now_ns = i64_arg(now_ns, "now_ns")?;
+        let rewards = vector::<f64>(rewards, Dtype::Float64, "rewards")?;
+        let terminated = vector::<bool>(terminated, Dtype::Bool, "terminated")?;
+        let truncated = vector::<bool>(truncated, Dtype::Bool, "truncated")?;
+        let (ended, truncated) = self.end(
+            py,
+            rewards.as_slice()?,
+            terminated.as_slice()?,
+            truncated.as_slice()?.to_vec(),
+            step_ns,
+            now_ns,
+        )?;
+        Ok((
+            PyArray1::from_vec(py, ended),
+            PyArray1::from_vec(py, truncated),
+        ))
+    }
+
+    /// Run whole rounds until an episode ends, no lane is running, or ``until_ns`` passed.
+    ///
+    /// Returns ``(ended, infos, rounds, lane_steps)``. A lane's ``step`` that raises an
+    /// ``Exception`` becomes an ``EnvError`` naming the lane and the env, the error chained.
+    #[pyo3(signature = (predict, env_steps, env_name, *, until_ns, stats))]
+    fn run_rounds<'py>(
+        &mut self,
+        py: Python<'py>,
+        predict: &Bound<'py, PyAny>,
+        env_steps: &Bound<'py, PyAny>,
+        env_name: &Bound<'py, PyAny>,
+        until_ns: &Bound<'py, PyAny>,
+        stats: &Bound<'py, PyAny>,
+    ) -> PyResult<Ran<'py>> {
+        let [predict_stats, step_stats, round_stats] = unpack_stats(stats)?;
+        let deadline = Deadline::new(until_ns)?;
+        // Each lane's `step`, looked up once per call, when the lane first steps.
+        let mut steps: Vec<Option<Bound<'py, PyAny>>> = vec![None; self.num_lanes()];
+        let (mut rounds, mut lane_steps) = (0, 0);
+        let mut ended = Vec::new();
+        let infos = PyList::empty(py);
+        let mut observations = Vec::new();
+        let mut rewards = Vec::new();
+        let mut terminated = Vec::new();
+        let mut truncated = Vec::new();
+        let mut step_infos = Vec::new();
+        loop {
+            py.check_signals()?;
+            let round_start = Instant::now();
+            let payload = self.begin(py)?;
+            let count = self.running.len();
+            if count == 0 {
+                break;
+            }
+            let (mut output, mut predict_ns) = (py.None().into_bound(py), 0);
+            if let Some(payload) = payload {
+                let predict_start = Instant::now();
+                output = predict.call1((payload, self.predict_lanes.len()))?;
+                let took = elapsed_ns(predict_start, Instant::now());
+                predict_stats.borrow_mut().add(took);
+                predict_ns = took as i64;
+            }
+            let actions = self.take(py, &output, predict_ns)?;
+            let actions = lane_actions(&actions, count, &mut Vec::new())?;
+            let step_start = Instant::now();
+            observations.clear();
+            rewards.clear();
+            terminated.clear();
+            truncated.clear();
+            step_infos.clear();
+            for k in 0..count {
+                let lane = self.running[k];
+                let stepped = (|| {
+                    let step = &mut steps[lane as usize];
+                    if step.is_none() {
+                        *step = Some(env_steps.get_item(lane)?);
+                    }
+                    let step = step.as_ref().expect("looked up above");
+                    unpack_step(step.call1((actions.get(k)?,))?)
+                })();
+                let [observation, reward, term, trunc, info] = match stepped {
+                    Ok(result) => result,
+                    Err(err) if err.is_instance_of::<PyException>(py) => {
+                        return Err(env_failure(py, env_name, "step", err, Some(lane))?);
+                    }
+                    Err(err) => return Err(err),
+                };
+                observations.push(observation);
+                rewards.push(reward);
+                terminated.push(term);
+                truncated.push(trunc);
+                step_infos.push(info);
+            }
+            let now = Instant::now();
+            let step_ns = elapsed_ns(step_start, now);
+            step_stats.borrow_mut().add(step_ns);
+            for (&lane, observation) in self.running.iter().zip(observations.drain(..)) {
+                self.observations[lane as usize] = Some(observation.unbind());
+            }
+            // Read as the Python core's `np.array(..., dtype)` then `vector` read them.
+            let reward_column = Column::new(&rewards, "float64", read_reward)?;
+            let terminated_column = Column::new(&terminated, "bool", read_flag)?;
+            let truncated_column = Column::new(&truncated, "bool", read_flag)?;
+            let round_ended = self
+                .end(
+                    py,
+                    &reward_column.into_vec(Dtype::Float64, "rewards")?,
+                    &terminated_column.into_vec(Dtype::Bool, "terminated")?,
+                    truncated_column.into_vec(Dtype::Bool, "truncated")?,
+                    step_ns as i64,
+                    self.clock.ns_at(now),
+                )?
+                .0;
+            let round_end = Instant::now();
+            round_stats
+                .borrow_mut()
+                .add(elapsed_ns(round_start, round_end));
+            rounds += 1;
+            lane_steps += count as u64;
+            ended = round_ended;
+            if !ended.is_empty() {
+                // `ended` follows the order of the running lanes.
+                let mut position = 0;
+                for &lane in &ended {
+                    while self.running[position] != lane {
+                        position += 1;
+                    }
+                    infos.append(&step_infos[position])?;
+                }
+                break;
+            }
+            if deadline.passed(py, self.clock.ns_at(round_end))? {
+                break;
+            }
+        }
+        Ok((PyArray1::from_vec(py, ended), infos, rounds, lane_steps))
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "RoundRunner(num_lanes={}, rounds={})",
+            self.num_lanes(),
+            self.rounds
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_step_cap_truncates_at_exactly_the_cap() {
+        assert!(!over_cap(4, Some(5), 0, None));
+        assert!(over_cap(5, Some(5), 0, None));
+        assert!(!over_cap(1_000, None, 1 << 40, None));
+    }
+
+    #[test]
+    fn a_time_cap_compares_the_integer_clock_with_the_float_cap_exactly() {
+        // 1.5 ns: 1 is below it, 2 is not.
+        assert!(!over_cap(1, None, 1, Some(1.5)));
+        assert!(over_cap(1, None, 2, Some(1.5)));
+        assert!(over_cap(1, None, 2, Some(2.0)));
+        // Past 2**53 a float cannot tell neighbouring integers apart; the comparison still can.
+        let cap = 2f64.powi(60);
+        assert!(!at_least((1i128 << 60) - 1, cap));
+        assert!(at_least(1i128 << 60, cap));
+        // An infinite or huge cap is never reached.
+        assert!(!at_least(i128::from(i64::MAX), f64::INFINITY));
+        assert!(!at_least(i128::from(i64::MAX), 1e300));
+    }
+}

@@ -1,0 +1,1017 @@
+"""RoundRunner in both cores: the phases of a round, the synchronous loop of rounds, and parity.
+
+Runs are driven the way the driver drives them: ``RouteLedger.start_episodes`` then
+``start_lanes`` and ``set_observations`` after the resets; rounds either by hand
+(``begin_round`` / ``take_actions`` / env steps / ``end_round``) or by ``run_rounds``; and for
+the lanes whose episode ended, ``complete_episodes``, ``ChunkQueues.drop`` and
+``ObservationAssembler.evict`` of the ended episodes, then new episodes on those lanes. The
+references are plain Gymnasium loops on the same seeds, and the other core.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from rlmesh._pycore.rounds import lane_actions
+from rlmesh.adapters import ModelSpec, State, compile_spec
+from rlmesh.core import load_core
+from rlmesh.errors import EnvError, ModelOutputError
+
+CORES = {"python": load_core("python"), "rust": load_core("rust")}
+FAR_FUTURE = 2**62
+
+
+# ---------------------------------------------------------------------------------------------
+# Environments
+
+
+class CountEnv(gym.Env):
+    """Observation ``[t]``, the steps taken; reward 1; terminates after ``length`` steps.
+
+    With ``length=None`` each episode's length (4..9) comes from its reset seed. Every action
+    received is kept in ``received``, one list per episode. The info is ``{"t": t}``, plus
+    ``"tag": tag`` when the env has a tag.
+    """
+
+    observation_space = gym.spaces.Box(0, 1000, (1,), np.float32)
+    action_space = gym.spaces.Discrete(1000)
+
+    def __init__(self, length: int | None = None, tag: Any = None) -> None:
+        self._length = length
+        self.tag = tag
+        self.received: list[list[Any]] = []
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        self.length = self._length or int(self.np_random.integers(4, 10))
+        self.received.append([])
+        return np.array([0], np.float32), {}
+
+    def step(self, action):
+        self.received[-1].append(action)
+        self.t += 1
+        done = self.t >= self.length
+        info = {"t": self.t} if self.tag is None else {"t": self.t, "tag": self.tag}
+        return np.array([self.t], np.float32), 1.0, done, False, info
+
+
+class SleepyEnv(CountEnv):
+    """A ``CountEnv`` whose step takes at least 2 ms."""
+
+    def step(self, action):
+        time.sleep(0.002)
+        return super().step(action)
+
+
+class FailingEnv(CountEnv):
+    """A ``CountEnv`` whose step number ``fail_at`` (1-based) raises ``error``."""
+
+    def __init__(self, fail_at: int | None, error: BaseException) -> None:
+        super().__init__(length=100)
+        self.fail_at, self.error = fail_at, error
+
+    def step(self, action):
+        if self.error is not None and self.t + 1 == self.fail_at:
+            raise self.error
+        return super().step(action)
+
+
+class ShortResultEnv(CountEnv):
+    """A ``CountEnv`` whose step returns the old 4-tuple API."""
+
+    def step(self, action):
+        return super().step(action)[:4]
+
+
+class OddScalarsEnv(CountEnv):
+    """A ``CountEnv`` whose rewards and flags are numpy scalars, ints and None, not floats and
+    bools: both cores must read them as numpy does."""
+
+    REWARDS = (np.float32(0.25), 2, np.int64(-3), True, np.float16(1.5))
+
+    def step(self, action):
+        observation, _, terminated, _, info = super().step(action)
+        reward = self.REWARDS[self.t % len(self.REWARDS)]
+        return observation, reward, np.bool_(terminated), None if self.t % 2 else 0, info
+
+
+class DictActionEnv(CountEnv):
+    """A ``CountEnv`` whose actions are dicts of a Discrete and a Box."""
+
+    action_space = gym.spaces.Dict(
+        {"move": gym.spaces.Discrete(3), "force": gym.spaces.Box(-1, 1, (2,), np.float32)}
+    )
+
+
+class Recorder(gym.Wrapper):
+    """Keeps every action the wrapped env's ``step`` receives."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self.received: list[Any] = []
+
+    def step(self, action):
+        self.received.append(action)
+        return self.env.step(action)
+
+
+# ---------------------------------------------------------------------------------------------
+# Driving a run
+
+
+def cart_pole_policy(payload: np.ndarray, count: int) -> np.ndarray:
+    """Push the cart towards the pole's lean: ``[K, 4]`` -> ``[K]`` int64."""
+    assert payload.shape == (count, 4)
+    return (payload[:, 2] > 0).astype(np.int64)
+
+
+def pendulum_policy(payload: np.ndarray, count: int) -> np.ndarray:
+    """Torque against the angular velocity: ``[K, 3]`` -> ``[K, 1]`` float32."""
+    return np.clip(-payload[:, 2:3], -2.0, 2.0).astype(np.float32)
+
+
+class Run:
+    """One run of ``num_lanes`` envs on ``core``: the core objects and the driver's steps."""
+
+    def __init__(
+        self,
+        core,
+        make_env: Callable[[], gym.Env],
+        num_lanes: int,
+        episodes: int,
+        *,
+        spec: ModelSpec | None = None,
+        horizon: int | None = None,
+        max_episode_steps: Any = None,
+        max_episode_seconds: Any = None,
+        base_seed: int = 0,
+    ) -> None:
+        self.envs = [make_env() for _ in range(num_lanes)]
+        env = self.envs[0]
+        plan = compile_spec(spec, env.observation_space, env.action_space)
+        self.ledger = core.RouteLedger(num_lanes, episodes, base_seed=base_seed)
+        self.assembler = core.ObservationAssembler(plan.observation)
+        self.queues = None if horizon is None else core.ChunkQueues(num_lanes, horizon)
+        self.runner = core.RoundRunner(
+            self.ledger,
+            self.assembler,
+            core.ActionApplier(plan.action),
+            self.queues,
+            max_episode_steps=max_episode_steps,
+            max_episode_seconds=max_episode_seconds,
+        )
+        self.stats = [core.LatencyStats() for _ in range(3)]
+        self.final_infos: dict[int, Any] = {}  # episode id -> its last info
+        self.start(np.arange(num_lanes))
+
+    def start(self, lanes) -> None:
+        now = time.perf_counter_ns()
+        starts = self.ledger.start_episodes(np.asarray(lanes, dtype=np.int64), now_ns=now)
+        self.runner.start_lanes(starts.lanes, now_ns=now)
+        observations = [
+            self.envs[lane].reset(seed=seed)[0]
+            for lane, seed in zip(starts.lanes.tolist(), starts.seeds, strict=True)
+        ]
+        self.runner.set_observations(starts.lanes, observations)
+
+    def finish(self, ended, infos=None) -> None:
+        """Complete the episodes of ``ended``, drop their queues and windows, start new ones."""
+        ids = self.ledger.episode_ids(ended)
+        if infos is not None:
+            self.final_infos.update(zip(ids.tolist(), infos, strict=True))
+        self.ledger.complete_episodes(ended, ids, now_ns=time.perf_counter_ns())
+        for episode_id in ids.tolist():
+            if self.queues is not None:
+                self.queues.drop(episode_id)
+            self.assembler.evict(episode_id)
+        self.start(ended)
+
+    def round_by_hand(self, policy) -> np.ndarray | None:
+        """One round through the phases; the lanes predicted for, None once nothing runs."""
+        running, predict_lanes, payload = self.runner.begin_round()
+        if not len(running):
+            assert payload is None
+            return None
+        output = None
+        if len(predict_lanes):
+            output = policy(payload, len(predict_lanes))
+        actions = lane_actions(self.runner.take_actions(output, 1_000), len(running))
+        results = [self.envs[lane].step(actions[k]) for k, lane in enumerate(running.tolist())]
+        observations, rewards, terminated, truncated, infos = zip(*results, strict=True)
+        self.runner.set_observations(running, list(observations))
+        ended, _ = self.runner.end_round(
+            np.array(rewards, dtype=np.float64),
+            np.array(terminated, dtype=np.bool_),
+            np.array(truncated, dtype=np.bool_),
+            2_000,
+            time.perf_counter_ns(),
+        )
+        if len(ended):
+            position = {lane: k for k, lane in enumerate(running.tolist())}
+            self.finish(ended, [infos[position[lane]] for lane in ended.tolist()])
+        return predict_lanes
+
+    def by_hand(self, policy) -> None:
+        while self.round_by_hand(policy) is not None:
+            pass
+
+    def by_run_rounds(self, policy, until_ns: int = FAR_FUTURE) -> list[tuple]:
+        """Call ``run_rounds`` until nothing runs; what each call returned."""
+        steps = [env.step for env in self.envs]
+        returned = []
+        while len(self.ledger.running_lanes()):
+            ended, infos, rounds, lane_steps = self.runner.run_rounds(
+                policy, steps, "TestEnv-v0", until_ns=until_ns, stats=self.stats
+            )
+            assert ended.dtype == np.int64
+            assert isinstance(infos, list)
+            returned.append((ended.tolist(), infos, rounds, lane_steps))
+            if len(ended):
+                self.finish(ended, infos)
+        return returned
+
+    def summaries(self) -> list[tuple]:
+        return sorted(
+            (s.index, s.seed, s.steps, s.reward, s.terminated, s.truncated)
+            for s in self.ledger.summaries()
+        )
+
+
+def plain_episodes(make_env, seeds, act) -> list[tuple]:
+    """``(steps, reward, terminated, truncated)`` per seed from a plain reset/step loop."""
+    env = make_env()
+    episodes = []
+    for seed in seeds:
+        observation, _ = env.reset(seed=seed)
+        steps, total = 0, 0.0
+        while True:
+            observation, reward, terminated, truncated, _ = env.step(act(observation))
+            steps += 1
+            total += float(reward)
+            if terminated or truncated:
+                break
+        episodes.append((steps, total, terminated, truncated))
+    return episodes
+
+
+def outcome(call) -> tuple:
+    """What a call did: ``("ok", result)`` or ``("raise", error type, message)``."""
+    try:
+        return ("ok", call())
+    except Exception as err:  # every error must match across cores, whatever it is
+        return ("raise", type(err), str(err))
+
+
+# ---------------------------------------------------------------------------------------------
+# 1, 2: whole runs against a plain Gymnasium loop, run_rounds against the phases
+
+
+ENVS = {
+    "CartPole-v1": (lambda: gym.make("CartPole-v1"), cart_pole_policy, 7),
+    "Pendulum-v1": (lambda: gym.make("Pendulum-v1"), pendulum_policy, 3),
+}
+
+
+def single(policy):
+    """The batched ``policy`` applied to one observation, as the plain loop calls it."""
+
+    def act(observation):
+        action = policy(np.asarray(observation, dtype=np.float32)[None], 1)[0]
+        return int(action) if action.ndim == 0 else action
+
+    return act
+
+
+@pytest.mark.parametrize("env_id", list(ENVS))
+@pytest.mark.parametrize("num_lanes", [1, 3])
+def test_a_run_through_the_phases_matches_a_plain_gymnasium_loop(core, env_id, num_lanes):
+    make_env, policy, episodes = ENVS[env_id]
+    run = Run(core, make_env, num_lanes, episodes)
+    run.by_hand(policy)
+
+    seeds = [run.ledger.seed_for_slot(slot) for slot in range(episodes)]
+    expected = plain_episodes(make_env, seeds, single(policy))
+    assert run.summaries() == [
+        (slot, seed, *episode)
+        for slot, (seed, episode) in enumerate(zip(seeds, expected, strict=True))
+    ]
+    assert run.ledger.done
+    assert run.runner.rounds > 0
+
+
+@pytest.mark.parametrize("env_id", list(ENVS))
+@pytest.mark.parametrize("num_lanes", [1, 3])
+def test_run_rounds_gives_the_summaries_of_the_phases(core, env_id, num_lanes):
+    make_env, policy, episodes = ENVS[env_id]
+    by_hand = Run(core, make_env, num_lanes, episodes)
+    by_hand.by_hand(policy)
+    looped = Run(core, make_env, num_lanes, episodes)
+    returned = looped.by_run_rounds(policy)
+
+    assert looped.summaries() == by_hand.summaries()
+    assert looped.runner.rounds == by_hand.runner.rounds == sum(r[2] for r in returned)
+    # Each call stopped at a round where an episode ended, and said which lanes ended.
+    assert all(ended for ended, *_ in returned)
+    assert sum(len(ended) for ended, *_ in returned) == looped.ledger.completed
+    lane_steps = sum(summary.steps for summary in looped.ledger.summaries())
+    assert sum(r[3] for r in returned) == lane_steps
+
+
+# ---------------------------------------------------------------------------------------------
+# 2: parity of the two cores
+
+
+def parity_record(core_name: str, scenario: str) -> dict[str, Any]:
+    """Everything observable of one scenario's run on one core."""
+    core = CORES[core_name]
+    payloads: list[Any] = []
+
+    def recorded(policy):
+        def predict(payload, count):
+            payloads.append((np.array(payload), count))
+            return policy(payload, count)
+
+        return predict
+
+    if scenario == "cart-pole":
+        run = Run(core, lambda: Recorder(gym.make("CartPole-v1")), 3, 8, max_episode_steps=30)
+        predict = recorded(cart_pole_policy)
+    elif scenario == "pendulum":
+        run = Run(core, lambda: Recorder(gym.make("Pendulum-v1")), 2, 3, max_episode_steps=50)
+        predict = recorded(pendulum_policy)
+    else:  # chunked and stacked, odd step results
+        run = Run(
+            core,
+            lambda: Recorder(OddScalarsEnv()),
+            3,
+            9,
+            spec=ModelSpec(input=State(stack=3)),
+            horizon=3,
+            max_episode_steps=7,
+        )
+        predict = recorded(
+            lambda payload, count: (payload[:, -1, :] * 10 + np.arange(5)).astype(np.int64)
+        )
+    returned = run.by_run_rounds(predict)
+    lanes = np.arange(len(run.envs))
+    return {
+        "summaries": [
+            {k: v for k, v in s.to_dict().items() if k not in ("duration_s", "predict_ms")}
+            | {"step_ms": None}
+            for s in run.ledger.summaries()
+        ],
+        "returned": returned,
+        "payloads": [(p.dtype.str, p.shape, p.tobytes(), count) for p, count in payloads],
+        "received": [
+            [(type(a).__name__, np.asarray(a).dtype.str, np.asarray(a).tobytes()) for a in r]
+            for r in (env.received for env in run.envs)
+        ],
+        "rounds": run.runner.rounds,
+        "episode_steps": run.runner.episode_steps(lanes).tolist(),
+        "stats": [stats.count for stats in run.stats],
+        "final_infos": run.final_infos,
+        "repr": repr(run.runner),
+    }
+
+
+@pytest.mark.parametrize("scenario", ["cart-pole", "pendulum", "chunked-stacked-odd-scalars"])
+def test_both_cores_run_the_same_rounds(scenario):
+    python, rust = parity_record("python", scenario), parity_record("rust", scenario)
+    assert rust["summaries"] == python["summaries"]
+    assert rust["payloads"] == python["payloads"]
+    assert rust["received"] == python["received"]
+    assert rust["returned"] == python["returned"]
+    assert rust == python
+    assert python["stats"][0] == len(python["payloads"])
+    assert python["stats"][1] == python["stats"][2] == python["rounds"]
+
+
+def test_odd_scalars_are_read_as_numpy_reads_them(core):
+    run = Run(core, OddScalarsEnv, 1, 1)
+    run.by_run_rounds(lambda payload, count: np.zeros(count, np.int64))
+    (summary,) = run.ledger.summaries()
+    rewards = [float(OddScalarsEnv.REWARDS[t % 5]) for t in range(1, summary.steps + 1)]
+    assert (summary.steps, summary.reward, summary.terminated) == (
+        run.envs[0].length,
+        sum(rewards),
+        True,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# 3: caps
+
+
+def test_max_episode_steps_truncates_at_exactly_the_cap(core):
+    run = Run(core, lambda: gym.make("CartPole-v1"), 2, 4, max_episode_steps=5)
+    run.by_run_rounds(cart_pole_policy)
+    assert [(s.steps, s.terminated, s.truncated) for s in run.ledger.summaries()] == [
+        (5, False, True)
+    ] * 4
+
+
+@pytest.mark.parametrize(
+    ("length", "cap", "expected"),
+    [
+        (5, 5, (5, True, False)),  # terminated at the cap: stays terminated, not truncated
+        (6, 5, (5, False, True)),
+        (4, 5, (4, True, False)),
+        (6, 2.5, (2, False, True)),  # a float cap is int()-ed, as the Python core does
+    ],
+)
+def test_an_episode_that_terminates_at_the_cap_is_not_truncated(core, length, cap, expected):
+    run = Run(core, lambda: CountEnv(length), 1, 1, max_episode_steps=cap)
+    run.by_run_rounds(lambda payload, count: np.zeros(count, np.int64))
+    (summary,) = run.ledger.summaries()
+    assert (summary.steps, summary.terminated, summary.truncated) == expected
+
+
+def test_max_episode_seconds_truncates_at_exactly_the_time_given_to_end_round(core):
+    run = Run(core, lambda: CountEnv(100), 2, 2, max_episode_seconds=0.01)
+    runner = run.runner
+    runner.start_lanes([0, 1], now_ns=1_000)
+    # 1 ns short of the cap: lane 0 runs on; lane 1 terminates, and a cap reached on the same
+    # step would not have truncated it.
+    runner.begin_round()
+    runner.take_actions(np.zeros(2, np.int64), 0)
+    ended, flags = runner.end_round([1.0, 1.0], [False, True], [False, False], 5, 10_000_999)
+    assert (ended.tolist(), flags.dtype, flags.tolist()) == ([1], np.bool_, [False, False])
+    runner.start_lanes([1], now_ns=0)  # the clock reading of the (uncompleted) lane 1 moves
+    running, _, _ = runner.begin_round()
+    assert running.tolist() == [0]
+    runner.take_actions(np.zeros(1, np.int64), 0)
+    ended, flags = runner.end_round([1.0], [False], [False], 5, 10_001_000)
+    assert (ended.tolist(), flags.tolist()) == ([0], [True])
+    assert runner.episode_steps([0, 1]).tolist() == [2, 0]
+    run.ledger.complete_episodes([0, 1], run.ledger.episode_ids([0, 1]), now_ns=0)
+    assert [(s.steps, s.terminated, s.truncated) for s in run.ledger.summaries()] == [
+        (2, False, True),
+        (1, True, False),
+    ]
+
+
+def test_max_episode_seconds_truncates_by_the_clock_in_run_rounds(core):
+    run = Run(core, lambda: SleepyEnv(1000), 1, 1, max_episode_seconds=0.02)
+    run.by_run_rounds(lambda payload, count: np.zeros(count, np.int64))
+    (summary,) = run.ledger.summaries()
+    assert (summary.terminated, summary.truncated) == (False, True)
+    # Each step takes at least 2 ms, so 20 ms have passed after 10 steps at the latest (and
+    # the clock's anchor may lag by a hair), and not before 20 ms by the ledger's own clock.
+    assert 1 <= summary.steps <= 11
+    assert summary.duration_s >= 0.02
+
+
+# ---------------------------------------------------------------------------------------------
+# 4, 5: chunks and frame stacks
+
+
+def chunk_policy(horizon: int):
+    """A chunk ``[P, horizon]`` whose action j at step t is ``10 * t + j``: which chunk and
+    which of its actions an env received is readable from the action."""
+
+    def predict(payload, count):
+        steps = payload.reshape(count, -1)[:, -1:]
+        return (steps * 10 + np.arange(horizon)).astype(np.int64)
+
+    return predict
+
+
+def expected_actions(length: int, kept: int) -> list[int]:
+    """What a lane replays over an episode of ``length`` steps, ``kept`` actions per chunk."""
+    return [10 * (t - t % kept) + t % kept for t in range(length)]
+
+
+@pytest.mark.parametrize("num_lanes", [1, 3])
+def test_chunks_are_predicted_only_for_empty_queues_and_replayed_in_order(core, num_lanes):
+    run = Run(core, CountEnv, num_lanes, 10, horizon=3)
+    policy = chunk_policy(horizon=4)  # H' = 4 > E = 3: each lane keeps 3 actions per chunk
+    predicted = []
+    while True:
+        queued = run.queues.queued().tolist()
+        running = run.ledger.running_lanes().tolist()
+        predict_lanes = run.round_by_hand(policy)
+        if predict_lanes is None:
+            break
+        assert predict_lanes.tolist() == [lane for lane in running if queued[lane] == 0]
+        predicted.append(len(predict_lanes))
+
+    lengths = [len(actions) for env in run.envs for actions in env.received if actions]
+    assert sum(predicted) == sum(math.ceil(length / 3) for length in lengths)
+    # The model time (1000 ns a call, see round_by_hand) is charged to predicted steps only.
+    for summary in run.ledger.summaries():
+        predict_ns = summary.predict_ms * 1e6 * summary.steps
+        assert predict_ns == pytest.approx(1_000 * math.ceil(summary.steps / 3))
+    for env in run.envs:
+        for actions in env.received:
+            # Every episode starts with the first action of a fresh chunk: nothing leaks over
+            # from the lane's previous episode, whose chunk was cut short.
+            assert [int(action) for action in actions] == expected_actions(len(actions), 3)
+
+
+def test_run_rounds_replays_chunks_and_predicts_only_when_a_queue_runs_dry(core):
+    calls = []
+    policy = chunk_policy(horizon=2)
+
+    def predict(payload, count):
+        calls.append(count)
+        return policy(payload, count)
+
+    run = Run(core, CountEnv, 3, 9, horizon=5)  # E = 5 > H' = 2: chunks of 2 are kept whole
+    run.by_run_rounds(predict)
+    lengths = [len(actions) for env in run.envs for actions in env.received if actions]
+    assert sum(calls) == sum(math.ceil(length / 2) for length in lengths)
+    assert run.stats[0].count == len(calls) < run.stats[1].count == run.runner.rounds
+    for env in run.envs:
+        for actions in env.received:
+            assert [int(action) for action in actions] == expected_actions(len(actions), 2)
+
+
+def test_actions_past_the_execution_horizon_are_never_applied(core):
+    def predict(payload, count):
+        chunk = chunk_policy(3)(payload, count)
+        chunk[:, 2] = 5_000  # not an action of Discrete(1000): only checked if applied
+        return chunk
+
+    run = Run(core, CountEnv, 2, 4, horizon=2)
+    run.by_run_rounds(predict)
+    for env in run.envs:
+        for actions in env.received:
+            assert [int(action) for action in actions] == expected_actions(len(actions), 2)
+    run = Run(core, CountEnv, 2, 4, horizon=3)
+    with pytest.raises(ModelOutputError) as raised:
+        run.by_run_rounds(predict)
+    assert str(raised.value) == (
+        "lane 0: action is 5000; expected an integer in 0..999 for Discrete int64[]"
+    )
+
+
+def test_a_queue_not_dropped_when_its_episode_ends_is_refused_next_round(core):
+    run = Run(core, lambda: CountEnv(2), 1, 2, horizon=4)
+    steps = [env.step for env in run.envs]
+    ended, *_ = run.runner.run_rounds(
+        chunk_policy(4), steps, "TestEnv-v0", until_ns=FAR_FUTURE, stats=run.stats
+    )
+    assert ended.tolist() == [0]
+    run.ledger.complete_episodes(ended, run.ledger.episode_ids(ended), now_ns=0)
+    run.start(ended)  # without queues.drop(0): two actions of episode 0 are still queued
+    with pytest.raises(ValueError) as raised:
+        run.runner.run_rounds(
+            chunk_policy(4), steps, "TestEnv-v0", until_ns=FAR_FUTURE, stats=run.stats
+        )
+    assert str(raised.value) == (
+        "lane 0 holds queued actions of episode 0, not episode 1: drop an episode's queue "
+        "when it ends"
+    )
+
+
+@pytest.mark.parametrize("use_run_rounds", [False, True], ids=["phases", "run_rounds"])
+def test_replaying_lanes_still_push_their_frames(core, use_run_rounds):
+    payloads = []
+
+    def predict(payload, count):
+        payloads.append(np.array(payload))
+        return chunk_policy(3)(payload, count)
+
+    run = Run(core, CountEnv, 3, 6, spec=ModelSpec(input=State(stack=3)), horizon=3)
+    if use_run_rounds:
+        run.by_run_rounds(predict)
+    else:
+        run.by_hand(predict)
+    rows = [row[:, 0].tolist() for payload in payloads for row in payload]
+    assert {row[-1] for row in rows} >= {0.0, 3.0}
+    for row in rows:
+        # Predicted at steps 0, 3, 6, ...: the two frames between were pushed while the lane
+        # replayed, so the stack holds consecutive frames (the first frame fills a new one).
+        t = row[-1]
+        assert row == [max(t - 2, 0.0), max(t - 1, 0.0), t]
+
+
+# ---------------------------------------------------------------------------------------------
+# 6: when run_rounds stops, and what it returns
+
+
+def test_run_rounds_runs_one_round_when_the_deadline_has_passed(core):
+    run = Run(core, lambda: CountEnv(50), 3, 3)
+    steps = [env.step for env in run.envs]
+    for expected_rounds in (1, 2, 3):
+        ended, infos, rounds, lane_steps = run.runner.run_rounds(
+            lambda payload, count: np.zeros(count, np.int64),
+            steps,
+            "TestEnv-v0",
+            until_ns=0,
+            stats=run.stats,
+        )
+        assert (ended.tolist(), infos, rounds, lane_steps) == ([], [], 1, 3)
+        assert run.runner.rounds == expected_rounds
+        assert [stats.count for stats in run.stats] == [expected_rounds] * 3
+    assert run.runner.episode_steps([0, 1, 2]).tolist() == [3, 3, 3]
+    assert [obs.tolist() for obs in run.runner.observations([2, 0])] == [[3.0], [3.0]]
+
+
+def test_run_rounds_stops_at_its_deadline_by_the_perf_counter(core):
+    run = Run(core, lambda: SleepyEnv(1000), 1, 1)
+    until_ns = time.perf_counter_ns() + 30_000_000
+    ended, infos, rounds, lane_steps = run.runner.run_rounds(
+        lambda payload, count: np.zeros(count, np.int64),
+        [env.step for env in run.envs],
+        "TestEnv-v0",
+        until_ns=until_ns,
+        stats=run.stats,
+    )
+    # No round starts once one ended at or after until_ns, a time.perf_counter_ns() reading.
+    assert time.perf_counter_ns() >= until_ns
+    assert ended.tolist() == [] and infos == []
+    assert 1 <= rounds <= 16 and lane_steps == rounds
+    assert run.stats[2].count == rounds
+    assert run.stats[1].mean_ns >= 2_000_000  # every step slept 2 ms
+
+
+@pytest.mark.parametrize("until_ns", [math.inf, 2**70, float(FAR_FUTURE)])
+def test_run_rounds_takes_any_deadline_python_compares_with_an_int(core, until_ns):
+    run = Run(core, lambda: CountEnv(4), 1, 1)
+    returned = run.by_run_rounds(lambda payload, count: np.zeros(count, np.int64), until_ns)
+    assert returned == [([0], [{"t": 4}], 4, 4)]
+
+
+def test_run_rounds_returns_the_lanes_that_ended_and_their_final_infos_in_order(core):
+    lanes = iter(enumerate([3, 5, 3, 4]))
+    run = Run(core, lambda: CountEnv(*reversed(next(lanes))), 4, 8)
+    calls = []
+
+    def predict(payload, count):
+        calls.append(count)
+        return np.zeros(count, np.int64)
+
+    ended, infos, rounds, lane_steps = run.runner.run_rounds(
+        predict,
+        [env.step for env in run.envs],
+        "TestEnv-v0",
+        until_ns=FAR_FUTURE,
+        stats=run.stats,
+    )
+    assert ended.dtype == np.int64
+    assert (ended.tolist(), rounds, lane_steps) == ([0, 2], 3, 12)
+    assert infos == [{"t": 3, "tag": 0}, {"t": 3, "tag": 2}]
+    assert calls == [4, 4, 4]
+    assert [stats.count for stats in run.stats] == [3, 3, 3]
+    assert run.stats[0].max_ns > 0 and run.stats[2].max_ns >= run.stats[1].max_ns
+
+
+def test_run_rounds_with_no_running_lane_does_nothing(core):
+    run = Run(core, lambda: CountEnv(3), 2, 2)
+    run.by_run_rounds(lambda payload, count: np.zeros(count, np.int64))
+    rounds = run.runner.rounds
+
+    def predict(payload, count):
+        raise AssertionError("no lane runs")
+
+    ended, infos, ran, lane_steps = run.runner.run_rounds(
+        predict, [], "TestEnv-v0", until_ns=0, stats=run.stats
+    )
+    assert (ended.dtype, ended.tolist(), infos, ran, lane_steps) == (np.int64, [], [], 0, 0)
+    assert run.runner.rounds == rounds
+    assert run.runner.begin_round()[0].tolist() == []
+    assert [stats.count for stats in run.stats] == [rounds] * 3
+
+
+def test_begin_round_returns_int64_lanes_and_the_payload_of_the_predicted_lanes(core):
+    run = Run(core, CountEnv, 2, 2, horizon=2)
+    running, predict_lanes, payload = run.runner.begin_round()
+    assert (running.dtype, predict_lanes.dtype) == (np.int64, np.int64)
+    assert (running.tolist(), predict_lanes.tolist()) == ([0, 1], [0, 1])
+    assert payload.dtype == np.float32 and payload.tolist() == [[0.0], [0.0]]
+    actions = run.runner.take_actions(chunk_policy(2)(payload, 2), 7)
+    assert actions.dtype == np.int64 and actions.tolist() == [0, 0]
+    run.runner.end_round([0.0, 0.0], [False, False], [False, False], 3, 0)
+    running, predict_lanes, payload = run.runner.begin_round()  # both lanes replay
+    assert (running.tolist(), predict_lanes.tolist(), payload) == ([0, 1], [], None)
+    assert run.runner.take_actions(None, 0).tolist() == [1, 1]
+    assert repr(run.runner) == "RoundRunner(num_lanes=2, rounds=1)"
+
+
+# ---------------------------------------------------------------------------------------------
+# 7: errors
+
+
+def failing_run(core, error: BaseException, fail_at: int = 3) -> Run:
+    errors = iter([None, error])
+    return Run(core, lambda: FailingEnv(fail_at, next(errors)), 2, 2)
+
+
+def run_rounds(run: Run, predict=None, **kwargs):
+    kwargs = {"until_ns": FAR_FUTURE, "stats": run.stats} | kwargs
+    return run.runner.run_rounds(
+        predict or (lambda payload, count: np.zeros(count, np.int64)),
+        [env.step for env in run.envs],
+        "Failing-v0",
+        **kwargs,
+    )
+
+
+def test_an_env_step_that_raises_becomes_an_env_error_with_the_cause_chained(core):
+    error = ValueError("boom at step 3")
+    run = failing_run(core, error)
+    with pytest.raises(EnvError) as raised:
+        run_rounds(run)
+    assert str(raised.value) == "lane 1 (Failing-v0): step() raised ValueError: boom at step 3"
+    assert raised.value.__cause__ is error
+    # The round's earlier lanes stepped; the failing round was not recorded.
+    assert [len(env.received[-1]) for env in run.envs] == [3, 2]
+    assert run.runner.rounds == 2
+
+
+def test_a_step_result_that_does_not_unpack_is_the_envs_error(core):
+    run = Run(core, ShortResultEnv, 1, 1)
+    with pytest.raises(EnvError) as raised:
+        run_rounds(run)
+    assert str(raised.value) == (
+        "lane 0 (Failing-v0): step() raised ValueError: not enough values to unpack "
+        "(expected 5, got 4)"
+    )
+    assert isinstance(raised.value.__cause__, ValueError)
+
+
+def test_too_few_env_steps_is_the_envs_error_of_the_lane_without_one(core):
+    run = failing_run(core, ValueError("unused"))
+    with pytest.raises(EnvError) as raised:
+        run.runner.run_rounds(
+            lambda payload, count: np.zeros(count, np.int64),
+            [run.envs[0].step],
+            "Failing-v0",
+            until_ns=FAR_FUTURE,
+            stats=run.stats,
+        )
+    assert str(raised.value) == (
+        "lane 1 (Failing-v0): step() raised IndexError: list index out of range"
+    )
+
+
+@pytest.mark.parametrize(
+    "error", [KeyboardInterrupt(), SystemExit(3)], ids=["KeyboardInterrupt", "SystemExit"]
+)
+def test_a_base_exception_from_an_env_step_propagates_unchanged(core, error):
+    run = failing_run(core, error, fail_at=2)
+    with pytest.raises(type(error)) as raised:
+        run_rounds(run)
+    assert raised.value is error
+    assert run.runner.rounds == 1
+
+
+def test_errors_from_the_model_and_its_output_propagate_unchanged(core):
+    run = failing_run(core, ValueError("unused"))
+    error = RuntimeError("the model broke")
+
+    def broken(payload, count):
+        raise error
+
+    with pytest.raises(RuntimeError) as raised:
+        run_rounds(run, broken)
+    assert raised.value is error
+    with pytest.raises(ModelOutputError) as wrong:
+        run_rounds(run, lambda payload, count: np.zeros(count + 1, np.int64))
+    assert str(wrong.value).startswith("action: expected 2 rows (one per lane)")
+    assert run.runner.rounds == 0
+
+
+def runner_on(core, **caps):
+    run = Run(core, lambda: CountEnv(10), 2, 2, **caps)
+    return run, run.runner
+
+
+BAD_ARGUMENTS = {
+    "lane out of range": (
+        lambda runner: runner.start_lanes([2], now_ns=0),
+        "lane 2 is out of range for 2 lanes",
+    ),
+    "negative lane": (
+        lambda runner: runner.observations([-1]),
+        "lane -1 is out of range for 2 lanes",
+    ),
+    "lanes not 1-D": (
+        lambda runner: runner.episode_steps([[0]]),
+        "lanes must be a 1-D array, got shape (1, 1)",
+    ),
+    "lanes not integers": (
+        lambda runner: runner.set_observations([0.5], [None]),
+        "lanes must hold integers, got dtype float64",
+    ),
+    "now_ns not an int": (
+        lambda runner: runner.start_lanes([0], now_ns="soon"),
+        "now_ns must be an integer in [-2**63, 2**63), got str",
+    ),
+    "too few observations": (
+        lambda runner: runner.set_observations([0, 1], [np.zeros(1, np.float32)]),
+        "observations has 1 entries for 2 lanes",
+    ),
+    "predict_ns not an int": (
+        lambda runner: runner.take_actions(np.zeros(2, np.int64), 1.5),
+        "predict_ns must be an integer in [-2**63, 2**63), got float",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_ARGUMENTS))
+def test_bad_arguments_are_refused_with_the_same_message(core, case):
+    call, message = BAD_ARGUMENTS[case]
+    _, runner = runner_on(core)
+    runner.begin_round()
+    with pytest.raises(ValueError) as raised:
+        call(runner)
+    assert str(raised.value) == message
+
+
+END_ROUND_ARGUMENTS = {
+    "short rewards": (([1.0], [0, 0], [0, 0], 0, 0), "rewards has 1 entries for 2 running lanes"),
+    "long terminated": (
+        ([1.0, 1.0], [0, 0, 0], [0, 0], 0, 0),
+        "terminated has 3 entries for 2 running lanes",
+    ),
+    "rewards not 1-D": (
+        ([[1.0], [1.0]], [0, 0], [0, 0], 0, 0),
+        "rewards must be a 1-D array, got shape (2, 1)",
+    ),
+    "rewards not numbers": (
+        (["a", "b"], [0, 0], [0, 0], 0, 0),
+        "rewards must hold numbers, got dtype <U1",
+    ),
+    "step_ns not an int": (
+        ([1.0, 1.0], [0, 0], [0, 0], 2.5, 0),
+        "step_ns must be an integer in [-2**63, 2**63), got float",
+    ),
+    "now_ns past int64": (
+        ([1.0, 1.0], [0, 0], [0, 0], 0, 2**63),
+        "now_ns must be an integer in [-2**63, 2**63), got 9223372036854775808",
+    ),
+    "negative step_ns": (
+        ([1.0, 1.0], [0, 0], [0, 0], -1, 0),
+        "lane 0 has step_ns=-1, predict_ns=0: timings must be non-negative",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(END_ROUND_ARGUMENTS))
+def test_end_round_refuses_bad_step_results_with_the_same_message(core, case):
+    args, message = END_ROUND_ARGUMENTS[case]
+    _, runner = runner_on(core)
+    running, _, _ = runner.begin_round()
+    runner.take_actions(np.zeros(len(running), np.int64), 0)
+    with pytest.raises(ValueError) as raised:
+        runner.end_round(*args)
+    assert str(raised.value) == message
+    assert runner.rounds == 0
+
+
+@pytest.mark.parametrize(
+    ("caps", "message"),
+    [
+        ({"max_episode_steps": 0}, "max_episode_steps must be None or a positive number, got 0"),
+        ({"max_episode_steps": -3}, "max_episode_steps must be None or a positive number, got -3"),
+        (
+            {"max_episode_steps": True},
+            "max_episode_steps must be None or a positive number, got True",
+        ),
+        (
+            {"max_episode_steps": "5"},
+            "max_episode_steps must be None or a positive number, got '5'",
+        ),
+        (
+            {"max_episode_seconds": 0.0},
+            "max_episode_seconds must be None or a positive number, got 0.0",
+        ),
+        (
+            {"max_episode_seconds": math.nan},
+            "max_episode_seconds must be None or a positive number, got nan",
+        ),
+    ],
+)
+def test_a_cap_that_is_not_positive_is_refused(core, caps, message):
+    with pytest.raises(ValueError) as raised:
+        runner_on(core, **caps)
+    assert str(raised.value) == message
+
+
+@pytest.mark.parametrize(
+    ("stats", "error", "message"),
+    [
+        (2, ValueError, "not enough values to unpack (expected 3, got 2)"),
+        (None, TypeError, "cannot unpack non-iterable NoneType object"),
+    ],
+)
+def test_stats_must_be_three(core, stats, error, message):
+    run, _ = runner_on(core)
+    value = None if stats is None else run.stats[:stats]
+    with pytest.raises(error) as raised:
+        run_rounds(run, stats=value)
+    assert str(raised.value) == message
+
+
+def test_the_rust_runner_takes_only_the_rust_cores_objects(core):
+    """The Rust runner refuses the Python core's objects; the Python one takes either core's."""
+    other = CORES["python" if core is CORES["rust"] else "rust"]
+    plan = compile_spec(None, CountEnv.observation_space, CountEnv.action_space)
+    mine = {
+        "ledger": core.RouteLedger(2, 2),
+        "assembler": core.ObservationAssembler(plan.observation),
+        "applier": core.ActionApplier(plan.action),
+        "queues": core.ChunkQueues(2, 2),
+    }
+    theirs = {
+        "ledger": other.RouteLedger(2, 2),
+        "assembler": other.ObservationAssembler(plan.observation),
+        "applier": other.ActionApplier(plan.action),
+        "queues": other.ChunkQueues(2, 2),
+    }
+    names = {
+        "ledger": "a RouteLedger",
+        "assembler": "an ObservationAssembler",
+        "applier": "an ActionApplier",
+        "queues": "None or a ChunkQueues",
+    }
+    for name, foreign in theirs.items():
+        arguments = mine | {name: foreign}
+        if core is CORES["python"]:
+            core.RoundRunner(**arguments)
+            continue
+        kind = type(foreign)
+        with pytest.raises(TypeError) as raised:
+            core.RoundRunner(**arguments)
+        assert str(raised.value) == (
+            f"{name} must be {names[name]} from the same core (rlmesh._core), got "
+            f"{kind.__module__}.{kind.__qualname__}"
+        )
+    if core is CORES["rust"]:
+        run = Run(core, CountEnv, 1, 1)
+        stats = [run.stats[0], other.LatencyStats(), run.stats[2]]
+        with pytest.raises(TypeError) as raised:
+            run_rounds(run, stats=stats)
+        assert str(raised.value) == (
+            "stats[1] must be a LatencyStats from the same core (rlmesh._core), got "
+            "rlmesh._pycore.telemetry.LatencyStats"
+        )
+
+
+def test_the_runner_arguments_are_keyword_only_where_python_has_them_so(core):
+    run, runner = runner_on(core)
+    with pytest.raises(TypeError):
+        runner.start_lanes([0], 0)
+    with pytest.raises(TypeError):
+        run.runner.run_rounds(lambda p, k: None, [], "x", FAR_FUTURE, run.stats)
+    with pytest.raises(TypeError):
+        core.RoundRunner(run.ledger, run.assembler, None, None, 5)
+
+
+# ---------------------------------------------------------------------------------------------
+# 8: action spaces
+
+
+def test_a_dict_action_reaches_each_env_as_its_own_dict(core):
+    run = Run(core, lambda: DictActionEnv(3), 2, 2)
+
+    def predict(payload, count):
+        steps = payload[:, 0]
+        return {
+            "move": (steps % 3).astype(np.int64),
+            "force": np.stack([steps / 10, -steps / 10], axis=1),
+        }
+
+    run.by_run_rounds(predict)
+    for env in run.envs:
+        (actions,) = env.received
+        assert [sorted(action) for action in actions] == [["force", "move"]] * 3
+        assert [int(action["move"]) for action in actions] == [0, 1, 2]
+        for t, action in enumerate(actions):
+            assert isinstance(action["force"], np.ndarray)
+            assert action["force"].dtype == np.float32 and action["force"].shape == (2,)
+            assert action["force"].tolist() == [np.float32(t / 10), np.float32(-t / 10)]
+
+
+def test_a_box_action_reaches_the_env_as_its_row(core):
+    run = Run(core, lambda: Recorder(gym.make("Pendulum-v1")), 2, 2, max_episode_steps=4)
+    payloads = []
+
+    def predict(payload, count):
+        payloads.append(np.array(payload))
+        return pendulum_policy(payload, count)
+
+    run.by_run_rounds(predict)
+    expected = [pendulum_policy(payload, len(payload)) for payload in payloads]
+    for lane, env in enumerate(run.envs):
+        assert len(env.received) == 4
+        for action, batch in zip(env.received, expected, strict=True):
+            assert isinstance(action, np.ndarray)
+            assert action.dtype == np.float32 and action.shape == (1,)
+            assert action.tolist() == batch[lane].tolist()
+
+
+def test_a_discrete_action_reaches_the_env_as_a_numpy_integer(core):
+    run = Run(core, lambda: CountEnv(2), 1, 1)
+    run.by_run_rounds(lambda payload, count: np.full(count, 7, np.int64))
+    (actions,) = run.envs[0].received
+    assert [(type(action), int(action)) for action in actions] == [(np.int64, 7)] * 2
