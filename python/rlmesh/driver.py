@@ -512,13 +512,18 @@ class EvaluationRun:
         time to yield to the event loop; then the ended episodes are completed and restarted."""
         telemetry = self.telemetry
         until_ns = min(self._yielded_ns + YIELD_EVERY_NS, telemetry.window_ends_ns)
-        ended, infos, rounds, lane_steps = self.runner.run_rounds(
-            self._predict_now,
-            self.lanes.env_steps,
-            self.lanes.name,
-            until_ns=int(until_ns),
-            stats=[telemetry.window_stats(op) for op in ROUND_OPS],
-        )
+        try:
+            ended, infos, rounds, lane_steps = self.runner.run_rounds(
+                self._predict_now,
+                self.lanes.env_steps,
+                self.lanes.name,
+                until_ns=int(until_ns),
+                stats=[telemetry.window_stats(op) for op in ROUND_OPS],
+            )
+        except _ModelRaisedError as raised:
+            # Built here, once the runner is free again to say which round it was.
+            cause = raised.__cause__
+            raise self._failure(f"model.{self.handler.corner}", cause) from cause
         telemetry.count_steps(rounds, lane_steps)
         if len(ended):
             await self._finish(ended, infos)
@@ -531,7 +536,7 @@ class EvaluationRun:
         except RlmeshError:
             raise
         except Exception as exc:
-            raise self._failure(f"model.{self.handler.corner}", exc) from exc
+            raise _ModelRaisedError from exc
 
     async def _round(self) -> None:
         """One round the driver awaits step by step (async models, a lockstep vector,
@@ -742,6 +747,10 @@ class EvaluationRun:
         error = EnvError if where.startswith("env.") else ModelError
         rounds = self.runner.rounds if self.runner is not None else 0
         return error(f"{where} raised {exc!r} at round {rounds}")
+
+
+class _ModelRaisedError(Exception):
+    """The model raised inside the core's ``run_rounds``; the model's error is the cause."""
 
 
 def _call_blocking(fn: Callable[..., Any], *args: Any) -> Any:

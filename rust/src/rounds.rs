@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use numpy::{PyArray1, PyUntypedArray};
+use numpy::{PyArray1, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -53,17 +53,23 @@ impl<'py> LaneActions<'py> {
 
 /// `actions` batched along a leading lane axis, as something indexed by lane position.
 ///
-/// An array stays as it is; a dict (any mapping) or tuple of batches becomes `count` per-lane
-/// dicts or tuples. A `ValueError` names a leaf without `count` rows along its leading axis.
+/// A 1-D array (one scalar action per lane) becomes a list of Python numbers; a deeper array
+/// stays as it is; a dict (any mapping) or tuple of batches becomes `count` per-lane dicts or
+/// tuples. A `ValueError` names a leaf without `count` rows along its leading axis.
 fn lane_actions<'py>(
     actions: &Bound<'py, PyAny>,
     count: usize,
     path: &mut Vec<String>,
 ) -> PyResult<LaneActions<'py>> {
     let py = actions.py();
-    if actions.is_instance_of::<PyUntypedArray>() {
+    if let Ok(array) = actions.cast::<PyUntypedArray>() {
         // The usual batch, neither a mapping nor a tuple: skip the `Mapping` ABC check.
-        return Ok(LaneActions::Batch(batch_of(actions, count, path)?));
+        let batch = batch_of(actions, count, path)?;
+        if array.ndim() == 1 {
+            // One scalar action per lane: Python numbers, as a hand-written loop passes.
+            return Ok(LaneActions::Batch(batch.call_method0("tolist")?));
+        }
+        return Ok(LaneActions::Batch(batch));
     }
     if let Ok(mapping) = actions.cast::<PyMapping>() {
         let mut columns = Vec::new();
@@ -541,6 +547,9 @@ impl RoundRunner {
             let mut assembler = self.assembler.bind(py).borrow_mut();
             payload = Some(assembler.assemble_frames(py, &raw, &ids)?);
         }
+        // Until `take` says otherwise (it is not called when no lane runs), no lane predicted.
+        self.predict_ns.clear();
+        self.predict_ns.resize(running.len(), 0);
         self.running = running;
         self.predict_lanes = predict_lanes;
         Ok(payload)
