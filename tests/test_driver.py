@@ -819,12 +819,13 @@ class RecordsActions(gym.Env):
 
 @pytest.mark.parametrize("core", CORES)
 @pytest.mark.parametrize("awaited", [False, True])
-def test_scalar_actions_reach_the_env_as_python_numbers_and_others_as_arrays(core, awaited):
+def test_actions_reach_the_env_as_gymnasium_vectors_pass_them(core, awaited):
+    """A lane's row of the applied batch: a numpy scalar for Discrete, an array for Box."""
     hooks = AwaitEveryStep() if awaited else None
     discrete = RecordsActions(gym.spaces.Discrete(3))
-    rlmesh.run(lambda obs: np.int64(2), discrete, episodes=1, core=core, hooks=hooks)
+    rlmesh.run(lambda obs: 2, discrete, episodes=1, core=core, hooks=hooks)
     assert discrete.received == [2, 2, 2]
-    assert all(type(action) is int for action in discrete.received)
+    assert all(type(action) is np.int64 for action in discrete.received)
     box = RecordsActions(gym.spaces.Box(-1, 1, (2,), np.float32))
     rlmesh.run(lambda obs: obs * 2 - 1.5, box, episodes=1, core=core, hooks=hooks)
     assert all(isinstance(action, np.ndarray) for action in box.received)

@@ -10,6 +10,7 @@ references are plain Gymnasium loops on the same seeds, and the other core.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Callable
@@ -18,10 +19,12 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
+import rlmesh
 from rlmesh._pycore.rounds import lane_actions
 from rlmesh.adapters import ModelSpec, State, compile_spec
 from rlmesh.core import load_core
-from rlmesh.errors import EnvError, ModelOutputError
+from rlmesh.errors import EnvError, ModelError, ModelOutputError
+from rlmesh.model import ModelHandler
 
 CORES = {"python": load_core("python"), "rust": load_core("rust")}
 FAR_FUTURE = 2**62
@@ -227,8 +230,8 @@ class Run:
         steps = [env.step for env in self.envs]
         returned = []
         while len(self.ledger.running_lanes()):
-            ended, infos, rounds, lane_steps = self.runner.run_rounds(
-                policy, steps, "TestEnv-v0", until_ns=until_ns, stats=self.stats
+            ended, infos, rounds, lane_steps = run_rounds_of(
+                self.runner, policy, steps, "TestEnv-v0", until_ns=until_ns, stats=self.stats
             )
             assert ended.dtype == np.int64
             assert isinstance(infos, list)
@@ -242,6 +245,29 @@ class Run:
             (s.index, s.seed, s.steps, s.reward, s.terminated, s.truncated)
             for s in self.ledger.summaries()
         )
+
+
+class Batched:
+    """A model as ``run_rounds`` takes it, over a batched ``predict(payload, count)``: no
+    per-lane corner, and an error it raises propagates as it is."""
+
+    lane_corner = None
+
+    def __init__(self, predict):
+        self.predict_now = predict
+
+    def combine(self, outputs, count):
+        raise AssertionError("a batched model never combines per-lane outputs")
+
+    def failure(self, error, rounds):
+        return error
+
+
+def run_rounds_of(runner, predict, *args, **kwargs):
+    """``runner.run_rounds`` with ``predict(payload, count)`` as the model (or a model, such
+    as a ``ModelHandler``, as it is)."""
+    model = predict if hasattr(predict, "predict_now") else Batched(predict)
+    return runner.run_rounds(model, *args, **kwargs)
 
 
 def plain_episodes(make_env, seeds, act) -> list[tuple]:
@@ -555,15 +581,15 @@ def test_actions_past_the_execution_horizon_are_never_applied(core):
 def test_a_queue_not_dropped_when_its_episode_ends_is_refused_next_round(core):
     run = Run(core, lambda: CountEnv(2), 1, 2, horizon=4)
     steps = [env.step for env in run.envs]
-    ended, *_ = run.runner.run_rounds(
-        chunk_policy(4), steps, "TestEnv-v0", until_ns=FAR_FUTURE, stats=run.stats
+    ended, *_ = run_rounds_of(
+        run.runner, chunk_policy(4), steps, "TestEnv-v0", until_ns=FAR_FUTURE, stats=run.stats
     )
     assert ended.tolist() == [0]
     run.ledger.complete_episodes(ended, run.ledger.episode_ids(ended), now_ns=0)
     run.start(ended)  # without queues.drop(0): two actions of episode 0 are still queued
     with pytest.raises(ValueError) as raised:
-        run.runner.run_rounds(
-            chunk_policy(4), steps, "TestEnv-v0", until_ns=FAR_FUTURE, stats=run.stats
+        run_rounds_of(
+            run.runner, chunk_policy(4), steps, "TestEnv-v0", until_ns=FAR_FUTURE, stats=run.stats
         )
     assert str(raised.value) == (
         "lane 0 holds queued actions of episode 0, not episode 1: drop an episode's queue "
@@ -601,7 +627,8 @@ def test_run_rounds_runs_one_round_when_the_deadline_has_passed(core):
     run = Run(core, lambda: CountEnv(50), 3, 3)
     steps = [env.step for env in run.envs]
     for expected_rounds in (1, 2, 3):
-        ended, infos, rounds, lane_steps = run.runner.run_rounds(
+        ended, infos, rounds, lane_steps = run_rounds_of(
+            run.runner,
             lambda payload, count: np.zeros(count, np.int64),
             steps,
             "TestEnv-v0",
@@ -618,7 +645,8 @@ def test_run_rounds_runs_one_round_when_the_deadline_has_passed(core):
 def test_run_rounds_stops_at_its_deadline_by_the_perf_counter(core):
     run = Run(core, lambda: SleepyEnv(1000), 1, 1)
     until_ns = time.perf_counter_ns() + 30_000_000
-    ended, infos, rounds, lane_steps = run.runner.run_rounds(
+    ended, infos, rounds, lane_steps = run_rounds_of(
+        run.runner,
         lambda payload, count: np.zeros(count, np.int64),
         [env.step for env in run.envs],
         "TestEnv-v0",
@@ -649,7 +677,8 @@ def test_run_rounds_returns_the_lanes_that_ended_and_their_final_infos_in_order(
         calls.append(count)
         return np.zeros(count, np.int64)
 
-    ended, infos, rounds, lane_steps = run.runner.run_rounds(
+    ended, infos, rounds, lane_steps = run_rounds_of(
+        run.runner,
         predict,
         [env.step for env in run.envs],
         "TestEnv-v0",
@@ -672,8 +701,8 @@ def test_run_rounds_with_no_running_lane_does_nothing(core):
     def predict(payload, count):
         raise AssertionError("no lane runs")
 
-    ended, infos, ran, lane_steps = run.runner.run_rounds(
-        predict, [], "TestEnv-v0", until_ns=0, stats=run.stats
+    ended, infos, ran, lane_steps = run_rounds_of(
+        run.runner, predict, [], "TestEnv-v0", until_ns=0, stats=run.stats
     )
     assert (ended.dtype, ended.tolist(), infos, ran, lane_steps) == (np.int64, [], [], 0, 0)
     assert run.runner.rounds == rounds
@@ -707,7 +736,8 @@ def failing_run(core, error: BaseException, fail_at: int = 3) -> Run:
 
 def run_rounds(run: Run, predict=None, **kwargs):
     kwargs = {"until_ns": FAR_FUTURE, "stats": run.stats} | kwargs
-    return run.runner.run_rounds(
+    return run_rounds_of(
+        run.runner,
         predict or (lambda payload, count: np.zeros(count, np.int64)),
         [env.step for env in run.envs],
         "Failing-v0",
@@ -741,7 +771,8 @@ def test_a_step_result_that_does_not_unpack_is_the_envs_error(core):
 def test_too_few_env_steps_is_the_envs_error_of_the_lane_without_one(core):
     run = failing_run(core, ValueError("unused"))
     with pytest.raises(EnvError) as raised:
-        run.runner.run_rounds(
+        run_rounds_of(
+            run.runner,
             lambda payload, count: np.zeros(count, np.int64),
             [run.envs[0].step],
             "Failing-v0",
@@ -962,7 +993,7 @@ def test_the_runner_arguments_are_keyword_only_where_python_has_them_so(core):
     with pytest.raises(TypeError):
         runner.start_lanes([0], 0)
     with pytest.raises(TypeError):
-        run.runner.run_rounds(lambda p, k: None, [], "x", FAR_FUTURE, run.stats)
+        run_rounds_of(run.runner, lambda p, k: None, [], "x", FAR_FUTURE, run.stats)
     with pytest.raises(TypeError):
         core.RoundRunner(run.ledger, run.assembler, None, None, 5)
 
@@ -1010,8 +1041,107 @@ def test_a_box_action_reaches_the_env_as_its_row(core):
             assert action.tolist() == batch[lane].tolist()
 
 
-def test_a_discrete_action_reaches_the_env_as_a_python_int(core):
+def test_a_discrete_action_reaches_the_env_as_a_numpy_integer(core):
     run = Run(core, lambda: CountEnv(2), 1, 1)
     run.by_run_rounds(lambda payload, count: np.full(count, 7, np.int64))
     (actions,) = run.envs[0].received
-    assert [(type(action), action) for action in actions] == [(int, 7)] * 2
+    assert [(type(action), int(action)) for action in actions] == [(np.int64, 7)] * 2
+
+
+# ---------------------------------------------------------------------------------------------
+# The model as run_rounds calls it: ModelHandler's predict_now, lane_corner, combine, failure
+
+
+def loaded(model) -> ModelHandler:
+    handler = ModelHandler(model)
+    asyncio.run(handler.load())
+    return handler
+
+
+PER_LANE_OUTPUTS = {
+    "python int": lambda t: int(t) % 3,
+    "python float": lambda t: float(t % 3),
+    "python bool": lambda t: t % 2 == 0,
+    "numpy int64": lambda t: np.int64(t % 3),
+    "numpy float32": lambda t: np.float32(t % 3),
+    "0-d array": lambda t: np.array(t % 3),
+    "1-element list": lambda t: [int(t) % 3],
+}
+
+
+@pytest.mark.parametrize("kind", PER_LANE_OUTPUTS)
+def test_a_per_lane_corner_is_called_per_row_and_stacked_as_predict_now_stacks(core, kind):
+    """Per-lane outputs of every plain form reach the envs as ``predict_now`` would make them,
+    and the core's stacking is the Python core's ``np.asarray``."""
+    make = PER_LANE_OUTPUTS[kind]
+    seen = []
+
+    def policy(observation):
+        seen.append(np.array(observation))
+        return make(int(observation[0]))
+
+    run = Run(core, lambda: CountEnv(5), 3, 5)
+    run.by_run_rounds(loaded(policy))
+    by_hand = Run(core, lambda: CountEnv(5), 3, 5)
+    reference = loaded(lambda observation: make(int(observation[0])))
+    by_hand.by_hand(lambda payload, count: reference.predict_now(payload, count))
+    assert [env.received for env in run.envs] == [env.received for env in by_hand.envs]
+    assert all(observation.shape == (1,) for observation in seen)
+    assert len(seen) == sum(len(actions) for env in run.envs for actions in env.received)
+
+
+def test_a_per_lane_corner_returning_too_big_an_int_fails_as_the_action_it_is(core):
+    run = Run(core, lambda: CountEnv(5), 2, 2)
+    with pytest.raises(ModelOutputError) as raised:
+        run.by_run_rounds(loaded(lambda observation: 2**70))
+    reference = Run(core, lambda: CountEnv(5), 2, 2)
+    with pytest.raises(ModelOutputError) as expected:
+        reference.by_hand(loaded(lambda observation: 2**70).predict_now)
+    assert str(raised.value) == str(expected.value)
+
+
+class Fails(rlmesh.Model):
+    """Raises ``error`` on its third call, through the corner ``corner``."""
+
+    def __init__(self, error: BaseException, corner: str) -> None:
+        super().__init__()
+        self.error, self.calls = error, 0
+        setattr(self, corner, self._call)
+
+    def _call(self, observation):
+        self.calls += 1
+        if self.calls == 3:
+            raise self.error
+        return np.zeros(len(observation), np.int64) if observation.ndim == 2 else 0
+
+
+@pytest.mark.parametrize("corner", ["predict", "predict_batch"])
+def test_a_model_error_is_raised_as_the_model_failure_naming_the_corner_and_round(core, corner):
+    error = RuntimeError("the model broke")
+    run = Run(core, lambda: CountEnv(10), 1, 1)
+    with pytest.raises(ModelError) as raised:
+        run.by_run_rounds(loaded(Fails(error, corner)))
+    assert str(raised.value) == f"model.{corner} raised RuntimeError('the model broke') at round 2"
+    assert raised.value.__cause__ is error
+
+
+@pytest.mark.parametrize(
+    "error",
+    [ModelOutputError("lane 0: wrong"), KeyboardInterrupt()],
+    ids=["an RlmeshError", "a BaseException"],
+)
+def test_a_typed_or_base_model_error_propagates_as_it_is(core, error):
+    run = Run(core, lambda: CountEnv(10), 1, 1)
+    with pytest.raises(type(error)) as raised:
+        run.by_run_rounds(loaded(Fails(error, "predict")))
+    assert raised.value is error
+
+
+def test_a_plain_corner_returning_an_awaitable_is_refused(core):
+    async def later():
+        return 0
+
+    run = Run(core, lambda: CountEnv(10), 2, 2)
+    with pytest.raises(ModelError, match=r"declare it `async def`") as raised:
+        run.by_run_rounds(loaded(lambda observation: later()))
+    assert isinstance(raised.value.__cause__, TypeError)

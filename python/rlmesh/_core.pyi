@@ -251,12 +251,16 @@ class RoundRunner:
         """``(ended [E], truncated [K])``: a cap reached truncates an episode that did not end."""
     def run_rounds(
         self,
-        predict: Callable[[Any, int], Any],
+        model: Any,
         env_steps: Sequence[Callable[[Any], tuple[Any, Any, Any, Any, Any]]],
         env_name: str,
         *,
         until_ns: int,
         stats: Sequence[LatencyStats],
     ) -> tuple[Int64Array, list[dict[str, Any]], int, int]:
-        """``(ended, infos, rounds, lane_steps)``; a lane's ``step`` that raises becomes an
-        ``rlmesh.EnvError`` naming the lane and the env, the error chained as ``__cause__``."""
+        """``(ended, infos, rounds, lane_steps)``. ``model``: ``predict_now(payload, P)``,
+        ``lane_corner`` (a per-lane function or None), ``combine(outputs, P)`` and
+        ``failure(error, rounds)``, as ``rlmesh.model.ModelHandler`` has them; an error calling
+        the model is raised as what ``failure`` returns. A lane's ``step`` that raises becomes
+        an ``rlmesh.EnvError`` naming the lane and the env, the error chained as
+        ``__cause__``."""

@@ -36,7 +36,7 @@ from gymnasium.vector.utils import create_empty_array
 from .adapters import compile_spec
 from .core import active, core_name, load_core
 from .envs import Lanes, LaneVector, make_lanes
-from .errors import EnvError, ModelError, OperationTimeout, RlmeshError
+from .errors import OperationTimeout, RlmeshError, call_failure
 from .hooks import HookDispatcher, StepEvent
 from .model import ModelHandler
 from .results import EpisodeResult, ResultsFile, RunResult
@@ -512,31 +512,17 @@ class EvaluationRun:
         time to yield to the event loop; then the ended episodes are completed and restarted."""
         telemetry = self.telemetry
         until_ns = min(self._yielded_ns + YIELD_EVERY_NS, telemetry.window_ends_ns)
-        try:
-            ended, infos, rounds, lane_steps = self.runner.run_rounds(
-                self._predict_now,
-                self.lanes.env_steps,
-                self.lanes.name,
-                until_ns=int(until_ns),
-                stats=[telemetry.window_stats(op) for op in ROUND_OPS],
-            )
-        except _ModelRaisedError as raised:
-            # Built here, once the runner is free again to say which round it was.
-            cause = raised.__cause__
-            raise self._failure(f"model.{self.handler.corner}", cause) from cause
+        ended, infos, rounds, lane_steps = self.runner.run_rounds(
+            self.handler,
+            self.lanes.env_steps,
+            self.lanes.name,
+            until_ns=int(until_ns),
+            stats=[telemetry.window_stats(op) for op in ROUND_OPS],
+        )
         telemetry.count_steps(rounds, lane_steps)
         if len(ended):
             await self._finish(ended, infos)
             await self._start(ended)
-
-    def _predict_now(self, payload: Any, count: int) -> Any:
-        """The model's output for ``count`` lanes, called by the core's ``run_rounds``."""
-        try:
-            return self.handler.predict_now(payload, count)
-        except RlmeshError:
-            raise
-        except Exception as exc:
-            raise _ModelRaisedError from exc
 
     async def _round(self) -> None:
         """One round the driver awaits step by step (async models, a lockstep vector,
@@ -639,6 +625,8 @@ class EvaluationRun:
         self.runner.start_lanes(new_lanes, now_ns=now)
         self.lane_index[starts.surplus_lanes] = -1
         self.lane_index[starts.lanes] = starts.indices
+        if not self.hooks.listening:
+            return
         for lane, index, seed in zip(
             starts.lanes.tolist(), starts.indices.tolist(), starts.seeds, strict=True
         ):
@@ -709,10 +697,17 @@ class EvaluationRun:
             self.assembler.evict(episode_id)
             if self.queues is not None:
                 self.queues.drop(episode_id)
-        for episode_id in ledger.take_model_ends(ended_ids).tolist():
-            await self._guard(
-                "episode_end", self.handler.episode_end, episode_id, where="model.on_episode_end"
-            )
+        model_ends = ledger.take_model_ends(ended_ids)
+        if self.handler.wants_episode_ends:
+            for episode_id in model_ends.tolist():
+                await self._guard(
+                    "episode_end",
+                    self.handler.episode_end,
+                    episode_id,
+                    where="model.on_episode_end",
+                )
+        if self.results is None and not self.hooks.listening:
+            return
         for summary in summaries:
             episode = EpisodeResult.from_summary(summary)
             if self.results is not None:
@@ -735,22 +730,12 @@ class EvaluationRun:
         except (TimeoutError, asyncio.TimeoutError):
             raise OperationTimeout(
                 f"{where} took longer than its {limit:g} s limit (timeouts[{op!r}]) at round "
-                f"{self.runner.rounds if self.runner is not None else 0}"
+                f"{self.runner.rounds}"
             ) from None
         except RlmeshError:
             raise
         except Exception as exc:
-            raise self._failure(where, exc) from exc
-
-    def _failure(self, where: str, exc: Exception) -> RlmeshError:
-        """The typed error for ``exc``, raised by the env or model call ``where``."""
-        error = EnvError if where.startswith("env.") else ModelError
-        rounds = self.runner.rounds if self.runner is not None else 0
-        return error(f"{where} raised {exc!r} at round {rounds}")
-
-
-class _ModelRaisedError(Exception):
-    """The model raised inside the core's ``run_rounds``; the model's error is the cause."""
+            raise call_failure(where, exc, self.runner.rounds) from exc
 
 
 def _call_blocking(fn: Callable[..., Any], *args: Any) -> Any:

@@ -536,6 +536,7 @@ def _build(
 ) -> list[gymnasium.Env[Any, Any]]:
     """``count`` envs from ``factory``; the ones already built are closed if one fails."""
     envs: list[gymnasium.Env[Any, Any]] = []
+    lane_of: dict[int, int] = {}  # id(env) -> its lane, to refuse an env returned twice
     try:
         for lane in range(count):
             try:
@@ -546,12 +547,12 @@ def _build(
                 ) from err
             if not isinstance(env, gymnasium.Env):
                 raise TypeError(f"{what} returned {type(env).__name__} for lane {lane}; {expected}")
-            for other, built in enumerate(envs):
-                if env is built:
-                    raise ValueError(
-                        f"{what} returned the same env object for lanes {other} and {lane}: "
-                        f"a factory must build a new env on every call"
-                    )
+            other = lane_of.setdefault(id(env), lane)
+            if other != lane:
+                raise ValueError(
+                    f"{what} returned the same env object for lanes {other} and {lane}: "
+                    f"a factory must build a new env on every call"
+                )
             envs.append(env)
     except BaseException:
         for env in envs:

@@ -96,3 +96,19 @@ class ResultsFileError(RlmeshError):
     field, the file's value and the run's), and when a line is not a results line. The message
     names the file and, where one is involved, the line.
     """
+
+
+def call_failure(where: str, error: Exception, rounds: int) -> Exception:
+    """The error a run raises when the env or model call ``where`` (``"env.step"``,
+    ``"model.predict"``, ...) raised ``error`` after ``rounds`` rounds: an ``RlmeshError`` as
+    it is, anything else as an ``EnvError`` (``where`` an ``env.`` call) or a ``ModelError``
+    that says where and when (raise it ``from error``).
+
+    Example:
+        >>> call_failure("model.predict", RuntimeError("boom"), 12)
+        ModelError("model.predict raised RuntimeError('boom') at round 12")
+    """
+    if isinstance(error, RlmeshError):
+        return error
+    kind = EnvError if where.startswith("env.") else ModelError
+    return kind(f"{where} raised {error!r} at round {rounds}")

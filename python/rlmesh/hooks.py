@@ -139,6 +139,7 @@ class HookDispatcher:
         self.run_hooks = [hook for hook in given if isinstance(hook, RunHooks)]
         self.runtime_hooks = [hook for hook in given if isinstance(hook, RuntimeHooks)]
         self.observer_errors = 0
+        self.listening = bool(self.run_hooks or self.runtime_hooks)
         self.wants_steps = any(_overrides(h, RunHooks, "on_step") for h in self.run_hooks) or any(
             _overrides(h, RuntimeHooks, "step_completed") for h in self.runtime_hooks
         )

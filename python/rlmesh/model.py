@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._pycore.args import path_text
-from .errors import ModelOutputError, StatefulModelError
+from .errors import ModelOutputError, StatefulModelError, call_failure
 
 if TYPE_CHECKING:
     from .adapters import ModelSpec
@@ -229,7 +229,6 @@ class ModelHandler:
         order = CHUNKED_ORDER if self.chunked else UNCHUNKED_ORDER
         self.corner = next(corner for corner in order if corner in defined)
         self._batched = self.corner.endswith("_batch")
-        self._per_lane_actions = self.corner == "predict"
         # A chunk corner in an un-chunked run is asked for one action and cut to its first.
         self._first_action_only = "chunk" in self.corner and not self.chunked
         horizon = execution_horizon if self.chunked else 1
@@ -240,6 +239,12 @@ class ModelHandler:
         )
         self._loaded = False
         self._closed = False
+        # Whether telling the model of an episode's end can do anything: the base class's
+        # on_episode_end and reset do nothing.
+        self.wants_episode_ends = any(
+            getattr(type(self.model), name) is not getattr(Model, name) or name in vars(self.model)
+            for name in ("on_episode_end", "reset")
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -293,7 +298,7 @@ class ModelHandler:
         if not self._loaded:
             await self.load()
         outputs = [await _resolved(output) for output in self._calls(payload, num_lanes)]
-        return self._combined(outputs, num_lanes)
+        return self.combine(outputs, num_lanes)
 
     def predict_now(self, payload: Any, num_lanes: int) -> Any:
         """``predict`` of a ``synchronous`` corner of a loaded model, without an event loop.
@@ -304,14 +309,25 @@ class ModelHandler:
         """
         if not self._loaded:
             raise TypeError("predict_now needs a loaded model: await load() first")
-        if self._per_lane_actions and type(payload) is np.ndarray:
-            # The common case kept cheap: one plain call per lane row, stacked in one go.
-            outputs = [self._call(payload[lane]) for lane in range(num_lanes)]
-            stacked = _stacked_numbers(outputs)
-            if stacked is not None:
-                return stacked
-        else:
-            outputs = self._calls(payload, num_lanes)
+        return self.combine(self._calls(payload, num_lanes), num_lanes)
+
+    @property
+    def lane_corner(self) -> Callable[[Any], Any] | None:
+        """The plain per-lane corner, ``predict(lane_input) -> action``, when that is what
+        this model is called through (un-chunked); None otherwise. A caller may call it once
+        per lane row itself and stack the outputs with ``combine``: what ``predict_now``
+        does on an array payload."""
+        return self._call if self.corner == "predict" else None
+
+    def combine(self, outputs: list[Any], num_lanes: int) -> Any:
+        """The corner's outputs (one batched output, or one per lane in lane order) as one
+        batch ``[K, ...]`` (``[K, H, ...]`` for chunks), as ``predict`` returns it.
+
+        Raises:
+            TypeError: an output is an awaitable (from a plain function: declare it
+                ``async def``).
+            ModelOutputError: outputs that do not make one batch of K lanes.
+        """
         for output in outputs:
             if inspect.isawaitable(output):
                 for pending in outputs:
@@ -323,6 +339,12 @@ class ModelHandler:
                 )
         return self._combined(outputs, num_lanes)
 
+    def failure(self, error: Exception, rounds: int) -> Exception:
+        """What a run raises when calling this model raised ``error`` after ``rounds``
+        rounds: an ``RlmeshError`` as it is, anything else as a ``ModelError`` naming the
+        corner (raise it ``from error``)."""
+        return call_failure(f"model.{self.corner}", error, rounds)
+
     def _calls(self, payload: Any, num_lanes: int) -> list[Any]:
         """The corner called on ``payload``: one output, or one per lane in lane order."""
         if self._batched:
@@ -332,7 +354,6 @@ class ModelHandler:
         return [self._call(_lane(payload, lane)) for lane in range(num_lanes)]
 
     def _combined(self, outputs: list[Any], num_lanes: int) -> Any:
-        """The corner's outputs as one batch ``[K, ...]`` (``[K, H, ...]`` for chunks)."""
         if self._batched:
             output = _arrays(outputs[0])
             self._check_rows(output, num_lanes)

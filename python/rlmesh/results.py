@@ -61,7 +61,20 @@ class EpisodeResult:
 
         The summary's ``episode_id`` is the core's internal handle, not part of the result.
         """
-        return cls(**{field.name: getattr(summary, field.name) for field in fields(cls)})
+        return cls(
+            summary.index,
+            summary.seed,
+            summary.trial,
+            summary.env_index,
+            summary.steps,
+            summary.reward,
+            summary.terminated,
+            summary.truncated,
+            summary.success,
+            summary.duration_s,
+            summary.predict_ms,
+            summary.step_ms,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a plain dict, in declaration order."""

@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use numpy::{PyArray1, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{PyArray1, PyUntypedArray};
 use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -53,9 +53,9 @@ impl<'py> LaneActions<'py> {
 
 /// `actions` batched along a leading lane axis, as something indexed by lane position.
 ///
-/// A 1-D array (one scalar action per lane) becomes a list of Python numbers; a deeper array
-/// stays as it is; a dict (any mapping) or tuple of batches becomes `count` per-lane dicts or
-/// tuples. A `ValueError` names a leaf without `count` rows along its leading axis.
+/// An array stays as it is (indexing it yields a lane's row, a numpy scalar for a 1-D batch,
+/// as Gymnasium's own vectors pass them); a dict (any mapping) or tuple of batches becomes
+/// `count` per-lane dicts or tuples. A `ValueError` names a leaf without `count` rows along its leading axis.
 fn lane_actions<'py>(
     actions: &Bound<'py, PyAny>,
     count: usize,
@@ -64,12 +64,7 @@ fn lane_actions<'py>(
     let py = actions.py();
     if let Ok(array) = actions.cast::<PyUntypedArray>() {
         // The usual batch, neither a mapping nor a tuple: skip the `Mapping` ABC check.
-        let batch = batch_of(actions, count, path)?;
-        if array.ndim() == 1 {
-            // One scalar action per lane: Python numbers, as a hand-written loop passes.
-            return Ok(LaneActions::Batch(batch.call_method0("tolist")?));
-        }
-        return Ok(LaneActions::Batch(batch));
+        return Ok(LaneActions::Batch(batch_of(array.as_any(), count, path)?));
     }
     if let Ok(mapping) = actions.cast::<PyMapping>() {
         let mut columns = Vec::new();
@@ -155,6 +150,91 @@ fn env_failure(
     ));
     failure.set_cause(py, Some(err));
     Ok(failure)
+}
+
+/// The run's model as `run_rounds` calls it: `rlmesh.model.ModelHandler`'s `predict_now`,
+/// `lane_corner`, `combine` and `failure`, looked up once per call of `run_rounds`.
+struct ModelCalls<'py> {
+    predict_now: Bound<'py, PyAny>,
+    lane_corner: Option<Bound<'py, PyAny>>,
+    combine: Bound<'py, PyAny>,
+    failure: Bound<'py, PyAny>,
+}
+
+impl<'py> ModelCalls<'py> {
+    fn new(model: &Bound<'py, PyAny>) -> PyResult<Self> {
+        let lane_corner = model.getattr("lane_corner")?;
+        Ok(ModelCalls {
+            predict_now: model.getattr("predict_now")?,
+            lane_corner: (!lane_corner.is_none()).then_some(lane_corner),
+            combine: model.getattr("combine")?,
+            failure: model.getattr("failure")?,
+        })
+    }
+
+    /// The model's output for the `count` lanes of `payload`; an error it raises becomes
+    /// what `failure(error, rounds)` returns, the error chained.
+    fn predict(
+        &self,
+        payload: &Bound<'py, PyAny>,
+        count: usize,
+        rounds: u64,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = payload.py();
+        let called = match &self.lane_corner {
+            Some(corner) if payload.is_instance_of::<PyUntypedArray>() => {
+                self.per_lane(corner, payload, count)
+            }
+            _ => self.predict_now.call1((payload, count)),
+        };
+        called.or_else(|err| {
+            if !err.is_instance_of::<PyException>(py) {
+                return Err(err);
+            }
+            let raised = err.value(py).clone();
+            let failure = self.failure.call1((&raised, rounds))?;
+            if failure.is(&raised) {
+                return Err(err);
+            }
+            let failure = PyErr::from_value(failure);
+            failure.set_cause(py, Some(err));
+            Err(failure)
+        })
+    }
+
+    /// The per-lane corner called on each lane's row in lane order, the outputs stacked:
+    /// plain Python ints (or floats) straight into an int64 (float64) array, as `np.asarray`
+    /// stacks them; anything else by `combine`.
+    fn per_lane(
+        &self,
+        corner: &Bound<'py, PyAny>,
+        payload: &Bound<'py, PyAny>,
+        count: usize,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = payload.py();
+        let outputs = (0..count)
+            .map(|k| corner.call1((payload.get_item(k)?,)))
+            .collect::<PyResult<Vec<_>>>()?;
+        if outputs
+            .iter()
+            .all(|output| output.is_exact_instance_of::<PyInt>())
+        {
+            let values: Option<Vec<i64>> = outputs.iter().map(|o| o.extract().ok()).collect();
+            if let Some(values) = values {
+                return Ok(PyArray1::from_vec(py, values).into_any());
+            }
+        } else if outputs
+            .iter()
+            .all(|output| output.is_exact_instance_of::<PyFloat>())
+        {
+            let values = outputs
+                .iter()
+                .map(|output| output.extract::<f64>())
+                .collect::<PyResult<Vec<_>>>()?;
+            return Ok(PyArray1::from_vec(py, values).into_any());
+        }
+        self.combine.call1((PyList::new(py, outputs)?, count))
+    }
 }
 
 /// A lambda that unpacks a value into `names` as an assignment does: the same results and the
@@ -842,19 +922,23 @@ impl RoundRunner {
 
     /// Run whole rounds until an episode ends, no lane is running, or ``until_ns`` passed.
     ///
-    /// Returns ``(ended, infos, rounds, lane_steps)``. A lane's ``step`` that raises an
-    /// ``Exception`` becomes an ``EnvError`` naming the lane and the env, the error chained.
-    #[pyo3(signature = (predict, env_steps, env_name, *, until_ns, stats))]
+    /// Returns ``(ended, infos, rounds, lane_steps)``. ``model`` is the run's model as
+    /// ``ModelHandler`` presents it (``predict_now``, ``lane_corner``, ``combine``,
+    /// ``failure``); an error calling it is raised as what ``failure`` returns. A lane's
+    /// ``step`` that raises an ``Exception`` becomes an ``EnvError`` naming the lane and the
+    /// env, the error chained.
+    #[pyo3(signature = (model, env_steps, env_name, *, until_ns, stats))]
     fn run_rounds<'py>(
         &mut self,
         py: Python<'py>,
-        predict: &Bound<'py, PyAny>,
+        model: &Bound<'py, PyAny>,
         env_steps: &Bound<'py, PyAny>,
         env_name: &Bound<'py, PyAny>,
         until_ns: &Bound<'py, PyAny>,
         stats: &Bound<'py, PyAny>,
     ) -> PyResult<Ran<'py>> {
         let [predict_stats, step_stats, round_stats] = unpack_stats(stats)?;
+        let model = ModelCalls::new(model)?;
         let deadline = Deadline::new(until_ns)?;
         // Each lane's `step`, looked up once per call, when the lane first steps.
         let mut steps: Vec<Option<Bound<'py, PyAny>>> = vec![None; self.num_lanes()];
@@ -877,7 +961,7 @@ impl RoundRunner {
             let (mut output, mut predict_ns) = (py.None().into_bound(py), 0);
             if let Some(payload) = payload {
                 let predict_start = Instant::now();
-                output = predict.call1((payload, self.predict_lanes.len()))?;
+                output = model.predict(&payload, self.predict_lanes.len(), self.rounds)?;
                 let took = elapsed_ns(predict_start, Instant::now());
                 predict_stats.borrow_mut().add(took);
                 predict_ns = took as i64;

@@ -36,10 +36,13 @@ Example:
     >>> runner.start_lanes(starts.lanes, now_ns=0)
     >>> runner.set_observations(starts.lanes, [env.reset(seed=s)[0] for env, s in
     ...                                        zip(envs, starts.seeds)])
-    >>> policy = lambda obs, count: np.zeros(count, dtype=np.int64)  # [K, 4] -> [K]
+    >>> import asyncio
+    >>> from rlmesh.model import ModelHandler
+    >>> model = ModelHandler(lambda obs: 0)  # obs [4] -> a push to the left
+    >>> asyncio.run(model.load())
     >>> stats = [LatencyStats() for _ in range(3)]
     >>> ended, infos, rounds, lane_steps = runner.run_rounds(
-    ...     policy, [env.step for env in envs], "CartPole-v1", until_ns=2**62, stats=stats)
+    ...     model, [env.step for env in envs], "CartPole-v1", until_ns=2**62, stats=stats)
     >>> ended.tolist(), rounds, lane_steps, runner.rounds  # both truncated at 5 steps
     ([0, 1], 5, 10, 5)
 """
@@ -62,11 +65,9 @@ NS_PER_S = 1e9
 def lane_actions(actions: Any, count: int, path: tuple[str, ...] = ()) -> Sequence[Any]:
     """``actions`` batched along a leading lane axis, as something indexed by lane position.
 
-    A 1-D array (one scalar action per lane: ``Discrete``, a ``Box`` of shape ``()``) becomes
-    a list of Python numbers, the form a hand-written loop passes (and the cheapest for
-    Gymnasium's ``Discrete.contains``); a deeper array is returned as it is, indexing it
-    yields a lane's row. A dict or tuple of batches becomes a list of ``count`` per-lane
-    dicts or tuples.
+    An array is returned as it is: indexing it yields a lane's row (a numpy scalar for a 1-D
+    batch, as Gymnasium's own vectors pass them). A dict or tuple of batches becomes a list of
+    ``count`` per-lane dicts or tuples.
 
     Raises:
         ValueError: a leaf without ``count`` rows along its leading axis.
@@ -88,8 +89,6 @@ def lane_actions(actions: Any, count: int, path: tuple[str, ...] = ()) -> Sequen
             f"{path_text('actions', path)} must hold one action per lane stepped ({count}) "
             f"along its leading axis, got {'no lane axis' if rows is None else rows}"
         )
-    if isinstance(actions, np.ndarray) and actions.ndim == 1:
-        return actions.tolist()  # type: ignore[no-any-return]
     return actions  # type: ignore[no-any-return]
 
 
@@ -331,7 +330,7 @@ class RoundRunner:
 
     def run_rounds(
         self,
-        predict: Callable[[Any, int], Any],
+        model: Any,
         env_steps: Sequence[Callable[[Any], tuple]],
         env_name: str,
         *,
@@ -343,8 +342,13 @@ class RoundRunner:
         At least one round runs when a lane is running, whatever ``until_ns`` says.
 
         Args:
-            predict: ``predict(payload, P)`` -> the model's output for the ``P`` lanes of
-                ``payload`` (as ``take_actions`` takes it); its exceptions propagate.
+            model: the run's model as ``rlmesh.model.ModelHandler`` presents it:
+                ``predict_now(payload, P)`` -> its output for the ``P`` lanes of ``payload``
+                (as ``take_actions`` takes it); ``lane_corner``, a per-lane function or None:
+                when given and the payload is an array, it is called on each lane's row in
+                lane order and ``combine(outputs, P)`` makes the batch; ``failure(error,
+                rounds)`` -> what to raise (``from error``) when any of these raised
+                ``error``.
             env_steps: per lane, its env's ``step``: ``step(action)`` -> ``(observation,
                 reward, terminated, truncated, info)``.
             env_name: how errors name the env.
@@ -360,9 +364,11 @@ class RoundRunner:
 
         Raises:
             EnvError: a lane's ``step`` raised (the lane and env named, the error chained).
-            Whatever ``predict`` or the phases raise.
+            What ``model.failure`` returns, when calling the model raised.
+            Whatever the phases raise.
         """
         predict_stats, step_stats, round_stats = stats
+        lane_corner = model.lane_corner
         rounds = lane_steps = 0
         ended = np.zeros(0, dtype=np.int64)
         infos: list[dict[str, Any]] = []
@@ -375,7 +381,7 @@ class RoundRunner:
             output, predict_ns = None, 0
             if len(predict_lanes):
                 predict_start = time.perf_counter_ns()
-                output = predict(payload, len(predict_lanes))
+                output = self._predict(model, lane_corner, payload, len(predict_lanes))
                 predict_ns = time.perf_counter_ns() - predict_start
                 predict_stats.record(predict_ns)
             actions = lane_actions(self.take_actions(output, predict_ns), count)
@@ -412,6 +418,17 @@ class RoundRunner:
             if round_end >= until_ns:
                 break
         return ended, infos, rounds, lane_steps
+
+    def _predict(self, model: Any, lane_corner: Any, payload: Any, count: int) -> Any:
+        try:
+            if lane_corner is not None and isinstance(payload, np.ndarray):
+                return model.combine([lane_corner(payload[k]) for k in range(count)], count)
+            return model.predict_now(payload, count)
+        except Exception as err:
+            failure = model.failure(err, self._rounds)
+            if failure is err:
+                raise
+            raise failure from err
 
     def __repr__(self) -> str:
         return f"RoundRunner(num_lanes={len(self._observations)}, rounds={self._rounds})"
