@@ -44,6 +44,7 @@ from test_bench_actions import actions_workload
 from test_bench_assembly import CopyFloor, FrameStackRound
 from test_bench_chunks import ChunkRound
 from test_bench_driver import (
+    NULL_EPISODES_PER_LANE,
     NULL_LANES,
     null_plain_loop,
     plain_loop,
@@ -76,7 +77,7 @@ FULL = Settings(
     sample_s=0.05,
     one_lane_seeds=SEEDS,
     vector_episodes=VECTOR_EPISODES,
-    null_episodes=2 * NULL_LANES,
+    null_episodes=NULL_EPISODES_PER_LANE * NULL_LANES,
 )
 QUICK = Settings(
     repeats=3, sample_s=0.01, one_lane_seeds=SEEDS[:5], vector_episodes=16, null_episodes=256
@@ -324,18 +325,25 @@ def end_to_end_rows(settings: Settings) -> tuple[list[Row], dict]:
     )
 
     null_steps = run_null(episodes=settings.null_episodes).total_steps
+    # The same at 2 episodes per lane, where one run's set-up weighs four times as much.
+    short_episodes = 2 * NULL_LANES
+    short_steps = run_null(episodes=short_episodes).total_steps
     times = interleaved(
         {
             "python": lambda: run_null("python", settings.null_episodes),
             "rust": lambda: run_null("rust", settings.null_episodes),
             "env": lambda: null_plain_loop(null_steps),
+            "python short": lambda: run_null("python", short_episodes),
+            "rust short": lambda: run_null("rust", short_episodes),
         },
         settings.repeats,
     )
     overhead = {k: (times[k] - times["env"]) / null_steps * 1e9 for k in ("python", "rust")}
+    per_lane = settings.null_episodes // NULL_LANES
+    short_ratio = times["python short"] / times["rust short"]
     null = Row(
         "end to end: Python core vs Rust core, lane-steps/s",
-        f"null env + null model, N={NULL_LANES}",
+        f"null env + null model, N={NULL_LANES}, {per_lane} episodes per lane",
         "python",
         null_steps / times["python"],
         "rust",
@@ -345,7 +353,8 @@ def end_to_end_rows(settings: Settings) -> tuple[list[Row], dict]:
         note=(
             f"driver overhead per lane-step: rust {overhead['rust']:.0f} ns, python "
             f"{overhead['python']:.0f} ns (the null envs alone: "
-            f"{times['env'] / null_steps * 1e9:.0f} ns)"
+            f"{times['env'] / null_steps * 1e9:.0f} ns); at 2 episodes per lane "
+            f"({short_steps} lane-steps a run): rust {short_ratio:.2f}x python"
         ),
     )
     rows = [one_lane, sixteen, lockstep, null]

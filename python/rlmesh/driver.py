@@ -146,10 +146,22 @@ def run(model: Any, env: Any, **kwargs: Any) -> RunResult:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(arun(model, env, **kwargs))
-    raise RuntimeError(
-        "rlmesh.run() was called inside a running event loop; use `await rlmesh.arun(...)` there"
-    )
+        pass
+    else:
+        raise RuntimeError(
+            "rlmesh.run() was called inside a running event loop; use `await rlmesh.arun(...)` "
+            "there"
+        )
+    returned: list[RunResult] = []
+
+    async def evaluate() -> None:
+        returned.append(await arun(model, env, **kwargs))
+
+    # The result is handed out of the task rather than returned by it: closing asyncio.run's
+    # runner can format its task's repr, result included, which for a long run means a repr
+    # of every episode.
+    asyncio.run(evaluate())
+    return returned[0]
 
 
 async def arun(

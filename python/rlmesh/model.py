@@ -439,9 +439,9 @@ class ModelHandler:
         outputs_a: list[np.ndarray] = []
         follows_b: list[bool] = []
         for _ in range(PROBE_ROUNDS):
-            await self.predict(sample_b, 1)
+            await self._probe_call(sample_b)
             for after_b in (True, False):
-                outputs_a.append(_numbers(await self.predict(sample_a, 1)))
+                outputs_a.append(_numbers(await self._probe_call(sample_a)))
                 follows_b.append(after_b)
         # Chunks may change length between calls: compare the elements every output has.
         size = min(output.size for output in outputs_a)
@@ -454,6 +454,11 @@ class ModelHandler:
                 correlation = _rank_correlation(table[:, element], pattern)
                 if abs(correlation) >= PROBE_THRESHOLD:
                     raise StatefulModelError(self._stateful_message(name, element, correlation))
+
+    async def _probe_call(self, sample: Any) -> Any:
+        if self._synchronous and self._loaded:
+            return self.predict_now(sample, 1)
+        return await self.predict(sample, 1)
 
     def _stateful_message(self, name: str, element: int, correlation: float) -> str:
         return (
