@@ -449,7 +449,7 @@ def test_max_episode_steps_truncates_at_exactly_the_cap(core):
         (5, 5, (5, True, False)),  # terminated at the cap: stays terminated, not truncated
         (6, 5, (5, False, True)),
         (4, 5, (4, True, False)),
-        (6, 2.5, (2, False, True)),  # a float cap is int()-ed, as the Python core does
+        (6, np.int64(3), (3, False, True)),  # a numpy integer is a cap like any other
     ],
 )
 def test_an_episode_that_terminates_at_the_cap_is_not_truncated(core, length, cap, expected):
@@ -902,15 +902,19 @@ def test_end_round_refuses_bad_step_results_with_the_same_message(core, case):
 @pytest.mark.parametrize(
     ("caps", "message"),
     [
-        ({"max_episode_steps": 0}, "max_episode_steps must be None or a positive number, got 0"),
-        ({"max_episode_steps": -3}, "max_episode_steps must be None or a positive number, got -3"),
+        ({"max_episode_steps": 0}, "max_episode_steps must be None or a positive integer, got 0"),
+        (
+            {"max_episode_steps": 2.5},
+            "max_episode_steps must be None or a positive integer, got 2.5",
+        ),
+        ({"max_episode_steps": -3}, "max_episode_steps must be None or a positive integer, got -3"),
         (
             {"max_episode_steps": True},
-            "max_episode_steps must be None or a positive number, got True",
+            "max_episode_steps must be None or a positive integer, got True",
         ),
         (
             {"max_episode_steps": "5"},
-            "max_episode_steps must be None or a positive number, got '5'",
+            "max_episode_steps must be None or a positive integer, got '5'",
         ),
         (
             {"max_episode_seconds": 0.0},
@@ -1145,3 +1149,27 @@ def test_a_plain_corner_returning_an_awaitable_is_refused(core):
     with pytest.raises(ModelError, match=r"declare it `async def`") as raised:
         run.by_run_rounds(loaded(lambda observation: later()))
     assert isinstance(raised.value.__cause__, TypeError)
+
+
+def test_forget_episodes_drops_their_queues_and_frame_windows(core):
+    spec = ModelSpec(input=State(stack=2))
+    run = Run(core, lambda: CountEnv(3), 2, 4, spec=spec, horizon=4)
+    run.runner.begin_round()
+    run.runner.take_actions(chunk_policy(4)(np.zeros((2, 2, 1)), 2), 0)
+    ids = run.ledger.episode_ids([0, 1])
+    assert run.assembler.window_count == 2
+    assert run.queues.queued([0, 1]).tolist() == [3, 3]
+    run.runner.forget_episodes(ids[:1])
+    assert run.assembler.window_count == 1
+    assert run.queues.queued([0, 1]).tolist() == [0, 3]
+    run.runner.forget_episodes(np.zeros(0, np.int64))  # nothing to forget
+    with pytest.raises(ValueError, match="episode_ids"):
+        run.runner.forget_episodes([[1]])
+
+
+def test_a_chunk_given_as_nested_lists_is_replayed_as_its_array(core):
+    as_array = Run(core, lambda: CountEnv(6), 2, 4, horizon=3)
+    as_array.by_run_rounds(chunk_policy(3))
+    as_lists = Run(core, lambda: CountEnv(6), 2, 4, horizon=3)
+    as_lists.by_run_rounds(lambda payload, count: chunk_policy(3)(payload, count).tolist())
+    assert [env.received for env in as_lists.envs] == [env.received for env in as_array.envs]

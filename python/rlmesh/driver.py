@@ -705,10 +705,7 @@ class EvaluationRun:
         summaries = ledger.complete_episodes(
             ended, ended_ids, successes, now_ns=time.perf_counter_ns()
         )
-        for episode_id in ended_ids.tolist():
-            self.assembler.evict(episode_id)
-            if self.queues is not None:
-                self.queues.drop(episode_id)
+        self.runner.forget_episodes(ended_ids)
         model_ends = ledger.take_model_ends(ended_ids)
         if self.handler.wants_episode_ends:
             for episode_id in model_ends.tolist():

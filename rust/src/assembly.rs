@@ -215,7 +215,7 @@ impl Leaf {
 }
 
 /// The `numpy` module, imported once.
-fn numpy(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
+pub(crate) fn numpy(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
     static NUMPY: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
     let module = NUMPY.get_or_try_init(py, || py.import("numpy").map(Bound::unbind))?;
     Ok(module.bind(py))
@@ -588,7 +588,7 @@ impl ObservationAssembler {
     }
 
     /// Forget an ended episode's windows (no-op if it has none).
-    fn evict(&mut self, episode_id: i64) {
+    pub(crate) fn evict(&mut self, episode_id: i64) {
         for windows in &mut self.windows {
             windows.remove(&episode_id);
         }

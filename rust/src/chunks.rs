@@ -461,6 +461,11 @@ pub struct ChunkQueues {
 }
 
 impl ChunkQueues {
+    /// Discard episode `episode_id`'s queued actions.
+    pub(crate) fn drop_episode(&mut self, episode_id: i64) {
+        self.store.drop_episode(episode_id);
+    }
+
     /// Of `lanes`, those whose queue is empty, in order.
     pub(crate) fn needing_predict(&mut self, lanes: &[i64]) -> Result<Vec<i64>, ArgError> {
         self.store.lanes_needing_predict(Some(lanes))

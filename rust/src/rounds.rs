@@ -17,7 +17,7 @@ use pyo3::PyClass;
 
 use crate::actions::ActionApplier;
 use crate::args::{i64_arg, lanes_arg, path_text, vector, Dtype};
-use crate::assembly::ObservationAssembler;
+use crate::assembly::{numpy, ObservationAssembler};
 use crate::chunks::{chunk_leaves, ChunkQueues};
 use crate::ledger::RouteLedger;
 use crate::telemetry::LatencyStats;
@@ -320,6 +320,24 @@ fn optional_positive<'py>(
         )));
     }
     Ok(Some(value.clone()))
+}
+
+/// `max_episode_steps` checked: None, or a positive integer (a cap past i64 is never reached,
+/// like `i64::MAX`).
+fn step_cap(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<i64>> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let integer = value.is_instance_of::<PyInt>()
+        || value.is_instance(&numpy(value.py())?.getattr("integer")?)?;
+    if value.is_instance_of::<PyBool>() || !integer || value.lt(1)? {
+        return Err(PyValueError::new_err(format!(
+            "max_episode_steps must be None or a positive integer, got {}",
+            value.repr()?
+        )));
+    }
+    let steps = value.py().get_type::<PyInt>().call1((value,))?;
+    Ok(Some(steps.extract::<i64>().unwrap_or(i64::MAX)))
 }
 
 /// Whether an episode that took `steps` steps and `elapsed_ns` has reached a cap.
@@ -682,8 +700,10 @@ impl RoundRunner {
                 py,
                 [slice.call1((py.None(),))?, slice.call1((py.None(), kept))?],
             )?;
+            let asarray = numpy(py)?.getattr("asarray")?;
             let flat = map_leaves(output, &|leaf| {
-                reshaped(&leaf.get_item(&index)?, &[count * kept], leaf, 2)
+                let leaf = asarray.call1((leaf,))?;
+                reshaped(&leaf.get_item(&index)?, &[count * kept], &leaf, 2)
             })?;
             let repeated: Vec<i64> = predict_lanes
                 .iter()
@@ -725,16 +745,9 @@ impl RoundRunner {
         }
         for (k, &lane) in self.running.iter().enumerate() {
             let lane = lane as usize;
-            self.episode_steps[lane] += 1;
             let elapsed = i128::from(now_ns) - i128::from(self.started_ns[lane]);
-            if !terminated[k]
-                && over_cap(
-                    self.episode_steps[lane],
-                    self.max_steps,
-                    elapsed,
-                    self.max_ns,
-                )
-            {
+            let steps = self.episode_steps[lane] + 1;
+            if !terminated[k] && over_cap(steps, self.max_steps, elapsed, self.max_ns) {
                 truncated[k] = true;
             }
         }
@@ -746,6 +759,10 @@ impl RoundRunner {
             &vec![step_ns; count],
             &self.predict_ns,
         )?;
+        // Counted once the ledger took the step: a refused round leaves the runner as it was.
+        for &lane in &self.running {
+            self.episode_steps[lane as usize] += 1;
+        }
         self.rounds += 1;
         Ok((ended, truncated))
     }
@@ -774,14 +791,7 @@ impl RoundRunner {
         let queues = queues
             .map(|queues| same_core::<ChunkQueues>(queues, "queues", "None or a ChunkQueues"))
             .transpose()?;
-        let max_steps = match optional_positive(max_episode_steps, "max_episode_steps")? {
-            None => None,
-            Some(value) => {
-                let steps = py.get_type::<PyInt>().call1((value,))?;
-                // A cap past i64 is never reached, like i64::MAX.
-                Some(steps.extract::<i64>().unwrap_or(i64::MAX))
-            }
-        };
+        let max_steps = step_cap(max_episode_steps)?;
         let max_ns = match optional_positive(max_episode_seconds, "max_episode_seconds")? {
             None => None,
             Some(value) => {
@@ -918,6 +928,25 @@ impl RoundRunner {
             PyArray1::from_vec(py, ended),
             PyArray1::from_vec(py, truncated),
         ))
+    }
+
+    /// Episodes that ended (``[E]`` int): their frame windows and queued actions go.
+    ///
+    /// Call it once the ledger completed them, before their lanes' next round.
+    fn forget_episodes(&mut self, py: Python<'_>, episode_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ids = vector::<i64>(episode_ids, Dtype::Int64, "episode_ids")?;
+        let ids = ids.as_slice()?;
+        let mut assembler = self.assembler.bind(py).borrow_mut();
+        for &episode_id in ids {
+            assembler.evict(episode_id);
+        }
+        if let Some(queues) = &self.queues {
+            let mut queues = queues.bind(py).borrow_mut();
+            for &episode_id in ids {
+                queues.drop_episode(episode_id);
+            }
+        }
+        Ok(())
     }
 
     /// Run whole rounds until an episode ends, no lane is running, or ``until_ns`` passed.

@@ -104,12 +104,26 @@ def _map_leaves(tree: Any, fn: Callable[[np.ndarray], Any]) -> Any:
     return fn(tree)
 
 
-def _optional_positive(value: Any, name: str, kind: type) -> Any:
+def _first_actions(leaf: Any, kept: int) -> np.ndarray:
+    """Each lane's first ``kept`` actions of a chunk leaf ``[K, H, ...]``: ``[K * kept, ...]``."""
+    leaf = np.asarray(leaf)
+    return leaf[:, :kept].reshape(leaf.shape[0] * kept, *leaf.shape[2:])
+
+
+def _step_cap(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"max_episode_steps must be None or a positive integer, got {value!r}")
+    return int(value)
+
+
+def _time_cap_ns(value: Any) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be None or a positive number, got {value!r}")
-    return kind(value)
+        raise ValueError(f"max_episode_seconds must be None or a positive number, got {value!r}")
+    return float(value) * NS_PER_S
 
 
 class RoundRunner:
@@ -143,10 +157,8 @@ class RoundRunner:
         self._assembler = assembler
         self._applier = applier
         self._queues = queues
-        self._max_steps = _optional_positive(max_episode_steps, "max_episode_steps", int)
-        self._max_ns = _optional_positive(max_episode_seconds, "max_episode_seconds", float)
-        if self._max_ns is not None:
-            self._max_ns *= NS_PER_S
+        self._max_steps = _step_cap(max_episode_steps)
+        self._max_ns = _time_cap_ns(max_episode_seconds)
         num_lanes = ledger.num_lanes
         self._observations: list[Any] = [None] * num_lanes
         self._episode_steps = [0] * num_lanes
@@ -264,9 +276,7 @@ class RoundRunner:
         if predict_lanes:
             count = len(predict_lanes)
             kept = min(split_chunk(output, count), queues.execution_horizon)
-            flat = _map_leaves(
-                output, lambda leaf: leaf[:, :kept].reshape(count * kept, *leaf.shape[2:])
-            )
+            flat = _map_leaves(output, lambda leaf: _first_actions(leaf, kept))
             applied = self._applier.apply_actions(flat, np.repeat(predict_array, kept))
             chunks = _map_leaves(applied, lambda leaf: leaf.reshape(count, kept, *leaf.shape[1:]))
             queues.push(predict_array, ledger.episode_ids(predict_array), chunks)
@@ -307,8 +317,7 @@ class RoundRunner:
             if len(values) != count:
                 raise ValueError(f"{name} has {len(values)} entries for {count} running lanes")
         for k, lane in enumerate(running):
-            self._episode_steps[lane] += 1
-            if not terminated[k] and self._over_cap(lane, now_ns):
+            if not terminated[k] and self._over_cap(lane, self._episode_steps[lane] + 1, now_ns):
                 truncated[k] = True
         ended = self._ledger.record_step(
             np.array(running, dtype=np.int64),
@@ -318,13 +327,27 @@ class RoundRunner:
             np.full(count, step_ns, dtype=np.int64),
             np.array(self._predict_ns, dtype=np.int64),
         )
+        # Counted once the ledger took the step: a refused round leaves the runner as it was.
+        for lane in running:
+            self._episode_steps[lane] += 1
         self._rounds += 1
         return ended, truncated
 
-    def _over_cap(self, lane: int, now_ns: int) -> bool:
-        if self._max_steps is not None and self._episode_steps[lane] >= self._max_steps:
+    def _over_cap(self, lane: int, steps: int, now_ns: int) -> bool:
+        """Whether ``lane``'s episode, ``steps`` steps in at ``now_ns``, reached a cap."""
+        if self._max_steps is not None and steps >= self._max_steps:
             return True
         return self._max_ns is not None and now_ns - self._started_ns[lane] >= self._max_ns
+
+    def forget_episodes(self, episode_ids: Any) -> None:
+        """Episodes that ended (``[E]`` int): their frame windows and queued actions go.
+
+        Call it once the ledger completed them, before their lanes' next round.
+        """
+        for episode_id in vector(episode_ids, "int64", "episode_ids").tolist():
+            self._assembler.evict(episode_id)
+            if self._queues is not None:
+                self._queues.drop(episode_id)
 
     # ------------------------------------------------------------------ the synchronous loop
 
