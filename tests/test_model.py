@@ -478,7 +478,7 @@ def test_the_probe_rejects_a_model_with_state_and_says_what_to_do(model, horizon
     message = str(caught.value)
     assert type(model).__name__ in message
     assert what in message
-    assert "stack=" in message
+    assert "stack=" in message and "context['state']" in message
     assert "num_envs=1" in message
 
 

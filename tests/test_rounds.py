@@ -252,6 +252,7 @@ class Batched:
     per-lane corner, and an error it raises propagates as it is."""
 
     lane_corner = None
+    wants_episode_ids = False
 
     def __init__(self, predict):
         self.predict_now = predict

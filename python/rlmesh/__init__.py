@@ -7,6 +7,7 @@ exactly the episodes asked for, whatever the number of parallel environments.
 from importlib.metadata import PackageNotFoundError, version
 
 from .adapters import Action, Concat, Custom, Image, ModelSpec, Plan, State, Text, compile_spec
+from .contexts import PredictContext
 from .core import active as _active_core
 from .core import core_name
 from .driver import arun, run
@@ -48,6 +49,7 @@ __all__ = [
     "ObservationError",
     "OperationTimeout",
     "Plan",
+    "PredictContext",
     "ResultsFile",
     "ResultsFileError",
     "RlmeshError",

@@ -259,7 +259,8 @@ class RoundRunner:
         stats: Sequence[LatencyStats],
     ) -> tuple[Int64Array, list[dict[str, Any]], int, int]:
         """``(ended, infos, rounds, lane_steps)``. ``model``: ``predict_now(payload, P)``,
-        ``lane_corner`` (a per-lane function or None), ``combine(outputs, P)`` and
+        ``lane_corner`` (a per-lane function or None), ``wants_episode_ids`` (then
+        ``predict_now(payload, P, episode_ids)``), ``combine(outputs, P)`` and
         ``failure(error, rounds)``, as ``rlmesh.model.ModelHandler`` has them; an error calling
         the model is raised as what ``failure`` returns. A lane's ``step`` that raises becomes
         an ``rlmesh.EnvError`` naming the lane and the env, the error chained as

@@ -547,11 +547,15 @@ class EvaluationRun:
             if hooks.wants_observations:
                 payload = await hooks.observation(predict_lanes, payload)
             predict_start = time.perf_counter_ns()
+            episode_ids = None
+            if self.handler.wants_episode_ids:
+                episode_ids = self.ledger.episode_ids(predict_lanes).tolist()
             output = await self._guard(
                 "predict",
                 self.handler.predict,
                 payload,
                 len(predict_lanes),
+                episode_ids,
                 where=f"model.{self.handler.corner}",
             )
             predict_ns = time.perf_counter_ns() - predict_start
@@ -637,6 +641,10 @@ class EvaluationRun:
         self.runner.start_lanes(new_lanes, now_ns=now)
         self.lane_index[starts.surplus_lanes] = -1
         self.lane_index[starts.lanes] = starts.indices
+        contexts = self.handler.contexts
+        if contexts is not None:
+            seeds = [*starts.seeds, *[None] * len(starts.surplus_lanes)]
+            contexts.start(self.ledger.episode_ids(new_lanes).tolist(), seeds)
         if not self.hooks.listening:
             return
         for lane, index, seed in zip(
@@ -706,6 +714,8 @@ class EvaluationRun:
             ended, ended_ids, successes, now_ns=time.perf_counter_ns()
         )
         self.runner.forget_episodes(ended_ids)
+        if self.handler.contexts is not None:
+            self.handler.contexts.end(ended_ids.tolist())
         model_ends = ledger.take_model_ends(ended_ids)
         if self.handler.wants_episode_ends:
             for episode_id in model_ends.tolist():

@@ -10,7 +10,10 @@ A model has up to four *corners*, one per kind of call (DESIGN.md, "Corners of a
 A subclass defines any subset. Batched corners receive one fused observation: each leaf gains a
 leading lane axis (a Dict stays a dict of arrays, a text leaf is a list of K strings) and return
 one batched action (an array, or a dict of arrays, each with the leading lane axis). A plain
-callable, or ``Model(callable)``, is a ``predict``. Any corner may be ``async``.
+callable, or ``Model(callable)``, is a ``predict``. Any corner may be ``async``. A corner that
+declares a parameter named ``context`` also gets the ``PredictContext`` of each lane's episode
+(a list of them for a batched corner): where a model keeps what it remembers across
+predictions, per episode (``rlmesh.contexts``).
 
 ``ModelHandler`` is how the driver calls a model: once per group step, for the K lanes that need
 an action, through the most specific corner that exists. Missing corners are derived: per-lane
@@ -39,12 +42,13 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ._pycore.args import path_text
+from .contexts import CONTEXT_PARAMETER, EpisodeContexts, accepts_context
 from .errors import ModelOutputError, StatefulModelError, call_failure
 
 if TYPE_CHECKING:
@@ -85,9 +89,10 @@ class Model:
             subclass may set.
 
     The lifecycle methods are no-ops here; override those you need. The driver calls
-    ``load()`` once before the first prediction, ``on_episode_end(episode_id)`` then
-    ``reset()`` each time an episode the model predicted on ends, and ``close()`` at the end,
-    also on failure. Any of them, and any corner, may be ``async``.
+    ``load()`` once before the first prediction, ``on_episode_end(episode_id)`` (or
+    ``on_episode_end()`` when it takes no argument) then ``reset()`` each time an episode the
+    model predicted on ends, and ``close()`` at the end, also on failure. Any of them, and any
+    corner, may be ``async``.
 
     Example:
         >>> import numpy as np
@@ -233,10 +238,15 @@ class ModelHandler:
         self._first_action_only = "chunk" in self.corner and not self.chunked
         horizon = execution_horizon if self.chunked else 1
         method = getattr(self.model, self.corner)
+        if self.corner == "predict" and type(self.model).predict is Model.predict:
+            # Model(fn) (or a subclass that leaves predict alone): call fn itself, so its own
+            # signature says whether it takes a context.
+            method = self.model._fn or method
         self._call = _corner_call(method, self.corner, horizon)
-        self._synchronous = not any(
-            _is_async(fn) for fn in (method, self.model._fn if self.corner == "predict" else None)
-        )
+        self._synchronous = not _is_async(method)
+        # The running episodes' contexts, when the corner declares a `context` parameter.
+        self.contexts = EpisodeContexts() if accepts_context(method) else None
+        self._end_takes_id = _takes_an_argument(self.model.on_episode_end)
         self._loaded = False
         self._closed = False
         # Whether telling the model of an episode's end can do anything: the base class's
@@ -255,8 +265,12 @@ class ModelHandler:
             self._loaded = True
 
     async def episode_end(self, episode_id: int) -> None:
-        """``model.on_episode_end(episode_id)``, then ``model.reset()``."""
-        await _resolved(self.model.on_episode_end(episode_id))
+        """``model.on_episode_end(episode_id)`` (or ``on_episode_end()`` when it takes no
+        argument), then ``model.reset()``."""
+        if self._end_takes_id:
+            await _resolved(self.model.on_episode_end(episode_id))
+        else:
+            await _resolved(self.model.on_episode_end())
         await _resolved(self.model.reset())
 
     async def close(self) -> None:
@@ -272,7 +286,9 @@ class ModelHandler:
         """The corner is a plain function, so ``predict_now`` calls it without an event loop."""
         return self._synchronous
 
-    async def predict(self, payload: Any, num_lanes: int) -> Any:
+    async def predict(
+        self, payload: Any, num_lanes: int, episode_ids: Sequence[int] | None = None
+    ) -> Any:
         """The model's batched output for K lanes.
 
         Args:
@@ -280,6 +296,8 @@ class ModelHandler:
                 (nested) dict whose array leaves are ``[K, ...]`` and whose text leaves are
                 lists of K strings.
             num_lanes: K.
+            episode_ids: ``[K]``, the episode of each lane, for a corner that takes a
+                ``context`` (``wants_episode_ids``); None outside any episode.
 
         Returns:
             numpy arrays with a leading lane axis, in the structure the model returned (an
@@ -297,10 +315,12 @@ class ModelHandler:
         """
         if not self._loaded:
             await self.load()
-        outputs = [await _resolved(output) for output in self._calls(payload, num_lanes)]
-        return self.combine(outputs, num_lanes)
+        calls = self._calls(payload, num_lanes, episode_ids)
+        return self.combine([await _resolved(output) for output in calls], num_lanes)
 
-    def predict_now(self, payload: Any, num_lanes: int) -> Any:
+    def predict_now(
+        self, payload: Any, num_lanes: int, episode_ids: Sequence[int] | None = None
+    ) -> Any:
         """``predict`` of a ``synchronous`` corner of a loaded model, without an event loop.
 
         Raises:
@@ -309,15 +329,21 @@ class ModelHandler:
         """
         if not self._loaded:
             raise TypeError("predict_now needs a loaded model: await load() first")
-        return self.combine(self._calls(payload, num_lanes), num_lanes)
+        return self.combine(self._calls(payload, num_lanes, episode_ids), num_lanes)
 
     @property
     def lane_corner(self) -> Callable[[Any], Any] | None:
         """The plain per-lane corner, ``predict(lane_input) -> action``, when that is what
-        this model is called through (un-chunked); None otherwise. A caller may call it once
-        per lane row itself and stack the outputs with ``combine``: what ``predict_now``
-        does on an array payload."""
-        return self._call if self.corner == "predict" else None
+        this model is called through (un-chunked, without a context); None otherwise. A
+        caller may call it once per lane row itself and stack the outputs with ``combine``:
+        what ``predict_now`` does on an array payload."""
+        return self._call if self.corner == "predict" and self.contexts is None else None
+
+    @property
+    def wants_episode_ids(self) -> bool:
+        """The corner takes a ``context``: ``predict`` and ``predict_now`` need each lane's
+        episode id."""
+        return self.contexts is not None
 
     def combine(self, outputs: list[Any], num_lanes: int) -> Any:
         """The corner's outputs (one batched output, or one per lane in lane order) as one
@@ -345,13 +371,23 @@ class ModelHandler:
         corner (raise it ``from error``)."""
         return call_failure(f"model.{self.corner}", error, rounds)
 
-    def _calls(self, payload: Any, num_lanes: int) -> list[Any]:
+    def _calls(self, payload: Any, num_lanes: int, episode_ids: Sequence[int] | None) -> list[Any]:
         """The corner called on ``payload``: one output, or one per lane in lane order."""
+        contexts = None if self.contexts is None else self.contexts.advance(episode_ids, num_lanes)
         if self._batched:
-            return [self._call(payload)]
+            return [
+                self._call(payload) if contexts is None else self._call(payload, context=contexts)
+            ]
         if isinstance(payload, np.ndarray):
-            return [self._call(payload[lane]) for lane in range(num_lanes)]
-        return [self._call(_lane(payload, lane)) for lane in range(num_lanes)]
+            inputs = [payload[lane] for lane in range(num_lanes)]
+        else:
+            inputs = [_lane(payload, lane) for lane in range(num_lanes)]
+        if contexts is None:
+            return [self._call(each) for each in inputs]
+        return [
+            self._call(each, context=context)
+            for each, context in zip(inputs, contexts, strict=True)
+        ]
 
     def _combined(self, outputs: list[Any], num_lanes: int) -> Any:
         if self._batched:
@@ -466,9 +502,10 @@ class ModelHandler:
             f"cannot share it (num_envs > 1): called {2 * PROBE_ROUNDS} times on one fixed "
             f"observation with another one in between, element {element} of its output tracked "
             f"{name} (rank correlation {correlation:+.2f}; outputs that vary by noise alone stay "
-            f"below {PROBE_THRESHOLD}). Make the output depend only on the input, carrying "
-            f"history in the observation instead (stack= in the ModelSpec keeps the last "
-            f"frames of each episode); or run with num_envs=1, where one lane owns the model"
+            f"below {PROBE_THRESHOLD}). Keep what the model remembers per episode: declare a "
+            f"`context` parameter on {self.corner} and keep it in context['state'] (one "
+            f"dict per episode), or carry history in the observation (stack= in the "
+            f"ModelSpec); or run with num_envs=1, where one lane owns the model"
         )
 
 
@@ -491,8 +528,9 @@ def _as_model(model: Any) -> Model:
     )
 
 
-def _corner_call(method: Callable[..., Any], corner: str, horizon: int) -> Callable[[Any], Any]:
-    """``method`` as a one-argument call; chunk corners get ``horizon`` if they accept it."""
+def _corner_call(method: Callable[..., Any], corner: str, horizon: int) -> Callable[..., Any]:
+    """``method`` as a call ``call(obs, **extra)``; chunk corners get ``horizon`` if they
+    accept it."""
     if "chunk" not in corner:
         return method
     parameters = inspect.signature(method).parameters.values()
@@ -500,10 +538,21 @@ def _corner_call(method: Callable[..., Any], corner: str, horizon: int) -> Calla
         parameter.name == "execution_horizon" or parameter.kind is parameter.VAR_KEYWORD
         for parameter in parameters
     ):
-        return lambda obs: method(obs, execution_horizon=horizon)
-    if sum(parameter.kind in POSITIONAL for parameter in parameters) >= 2:
-        return lambda obs: method(obs, horizon)  # a second positional parameter, named otherwise
+        return lambda obs, **extra: method(obs, execution_horizon=horizon, **extra)
+    positional = [p for p in parameters if p.kind in POSITIONAL and p.name != CONTEXT_PARAMETER]
+    if len(positional) >= 2:
+        # A second positional parameter, named otherwise.
+        return lambda obs, **extra: method(obs, horizon, **extra)
     return method
+
+
+def _takes_an_argument(method: Callable[..., Any]) -> bool:
+    """Whether the bound ``method`` accepts one positional argument."""
+    try:
+        parameters = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(parameter.kind in POSITIONAL for parameter in parameters)
 
 
 def _is_async(fn: Any) -> bool:

@@ -157,6 +157,7 @@ fn env_failure(
 struct ModelCalls<'py> {
     predict_now: Bound<'py, PyAny>,
     lane_corner: Option<Bound<'py, PyAny>>,
+    wants_episode_ids: bool,
     combine: Bound<'py, PyAny>,
     failure: Bound<'py, PyAny>,
 }
@@ -167,22 +168,28 @@ impl<'py> ModelCalls<'py> {
         Ok(ModelCalls {
             predict_now: model.getattr("predict_now")?,
             lane_corner: (!lane_corner.is_none()).then_some(lane_corner),
+            wants_episode_ids: model.getattr("wants_episode_ids")?.is_truthy()?,
             combine: model.getattr("combine")?,
             failure: model.getattr("failure")?,
         })
     }
 
-    /// The model's output for the `count` lanes of `payload`; an error it raises becomes
-    /// what `failure(error, rounds)` returns, the error chained.
+    /// The model's output for the `count` lanes of `payload` (`episode_ids`: theirs, when
+    /// the model wants them); an error it raises becomes what `failure(error, rounds)`
+    /// returns, the error chained.
     fn predict(
         &self,
         payload: &Bound<'py, PyAny>,
         count: usize,
+        episode_ids: Option<Vec<i64>>,
         rounds: u64,
     ) -> PyResult<Bound<'py, PyAny>> {
         let py = payload.py();
-        let called = match &self.lane_corner {
-            Some(corner) if payload.is_instance_of::<PyUntypedArray>() => {
+        let called = match (&self.lane_corner, episode_ids) {
+            (_, Some(ids)) => self
+                .predict_now
+                .call1((payload, count, PyArray1::from_vec(py, ids))),
+            (Some(corner), None) if payload.is_instance_of::<PyUntypedArray>() => {
                 self.per_lane(corner, payload, count)
             }
             _ => self.predict_now.call1((payload, count)),
@@ -952,8 +959,8 @@ impl RoundRunner {
     /// Run whole rounds until an episode ends, no lane is running, or ``until_ns`` passed.
     ///
     /// Returns ``(ended, infos, rounds, lane_steps)``. ``model`` is the run's model as
-    /// ``ModelHandler`` presents it (``predict_now``, ``lane_corner``, ``combine``,
-    /// ``failure``); an error calling it is raised as what ``failure`` returns. A lane's
+    /// ``ModelHandler`` presents it (``predict_now``, ``lane_corner``, ``wants_episode_ids``,
+    /// ``combine``, ``failure``); an error calling it is raised as what ``failure`` returns. A lane's
     /// ``step`` that raises an ``Exception`` becomes an ``EnvError`` naming the lane and the
     /// env, the error chained.
     #[pyo3(signature = (model, env_steps, env_name, *, until_ns, stats))]
@@ -990,7 +997,14 @@ impl RoundRunner {
             let (mut output, mut predict_ns) = (py.None().into_bound(py), 0);
             if let Some(payload) = payload {
                 let predict_start = Instant::now();
-                output = model.predict(&payload, self.predict_lanes.len(), self.rounds)?;
+                let episode_ids = model.wants_episode_ids.then(|| {
+                    self.ledger
+                        .bind(py)
+                        .borrow()
+                        .episode_ids_of(&self.predict_lanes)
+                });
+                output =
+                    model.predict(&payload, self.predict_lanes.len(), episode_ids, self.rounds)?;
                 let took = elapsed_ns(predict_start, Instant::now());
                 predict_stats.borrow_mut().add(took);
                 predict_ns = took as i64;

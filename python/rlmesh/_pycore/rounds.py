@@ -369,7 +369,9 @@ class RoundRunner:
                 ``predict_now(payload, P)`` -> its output for the ``P`` lanes of ``payload``
                 (as ``take_actions`` takes it); ``lane_corner``, a per-lane function or None:
                 when given and the payload is an array, it is called on each lane's row in
-                lane order and ``combine(outputs, P)`` makes the batch; ``failure(error,
+                lane order and ``combine(outputs, P)`` makes the batch; ``wants_episode_ids``:
+                when true, ``predict_now(payload, P, episode_ids)`` gets the predict lanes'
+                episode ids ``[P]`` (and ``lane_corner`` is not used); ``failure(error,
                 rounds)`` -> what to raise (``from error``) when any of these raised
                 ``error``.
             env_steps: per lane, its env's ``step``: ``step(action)`` -> ``(observation,
@@ -392,6 +394,7 @@ class RoundRunner:
         """
         predict_stats, step_stats, round_stats = stats
         lane_corner = model.lane_corner
+        wants_episode_ids = model.wants_episode_ids
         rounds = lane_steps = 0
         ended = np.zeros(0, dtype=np.int64)
         infos: list[dict[str, Any]] = []
@@ -404,7 +407,9 @@ class RoundRunner:
             output, predict_ns = None, 0
             if len(predict_lanes):
                 predict_start = time.perf_counter_ns()
-                output = self._predict(model, lane_corner, payload, len(predict_lanes))
+                output = self._predict(
+                    model, lane_corner, payload, predict_lanes if wants_episode_ids else None
+                )
                 predict_ns = time.perf_counter_ns() - predict_start
                 predict_stats.record(predict_ns)
             actions = lane_actions(self.take_actions(output, predict_ns), count)
@@ -442,8 +447,16 @@ class RoundRunner:
                 break
         return ended, infos, rounds, lane_steps
 
-    def _predict(self, model: Any, lane_corner: Any, payload: Any, count: int) -> Any:
+    def _predict(
+        self, model: Any, lane_corner: Any, payload: Any, predict_lanes: np.ndarray | None
+    ) -> Any:
+        """The model's output for the open round's predict lanes; ``predict_lanes`` given
+        when the model wants their episode ids."""
+        count = len(self._predict_lanes)
         try:
+            if predict_lanes is not None:
+                episode_ids = self._ledger.episode_ids(predict_lanes)
+                return model.predict_now(payload, count, episode_ids)
             if lane_corner is not None and isinstance(payload, np.ndarray):
                 return model.combine([lane_corner(payload[k]) for k in range(count)], count)
             return model.predict_now(payload, count)
