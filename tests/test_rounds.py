@@ -1174,3 +1174,25 @@ def test_a_chunk_given_as_nested_lists_is_replayed_as_its_array(core):
     as_lists = Run(core, lambda: CountEnv(6), 2, 4, horizon=3)
     as_lists.by_run_rounds(lambda payload, count: chunk_policy(3)(payload, count).tolist())
     assert [env.received for env in as_lists.envs] == [env.received for env in as_array.envs]
+
+
+class WantsIds(Batched):
+    """A batched model that wants each predicted lane's episode id: records them."""
+
+    wants_episode_ids = True
+
+    def __init__(self):
+        self.seen: list[list[int]] = []
+
+    def predict_now(self, payload, count, episode_ids):
+        assert episode_ids.dtype == np.int64 and len(episode_ids) == count
+        self.seen.append(episode_ids.tolist())
+        return np.zeros(count, np.int64)
+
+
+def test_a_model_that_wants_episode_ids_gets_those_of_the_lanes_it_predicts_for(core):
+    run = Run(core, lambda: CountEnv(3), 2, 4)
+    model = WantsIds()
+    run.by_run_rounds(model)
+    # Two waves of two episodes (ids 0, 1 then 2, 3), three steps each.
+    assert model.seen == [[0, 1]] * 3 + [[2, 3]] * 3
