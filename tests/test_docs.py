@@ -21,6 +21,8 @@ DOCUMENTED_MODULES = (
     "rlmesh.results",
     "rlmesh.telemetry",
     "rlmesh.model",
+    "rlmesh.contexts",
+    "rlmesh.driver",
     "rlmesh.numpy",
     "rlmesh.envs",
     "rlmesh.stats",

@@ -407,18 +407,15 @@ class EvaluationRun:
             trial_index_base=settings.trial_index_base,
             indices=indices,
         )
-        self.assembler = core.ObservationAssembler(plan.observation)
-        self.applier = core.ActionApplier(plan.action)
-        self.queues = (
-            core.ChunkQueues(lanes.num_lanes, settings.execution_horizon)
-            if self.handler.chunked
-            else None
-        )
         self.runner = core.RoundRunner(
             self.ledger,
-            self.assembler,
-            self.applier,
-            self.queues,
+            core.ObservationAssembler(plan.observation),
+            core.ActionApplier(plan.action),
+            (
+                core.ChunkQueues(lanes.num_lanes, settings.execution_horizon)
+                if self.handler.chunked
+                else None
+            ),
             max_episode_steps=settings.max_episode_steps,
             max_episode_seconds=settings.max_episode_seconds,
         )
@@ -441,7 +438,7 @@ class EvaluationRun:
         steps: list[Callable[[], Any]] = []
         if self.handler is not None:
             handler = self.handler
-            if self.ledger is not None:
+            if self.ledger is not None and handler.wants_episode_ends:
                 owed = self.ledger.take_all_model_ends().tolist()
                 steps += [
                     lambda episode_id=episode_id: handler.episode_end(episode_id)
