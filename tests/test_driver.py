@@ -830,3 +830,42 @@ def test_actions_reach_the_env_as_gymnasium_vectors_pass_them(core, awaited):
     rlmesh.run(lambda obs: obs * 2 - 1.5, box, episodes=1, core=core, hooks=hooks)
     assert all(isinstance(action, np.ndarray) for action in box.received)
     assert [action.tolist() for action in box.received] == [[-0.5, -0.5]] * 3
+
+
+class Snapshots(rlmesh.RuntimeHooks):
+    """Keeps every telemetry window the run hands out."""
+
+    def __init__(self):
+        self.windows = []
+
+    def telemetry_snapshot(self, rows):
+        self.windows.append({(row.op, row.metric): row for row in rows})
+
+
+@pytest.mark.parametrize("core", CORES)
+@pytest.mark.parametrize("awaited", [False, True])
+def test_telemetry_counts_every_round_call_and_lane_step_in_windows_and_run(core, awaited):
+    snapshots = Snapshots()
+    result = rlmesh.run(
+        SlowStart(),
+        "CartPole-v1",
+        episodes=2,
+        num_envs=2,
+        max_episode_steps=40,
+        hooks=[snapshots, AwaitEveryStep()] if awaited else [snapshots],
+        telemetry_window=0.02,
+        core=core,
+    )
+    rows = {(row.op, row.metric): row for row in result.telemetry}
+    rounds = rows["driver.round", "latency"].count
+    assert rounds == 40  # both lanes run their 40 steps side by side
+    assert rows["model.predict", "latency"].count == rows["env.step", "latency"].count == rounds
+    assert rows["env.reset", "latency"].count == 1  # both lanes reset in one call
+    assert (rows["driver", "steps"].count, rows["driver", "lane-steps"].count) == (40, 80)
+    assert rows["model.predict", "latency"].p50 >= 1.0  # ms: two 1 ms predictions a round
+    assert len(snapshots.windows) >= 2
+    # Each window holds only its own calls: together, no more than the run's.
+    in_windows = sum(
+        w["env.step", "latency"].count for w in snapshots.windows if ("env.step", "latency") in w
+    )
+    assert 0 < in_windows <= rounds
