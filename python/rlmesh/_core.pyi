@@ -249,6 +249,8 @@ class RoundRunner:
         now_ns: int,
     ) -> tuple[Int64Array, npt.NDArray[np.bool_]]:
         """``(ended [E], truncated [K])``: a cap reached truncates an episode that did not end."""
+    def forget_episodes(self, episode_ids: npt.ArrayLike) -> None:
+        """Ended episodes (``[E]``): their frame windows and queued actions go."""
     def run_rounds(
         self,
         model: Any,
