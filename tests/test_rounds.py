@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -1196,3 +1197,15 @@ def test_a_model_that_wants_episode_ids_gets_those_of_the_lanes_it_predicts_for(
     run.by_run_rounds(model)
     # Two waves of two episodes (ids 0, 1 then 2, 3), three steps each.
     assert model.seen == [[0, 1]] * 3 + [[2, 3]] * 3
+
+
+def test_a_runner_may_be_freed_on_another_thread(core):
+    """The last reference to a run's core objects may go on any thread: the cyclic garbage
+    collector frees a finished run wherever it happens to run."""
+    run = Run(core, lambda: CountEnv(3), 2, 2, spec=ModelSpec(input=State(stack=2)))
+    held = [run]
+    del run
+    freeing = threading.Thread(target=held.clear)
+    freeing.start()
+    freeing.join()
+    assert held == []

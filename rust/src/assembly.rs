@@ -311,7 +311,7 @@ fn apply_affine(affine: Affine, frame: &mut [u8]) {
 /// Builds the model's input for a group of lanes from their raw observations.
 ///
 /// See ``rlmesh._pycore.assembly.ObservationAssembler`` for the full contract.
-#[pyclass(module = "rlmesh._core", unsendable)]
+#[pyclass(module = "rlmesh._core")]
 pub struct ObservationAssembler {
     leaves: Vec<Leaf>,
     /// Per leaf: episode id -> its window (stacked leaves only).

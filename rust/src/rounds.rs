@@ -558,7 +558,7 @@ fn reshaped<'py>(
 ///     >>> ended, infos, rounds, lane_steps = runner.run_rounds(
 ///     ...     policy, [env.step for env in envs], "CartPole-v1", until_ns=deadline,
 ///     ...     stats=[predict_stats, step_stats, round_stats])
-#[pyclass(module = "rlmesh._core", unsendable)]
+#[pyclass(module = "rlmesh._core")]
 pub struct RoundRunner {
     ledger: Py<RouteLedger>,
     assembler: Py<ObservationAssembler>,
