@@ -236,3 +236,25 @@ def test_a_plain_function_may_take_a_context():
 
     result = rlmesh.run(policy, gym.make("CartPole-v1"), episodes=1)
     assert seen == list(range(result.total_steps))
+
+
+@pytest.mark.parametrize("core", CORES)
+@pytest.mark.parametrize(
+    "mode",
+    [
+        gym.vector.AutoresetMode.NEXT_STEP,
+        gym.vector.AutoresetMode.SAME_STEP,
+        gym.vector.AutoresetMode.DISABLED,
+    ],
+)
+def test_a_lockstep_vector_gives_every_episode_its_context_surplus_included(core, mode):
+    vector = gym.vector.SyncVectorEnv(
+        [lambda: gym.make("CartPole-v1", max_episode_steps=50) for _ in range(3)],
+        autoreset_mode=mode,
+    )
+    model = Remembers()
+    result = rlmesh.run(model, vector, episodes=7, core=core, close_env=True)
+    assert result.num_episodes == 7 and result.wasted_steps > 0
+    seen = {episode_id for episode_id, *_ in model.seen if episode_id is not None}
+    # Surplus episodes are predicted for too, each with its own context, and ended like any.
+    assert len(seen) > 7 and seen == set(model.ended)
