@@ -663,11 +663,22 @@ def test_run_rounds_stops_at_its_deadline_by_the_perf_counter(core):
     assert run.stats[1].mean_ns >= 2_000_000  # every step slept 2 ms
 
 
-@pytest.mark.parametrize("until_ns", [math.inf, 2**70, float(FAR_FUTURE)])
-def test_run_rounds_takes_any_deadline_python_compares_with_an_int(core, until_ns):
+@pytest.mark.parametrize("until_ns", [2**70, np.int64(FAR_FUTURE)])
+def test_run_rounds_takes_any_integer_deadline(core, until_ns):
     run = Run(core, lambda: CountEnv(4), 1, 1)
     returned = run.by_run_rounds(lambda payload, count: np.zeros(count, np.int64), until_ns)
     assert returned == [([0], [{"t": 4}], 4, 4)]
+
+
+@pytest.mark.parametrize("until_ns", [math.inf, float(FAR_FUTURE), True, "soon"])
+def test_run_rounds_refuses_a_deadline_that_is_not_an_integer(core, until_ns):
+    run = Run(core, lambda: CountEnv(4), 1, 1)
+    with pytest.raises(TypeError) as raised:
+        run.by_run_rounds(lambda payload, count: np.zeros(count, np.int64), until_ns)
+    assert str(raised.value) == (
+        f"until_ns must be an integer time.perf_counter_ns() reading, got {until_ns!r}"
+    )
+    assert run.runner.rounds == 0
 
 
 def test_run_rounds_returns_the_lanes_that_ended_and_their_final_infos_in_order(core):

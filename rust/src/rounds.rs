@@ -362,37 +362,23 @@ fn at_least(value: i128, threshold: f64) -> bool {
     value >= threshold.ceil() as i128
 }
 
-/// What `until_ns` is compared as: an int in i64 (the usual clock reading), an int past it
-/// either way, or any other object, compared by Python as `round_end >= until_ns`.
-enum Deadline {
-    At(i64),
-    Never,
-    Object(Py<PyAny>),
-}
-
-impl Deadline {
-    fn new(until_ns: &Bound<'_, PyAny>) -> PyResult<Self> {
-        if let Ok(until_ns) = until_ns.extract::<i64>() {
-            return Ok(Deadline::At(until_ns));
-        }
-        if until_ns.is_instance_of::<PyInt>() {
-            // An int past i64: every clock reading is below a positive one, above a negative one.
-            return Ok(if until_ns.gt(0)? {
-                Deadline::Never
-            } else {
-                Deadline::At(i64::MIN)
-            });
-        }
-        Ok(Deadline::Object(until_ns.clone().unbind()))
+/// `until_ns` as an i64 clock reading: an integer past i64 either way saturates (every clock
+/// reading is below a huge one and above a hugely negative one); anything else is refused.
+fn deadline_ns(until_ns: &Bound<'_, PyAny>) -> PyResult<i64> {
+    let integer = !until_ns.is_instance_of::<PyBool>()
+        && (until_ns.is_instance_of::<PyInt>()
+            || until_ns.is_instance(&numpy(until_ns.py())?.getattr("integer")?)?);
+    if !integer {
+        return Err(PyTypeError::new_err(format!(
+            "until_ns must be an integer time.perf_counter_ns() reading, got {}",
+            until_ns.repr()?
+        )));
     }
-
-    fn passed(&self, py: Python<'_>, now_ns: i64) -> PyResult<bool> {
-        match self {
-            Deadline::At(until_ns) => Ok(now_ns >= *until_ns),
-            Deadline::Never => Ok(false),
-            Deadline::Object(until_ns) => now_ns.into_pyobject(py)?.ge(until_ns.bind(py)),
-        }
-    }
+    Ok(match until_ns.extract::<i64>() {
+        Ok(until_ns) => until_ns,
+        Err(_) if until_ns.gt(0)? => i64::MAX,
+        Err(_) => i64::MIN,
+    })
 }
 
 /// `time.perf_counter_ns()` without calling Python: one reading taken at construction, plus
@@ -973,9 +959,9 @@ impl RoundRunner {
         until_ns: &Bound<'py, PyAny>,
         stats: &Bound<'py, PyAny>,
     ) -> PyResult<Ran<'py>> {
+        let until_ns = deadline_ns(until_ns)?;
         let [predict_stats, step_stats, round_stats] = unpack_stats(stats)?;
         let model = ModelCalls::new(model)?;
-        let deadline = Deadline::new(until_ns)?;
         // Each lane's `step`, looked up once per call, when the lane first steps.
         let mut steps: Vec<Option<Bound<'py, PyAny>>> = vec![None; self.num_lanes()];
         let (mut rounds, mut lane_steps) = (0, 0);
@@ -1078,7 +1064,7 @@ impl RoundRunner {
                 }
                 break;
             }
-            if deadline.passed(py, self.clock.ns_at(round_end))? {
+            if self.clock.ns_at(round_end) >= until_ns {
                 break;
             }
         }

@@ -378,7 +378,7 @@ class RoundRunner:
                 reward, terminated, truncated, info)``.
             env_name: how errors name the env.
             until_ns: no further round starts once a round ends at or after this
-                ``time.perf_counter_ns()`` reading.
+                ``time.perf_counter_ns()`` reading (an integer).
             stats: the ``LatencyStats`` of ``model.predict``, ``env.step`` and
                 ``driver.round``, in that order; each call and round is recorded there.
 
@@ -389,9 +389,14 @@ class RoundRunner:
 
         Raises:
             EnvError: a lane's ``step`` raised (the lane and env named, the error chained).
+            TypeError: ``until_ns`` is not an integer.
             What ``model.failure`` returns, when calling the model raised.
             Whatever the phases raise.
         """
+        if isinstance(until_ns, bool) or not isinstance(until_ns, (int, np.integer)):
+            raise TypeError(
+                f"until_ns must be an integer time.perf_counter_ns() reading, got {until_ns!r}"
+            )
         predict_stats, step_stats, round_stats = stats
         lane_corner = model.lane_corner
         wants_episode_ids = model.wants_episode_ids
