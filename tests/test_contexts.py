@@ -6,9 +6,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import rlmesh
+from helpers import AUTORESET_MODES, CORES, AwaitEveryStep, cartpole_policy, comparable
 from rlmesh.contexts import EpisodeContexts, accepts_context
-
-CORES = ["rust", "python"]
 
 
 def test_each_episode_has_its_own_counter_seed_and_state():
@@ -62,10 +61,6 @@ def test_a_corner_takes_a_context_only_when_it_names_a_parameter_so():
 # Through rlmesh.run
 
 
-def cartpole_action(obs):
-    return int(obs[2] + 0.3 * obs[3] > 0)
-
-
 class Remembers(rlmesh.Model):
     """Keeps each episode's last pole angle in its context and pushes the way the pole moves.
     Without a context this would be a stateful model; with one, its output depends
@@ -98,18 +93,6 @@ class Remembers(rlmesh.Model):
         self.ended.append(episode_id)
 
 
-def comparable(result):
-    return [
-        {k: v for k, v in e.to_dict().items() if k not in {"duration_s", "predict_ms", "step_ms"}}
-        for e in result.episodes
-    ]
-
-
-class EveryStep(rlmesh.RunHooks):
-    def on_step(self, event):
-        pass
-
-
 @pytest.mark.parametrize("core", CORES)
 def test_a_context_aware_model_runs_the_same_episodes_on_any_lane_count(core):
     runs = {}
@@ -122,15 +105,13 @@ def test_a_context_aware_model_runs_the_same_episodes_on_any_lane_count(core):
                 episodes=6,
                 num_envs=num_envs,
                 max_episode_steps=60,
-                hooks=EveryStep() if awaited else None,
+                hooks=AwaitEveryStep() if awaited else None,
                 core=core,
             )
             runs[num_envs, awaited] = (comparable(result), model)
     reference, _ = runs[1, False]
     for key, (episodes, _) in runs.items():
-        assert [{**e, "env_index": 0} for e in episodes] == [
-            {**e, "env_index": 0} for e in reference
-        ], key
+        assert episodes == reference, key
     # What each episode's predictions were told, on 3 lanes: ids, seeds and counters.
     episodes, model = runs[3, False]
     real = [seen for seen in model.seen if seen[0] is not None]  # past the probe's calls
@@ -214,7 +195,7 @@ class EndWithoutId(rlmesh.Model):
         self.ends = 0
 
     def predict(self, obs):
-        return cartpole_action(obs)
+        return cartpole_policy(obs)
 
     def on_episode_end(self):
         self.ends += 1
@@ -232,21 +213,14 @@ def test_a_plain_function_may_take_a_context():
 
     def policy(obs, context):
         seen.append(context["predict_index"])
-        return cartpole_action(obs)
+        return cartpole_policy(obs)
 
     result = rlmesh.run(policy, gym.make("CartPole-v1"), episodes=1)
     assert seen == list(range(result.total_steps))
 
 
 @pytest.mark.parametrize("core", CORES)
-@pytest.mark.parametrize(
-    "mode",
-    [
-        gym.vector.AutoresetMode.NEXT_STEP,
-        gym.vector.AutoresetMode.SAME_STEP,
-        gym.vector.AutoresetMode.DISABLED,
-    ],
-)
+@pytest.mark.parametrize("mode", AUTORESET_MODES)
 def test_a_lockstep_vector_gives_every_episode_its_context_surplus_included(core, mode):
     vector = gym.vector.SyncVectorEnv(
         [lambda: gym.make("CartPole-v1", max_episode_steps=50) for _ in range(3)],

@@ -11,16 +11,10 @@ import numpy as np
 import pytest
 import rlmesh
 from gymnasium.wrappers import FrameStackObservation
+from helpers import AUTORESET_MODES, CORES, AwaitEveryStep, cartpole_policy, comparable
 from rlmesh.adapters import ModelSpec, State
 from rlmesh.errors import EnvError, HookError, ModelOutputError, OperationTimeout
 from rlmesh.model import PROBE_ROUNDS
-
-CORES = ["rust", "python"]
-TIMING_FIELDS = {"duration_s", "predict_ms", "step_ms"}
-
-
-def cartpole_policy(obs):
-    return int(obs[2] + 0.3 * obs[3] > 0)
 
 
 def acrobot_policy(obs):
@@ -36,15 +30,6 @@ POLICIES = {
     "Acrobot-v1": acrobot_policy,
     "Pendulum-v1": pendulum_policy,
 }
-
-
-def comparable(result, *, drop=("env_index",)):
-    """Each episode's fields but timings (and, across lane counts, the lane it ran on)."""
-    dropped = TIMING_FIELDS | set(drop)
-    return [
-        {key: value for key, value in episode.to_dict().items() if key not in dropped}
-        for episode in result.episodes
-    ]
 
 
 def plain_gymnasium_loop(env_id, policy, seeds, max_episode_steps=None):
@@ -426,14 +411,7 @@ def test_a_hung_step_times_out():
 
 
 @pytest.mark.parametrize("core", CORES)
-@pytest.mark.parametrize(
-    "mode",
-    [
-        gym.vector.AutoresetMode.DISABLED,
-        gym.vector.AutoresetMode.NEXT_STEP,
-        gym.vector.AutoresetMode.SAME_STEP,
-    ],
-)
+@pytest.mark.parametrize("mode", AUTORESET_MODES)
 def test_a_lockstep_vector_scores_exactly_and_reports_waste(core, mode):
     vector = gym.vector.SyncVectorEnv(
         [lambda: gym.make("CartPole-v1") for _ in range(4)], autoreset_mode=mode
@@ -734,14 +712,6 @@ class ChunkedStacked(rlmesh.Model):
         self.inputs.append(np.array(obs))
         newest = obs[-1]
         return np.array([int(newest[2] + 0.3 * newest[3] > 0)] * 3)
-
-
-class AwaitEveryStep(rlmesh.RunHooks):
-    """Listens to every step, so the driver awaits each round instead of the core running
-    them."""
-
-    def on_step(self, event):
-        pass
 
 
 @pytest.mark.parametrize("core", CORES)

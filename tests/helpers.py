@@ -1,0 +1,36 @@
+"""What several test modules share: a CartPole policy, comparing runs, forcing the awaited path."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import rlmesh
+
+CORES = ["rust", "python"]
+TIMING_FIELDS = {"duration_s", "predict_ms", "step_ms"}
+AUTORESET_MODES = [
+    gym.vector.AutoresetMode.DISABLED,
+    gym.vector.AutoresetMode.NEXT_STEP,
+    gym.vector.AutoresetMode.SAME_STEP,
+]
+
+
+def cartpole_policy(obs):
+    """A balance heuristic: push toward the side the pole falls to."""
+    return int(obs[2] + 0.3 * obs[3] > 0)
+
+
+def comparable(result, *, drop=("env_index",)):
+    """Each episode's fields but timings (and, across lane counts, the lane it ran on)."""
+    dropped = TIMING_FIELDS | set(drop)
+    return [
+        {key: value for key, value in episode.to_dict().items() if key not in dropped}
+        for episode in result.episodes
+    ]
+
+
+class AwaitEveryStep(rlmesh.RunHooks):
+    """Listens to every step, so the driver awaits each round instead of the core running
+    them."""
+
+    def on_step(self, event):
+        pass
