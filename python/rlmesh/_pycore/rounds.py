@@ -1,39 +1,43 @@
-"""One round of the loop over a run's running lanes, and the synchronous loop of rounds.
+"""The one owner of a run's episode lifecycle: episodes started, rounds run, episodes finished.
 
 Mirrors ``rust/src/rounds.rs`` name for name. This file is the executable specification: the
-Rust core must produce the same results, raise the same error types and the same messages.
+Rust core must produce the same results and raise the same error types and messages.
 
-A round (DESIGN.md, "The loop") is: assemble the running lanes' model input, call the model
-for the lanes whose replay queue is empty, turn its output into one env action per lane, step
-the lanes, record the step. ``RoundRunner`` does every per-lane part of it on top of the other
-core objects (ledger, assembler, applier, chunk queues), in three phases the async driver
-calls around its awaits:
+``RoundRunner`` owns every per-lane piece of a run: the ``RouteLedger`` (slots, seeds, episode
+ids, each lane's step count and clock), the ``ObservationAssembler`` (frame windows keyed by
+episode), the ``ActionApplier`` and the ``ChunkQueues`` (per-lane replay queues). The driver
+talks to the runner only:
 
-- ``begin_round()`` -> the running lanes, the lanes to predict for, their payload;
-- ``take_actions(output, predict_ns)`` -> one env action per running lane;
-- ``end_round(rewards, terminated, truncated, step_ns, now_ns)`` -> the lanes whose episode
+- ``start(lanes)`` -> ``EpisodeStarts``: claim slots for vacant lanes (seeds, trials, ids);
+  the driver then resets those lanes and hands their first observations to
+  ``set_observations``. ``observe_rolls`` does the same for lanes an autoresetting vector
+  restarted itself.
+- a round (DESIGN.md, "The loop"), in three phases the async driver calls around its awaits:
+  ``begin_round()`` -> the running lanes, the lanes to predict for and their payload;
+  ``take_actions(output, predict_ns)`` -> one env action per running lane;
+  ``end_round(rewards, terminated, truncated, step_ns, now_ns)`` -> the lanes whose episode
   ended (after ``max_episode_steps`` / ``max_episode_seconds``).
+- ``finish(lanes, successes)`` -> the ended episodes' summaries, ids and the ends owed to the
+  model; their frame windows and queued actions go in the same call.
 
-When nothing in a round needs awaiting (a synchronous model, per-lane Gymnasium envs, no
-timeouts, no per-step hooks), ``run_rounds`` chains the same phases itself, calling the model
-and stepping every lane's env in the core, until an episode ends or a deadline passes. That is
-the hot path: the driver's Python runs once per episode end, not once per step.
+When nothing in a round needs awaiting (a synchronous model, lanes that step each env alone in
+process, no timeouts, no per-step hooks), ``run_rounds`` chains the three phases itself,
+calling the model and every lane's env ``step`` in the core, until an episode ends or a
+deadline passes. That is the hot path: the driver's Python runs once per episode end, not once
+per step.
 
-The runner keeps each lane's latest raw observation (``set_observations`` after a reset),
-its episode's step count and start time, and counts the rounds it recorded.
+One clock per lane: an episode's time runs from its ``start`` (just before its reset call) to
+the return of its last ``step``; ``duration_s`` and ``max_episode_seconds`` both read it.
 
 Example:
     >>> import gymnasium as gym
     >>> import numpy as np
     >>> from rlmesh.adapters import compile_spec
-    >>> from rlmesh._pycore import ActionApplier, LatencyStats, ObservationAssembler, RouteLedger
+    >>> from rlmesh._pycore import LatencyStats
     >>> envs = [gym.make("CartPole-v1") for _ in range(2)]
     >>> plan = compile_spec(None, envs[0].observation_space, envs[0].action_space)
-    >>> ledger = RouteLedger(2, episodes=2)
-    >>> runner = RoundRunner(ledger, ObservationAssembler(plan.observation),
-    ...                      ActionApplier(plan.action), max_episode_steps=5)
-    >>> starts = ledger.start_episodes(np.arange(2), now_ns=0)
-    >>> runner.start_lanes(starts.lanes, now_ns=0)
+    >>> runner = RoundRunner(2, 2, plan.observation, plan.action, max_episode_steps=5)
+    >>> starts = runner.start(np.arange(2), now_ns=0)
     >>> runner.set_observations(starts.lanes, [env.reset(seed=s)[0] for env, s in
     ...                                        zip(envs, starts.seeds)])
     >>> import asyncio
@@ -45,6 +49,9 @@ Example:
     ...     model, [env.step for env in envs], "CartPole-v1", until_ns=2**62, stats=stats)
     >>> ended.tolist(), rounds, lane_steps, runner.rounds  # both truncated at 5 steps
     ([0, 1], 5, 10, 5)
+    >>> summaries, episode_ids, owed = runner.finish(ended, [None, None])
+    >>> [s.steps for s in summaries], runner.done
+    ([5, 5], True)
 """
 
 from __future__ import annotations
@@ -56,8 +63,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import EnvError
+from .actions import ActionApplier
 from .args import i64_arg, path_text, vector
-from .chunks import split_chunk
+from .assembly import ObservationAssembler
+from .chunks import ChunkQueues, split_chunk
+from .ledger import OVERFLOWS, EpisodeStarts, EpisodeSummary, RouteLedger
 
 NS_PER_S = 1e9
 
@@ -127,42 +137,67 @@ def _time_cap_ns(value: Any) -> float | None:
 
 
 class RoundRunner:
-    """The per-lane work of every round of one run.
+    """Every per-lane part of one run: episode lifecycle, rounds, frame windows, chunk queues.
 
     Args:
-        ledger: the run's ``RouteLedger`` (slots, episode ids, step records).
-        assembler: the ``ObservationAssembler`` of the model's observation plan.
-        applier: the ``ActionApplier`` of the model's action plan.
-        queues: the ``ChunkQueues`` when the model returns chunks ``[K, H, ...]``, else None
-            (one action per lane per prediction).
+        num_lanes: ``N >= 1`` lanes, numbered ``0..N-1``.
+        episodes: the budget ``M >= 1``; slots ``0..M-1`` are scored (see ``RouteLedger``).
+        observation_plan: ``Plan.observation``, the model input's leaves.
+        action_plan: ``Plan.action``, the action leaves.
+        execution_horizon: None when the model returns one action per lane per prediction;
+            ``E >= 1`` when it returns chunks ``[K, H, ...]``, of which each lane replays at
+            most ``E`` actions from its own queue.
+        seeds, base_seed, trial_index_base, indices: the slots' seeds and trials, as
+            ``RouteLedger`` takes them.
+        overflow: what a lane does when ``start`` finds no slot left: ``"idle"`` (lanes that
+            step alone: it is never stepped again) or ``"surplus"`` (a lockstep vector: it
+            runs an unscored episode).
         max_episode_steps: truncate an episode once it took this many steps.
-        max_episode_seconds: truncate an episode once this many seconds passed since its
-            lane's ``start_lanes``.
+        max_episode_seconds: truncate an episode once this many seconds passed on its clock.
 
     Raises:
-        ValueError: a cap that is not a positive number.
+        ValueError: what ``RouteLedger`` refuses, an unknown ``overflow``, or a cap that is
+            not a positive number.
     """
 
     def __init__(
         self,
-        ledger: Any,
-        assembler: Any,
-        applier: Any,
-        queues: Any = None,
+        num_lanes: int,
+        episodes: int,
+        observation_plan: Sequence[Any],
+        action_plan: Sequence[Any],
         *,
+        execution_horizon: int | None = None,
+        seeds: Sequence[int] | None = None,
+        base_seed: int | None = 0,
+        trial_index_base: int | None = 0,
+        indices: Sequence[int] | None = None,
+        overflow: str = "idle",
         max_episode_steps: int | None = None,
         max_episode_seconds: float | None = None,
     ) -> None:
-        self._ledger = ledger
-        self._assembler = assembler
-        self._applier = applier
-        self._queues = queues
+        if overflow not in OVERFLOWS:
+            raise ValueError(f"overflow must be 'idle' or 'surplus', got {overflow!r}")
+        self._ledger = RouteLedger(
+            num_lanes,
+            episodes,
+            seeds=seeds,
+            base_seed=base_seed,
+            trial_index_base=trial_index_base,
+            indices=indices,
+        )
+        self._assembler = ObservationAssembler(observation_plan)
+        self._applier = ActionApplier(action_plan)
+        self._queues = (
+            None if execution_horizon is None else ChunkQueues(num_lanes, execution_horizon)
+        )
+        self._overflow = overflow
         self._max_steps = _step_cap(max_episode_steps)
         self._max_ns = _time_cap_ns(max_episode_seconds)
-        num_lanes = ledger.num_lanes
+        num_lanes = self._ledger.num_lanes
         self._observations: list[Any] = [None] * num_lanes
-        self._episode_steps = [0] * num_lanes
-        self._started_ns = [0] * num_lanes
+        # When each lane's episode took its last step: the end of its clock.
+        self._ended_ns = [0] * num_lanes
         self._rounds = 0
         # The open round: its running lanes, the lanes predicted for, each running lane's
         # model time.
@@ -170,23 +205,92 @@ class RoundRunner:
         self._predict_lanes: list[int] = []
         self._predict_ns: list[int] = []
 
-    # ------------------------------------------------------------------ lanes
+    # ------------------------------------------------------------------ the run
+
+    @property
+    def num_lanes(self) -> int:
+        return self._ledger.num_lanes
 
     @property
     def rounds(self) -> int:
         """Rounds recorded so far (``end_round`` calls, and the rounds of ``run_rounds``)."""
         return self._rounds
 
-    def start_lanes(self, lanes: Any, *, now_ns: int) -> None:
-        """``lanes`` (``[K]`` int) start a new episode at ``now_ns``: step counts restart.
+    @property
+    def done(self) -> bool:
+        """True once every slot the run plays has been finished."""
+        return self._ledger.done
+
+    @property
+    def wasted_steps(self) -> int:
+        """Lane-steps spent on surplus episodes."""
+        return self._ledger.wasted_steps
+
+    def summaries(self) -> list[EpisodeSummary]:
+        """Every scored episode finished so far, in the order they finished."""
+        return self._ledger.summaries()
+
+    def snapshot(self) -> dict[str, Any]:
+        """The ledger's observable state (``RouteLedger.snapshot``), for parity checks."""
+        return self._ledger.snapshot()
+
+    # ------------------------------------------------------------------ episodes
+
+    def start(self, lanes: Any, *, now_ns: int) -> EpisodeStarts:
+        """Start an episode on each vacant lane of ``lanes`` (``[K]``), claiming slots in order.
+
+        Lanes past the last slot go idle or run surplus episodes (``overflow``). Each started
+        episode's clock starts at ``now_ns``: take it just before resetting the lanes.
 
         Raises:
-            ValueError: a lane out of range, or ``now_ns`` not an int64 clock reading.
+            ValueError: what ``RouteLedger.start_episodes`` refuses.
         """
-        now_ns = i64_arg(now_ns, "now_ns")
-        for lane in self._checked(lanes):
-            self._episode_steps[lane] = 0
-            self._started_ns[lane] = now_ns
+        return self._ledger.start_episodes(lanes, now_ns=now_ns, overflow=self._overflow)
+
+    def observe_rolls(self, lanes: Any, env_episode_ids: Any, *, now_ns: int) -> EpisodeStarts:
+        """Start an episode on each lane an autoresetting vector restarted itself
+        (``RouteLedger.observe_rolls``); ``set_observations`` has its first observation."""
+        return self._ledger.observe_rolls(lanes, env_episode_ids, now_ns=now_ns)
+
+    def finish(
+        self, lanes: Any, successes: Sequence[bool | None]
+    ) -> tuple[list[EpisodeSummary], np.ndarray, np.ndarray]:
+        """Finish the episodes that ended on ``lanes`` (``[E]``, as ``end_round`` returned them).
+
+        ``successes[k]`` is what lane ``lanes[k]``'s final info said of success (None: nothing).
+        The episodes' frame windows and queued actions go.
+
+        Returns:
+            ``(summaries, episode_ids, model_ends)``: the summaries of the scored episodes
+            among them (surplus ones finish silently), the ``[E]`` ids of every episode
+            finished, and the ``[F]`` ids among them whose end the model is owed (those it
+            predicted on), each owed only once.
+
+        Raises:
+            ValueError: a lane out of range, or whose episode has not ended.
+        """
+        ledger = self._ledger
+        checked = self._checked(lanes)
+        episode_ids = ledger.episode_ids(np.array(checked, dtype=np.int64))
+        completed: list[EpisodeSummary] = []
+        # Each lane at its own clock's end.
+        for lane, episode_id, success in zip(
+            checked, episode_ids.tolist(), list(successes), strict=True
+        ):
+            completed += ledger.complete_episodes(
+                [lane], [episode_id], [success], now_ns=self._ended_ns[lane]
+            )
+        for episode_id in episode_ids.tolist():
+            self._assembler.evict(episode_id)
+            if self._queues is not None:
+                self._queues.drop(episode_id)
+        return completed, episode_ids, ledger.take_model_ends(episode_ids)
+
+    def take_all_model_ends(self) -> np.ndarray:
+        """At teardown: every episode the model predicted on and was not told the end of."""
+        return self._ledger.take_all_model_ends()
+
+    # ------------------------------------------------------------------ lanes
 
     def set_observations(self, lanes: Any, observations: Sequence[Any]) -> None:
         """Lane ``lanes[k]``'s latest raw observation is ``observations[k]``."""
@@ -202,9 +306,24 @@ class RoundRunner:
         """The latest raw observation of each of ``lanes`` (None before its first reset)."""
         return [self._observations[lane] for lane in self._checked(lanes)]
 
-    def episode_steps(self, lanes: Any) -> np.ndarray:
-        """``[K]`` int64: the steps each of ``lanes``' current episode has taken."""
-        return np.array([self._episode_steps[lane] for lane in self._checked(lanes)], np.int64)
+    def running_lanes(self) -> np.ndarray:
+        """``[K]`` int64: the lanes whose episode (scored or surplus) is being stepped."""
+        return self._ledger.running_lanes()
+
+    def episode_ids(self, lanes: Any) -> np.ndarray:
+        """``[K]`` int64: the episode each of ``lanes`` holds (-1 for none)."""
+        return self._ledger.episode_ids(lanes)
+
+    def lane_episodes(self, lanes: Any) -> tuple[np.ndarray, list[int | None], np.ndarray]:
+        """What each of ``lanes`` (``[K]``) holds: ``(indices [K], seeds, steps [K])``, the
+        episode's slot (-1 for a surplus episode or none), its seed and the steps it took."""
+        checked = self._checked(lanes)
+        ledger = self._ledger
+        return (
+            np.array([ledger._index[lane] for lane in checked], dtype=np.int64),
+            [ledger._seed[lane] for lane in checked],
+            np.array([ledger._steps[lane] for lane in checked], dtype=np.int64),
+        )
 
     def _checked(self, lanes: Any) -> list[int]:
         checked = vector(lanes, "int64", "lanes").tolist()
@@ -291,7 +410,8 @@ class RoundRunner:
             rewards: ``[K]`` float; terminated, truncated: ``[K]`` bool, as the env returned
                 them, in the order of the running lanes.
             step_ns: how long the env step took; charged to each lane.
-            now_ns: the clock after the step, for ``max_episode_seconds``.
+            now_ns: the clock when the step returned: for ``max_episode_seconds``, and the end
+                of the clock of every episode that ended.
 
         Returns:
             ``(ended, truncated)``: the lanes whose episode ended ``[E]``, and the ``[K]``
@@ -316,8 +436,9 @@ class RoundRunner:
         ):
             if len(values) != count:
                 raise ValueError(f"{name} has {len(values)} entries for {count} running lanes")
+        steps = self._ledger._steps
         for k, lane in enumerate(running):
-            if not terminated[k] and self._over_cap(lane, self._episode_steps[lane] + 1, now_ns):
+            if not terminated[k] and self._over_cap(lane, steps[lane] + 1, now_ns):
                 truncated[k] = True
         ended = self._ledger.record_step(
             np.array(running, dtype=np.int64),
@@ -327,9 +448,9 @@ class RoundRunner:
             np.full(count, step_ns, dtype=np.int64),
             np.array(self._predict_ns, dtype=np.int64),
         )
-        # Counted once the ledger took the step: a refused round leaves the runner as it was.
-        for lane in running:
-            self._episode_steps[lane] += 1
+        # Set once the ledger took the step: a refused round leaves the runner as it was.
+        for lane in ended.tolist():
+            self._ended_ns[lane] = now_ns
         self._rounds += 1
         return ended, truncated
 
@@ -337,17 +458,8 @@ class RoundRunner:
         """Whether ``lane``'s episode, ``steps`` steps in at ``now_ns``, reached a cap."""
         if self._max_steps is not None and steps >= self._max_steps:
             return True
-        return self._max_ns is not None and now_ns - self._started_ns[lane] >= self._max_ns
-
-    def forget_episodes(self, episode_ids: Any) -> None:
-        """Episodes that ended (``[E]`` int): their frame windows and queued actions go.
-
-        Call it once the ledger completed them, before their lanes' next round.
-        """
-        for episode_id in vector(episode_ids, "int64", "episode_ids").tolist():
-            self._assembler.evict(episode_id)
-            if self._queues is not None:
-                self._queues.drop(episode_id)
+        started_ns = self._ledger._started_ns[lane]
+        return self._max_ns is not None and now_ns - started_ns >= self._max_ns
 
     # ------------------------------------------------------------------ the synchronous loop
 
