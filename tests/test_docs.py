@@ -24,7 +24,10 @@ DOCUMENTED_MODULES = (
     "rlmesh.contexts",
     "rlmesh.driver",
     "rlmesh.numpy",
-    "rlmesh.envs",
+    "rlmesh.lanes",
+    "rlmesh.lanes.local",
+    "rlmesh.utils",
+    "rlmesh.deadlines",
     "rlmesh.stats",
     "rlmesh.cli",
 )

@@ -37,7 +37,7 @@ import inspect
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypedDict
 
-from ._pycore.seeding import episode_seed
+from .core import active as _core
 
 CONTEXT_PARAMETER = "context"
 
@@ -51,7 +51,7 @@ class PredictContext(TypedDict):
         episode_seed: the seed the episode was reset with; None when the env chose it.
         predict_index: how many times this episode was predicted for before: 0 on its first
             prediction (one per chunk for a chunked model, not one per env step).
-        predict_seed: ``rlmesh.episode_seed(episode_seed, predict_index)``, a seed for a
+        predict_seed: ``rlmesh._core.episode_seed(episode_seed, predict_index)``, a seed for a
             stochastic head that is the same on any lane and any ``num_envs``; None when the
             episode has no seed.
         state: a dict that lives as long as the episode, empty at its first prediction and
@@ -137,6 +137,6 @@ def _context(episode_id: int | None, episode: _Episode) -> PredictContext:
         episode_id=episode_id,
         episode_seed=seed,
         predict_index=episode.predictions,
-        predict_seed=None if seed is None else episode_seed(seed, episode.predictions),
+        predict_seed=None if seed is None else _core.episode_seed(seed, episode.predictions),
         state=episode.state,
     )

@@ -1,17 +1,21 @@
 """The async driver: reset -> predict -> step over the lanes until exactly M episodes are scored.
 
-Per round (DESIGN.md, "The loop"):
+A run is three objects and the hooks (ARCHITECTURE.md): the ``Lanes`` that hold the envs
+(``rlmesh.lanes``), the ``ModelHandler`` that answers predicts (``rlmesh.model``), and the
+core's ``RoundRunner``, the one owner of every lane's episode (``rlmesh.core``). This file
+moves arrays between them and calls the hooks; it never asks what kind of lanes or model it
+has. One round (DESIGN.md, "The loop"):
 
-1. lanes whose episode ended are completed, and restart on the next slot (or go idle);
-2. the running lanes' raw observations are assembled into the model's input (frame stacks keyed
-   by episode id);
-3. the model is called once for the lanes whose replay queue is empty, through the most
-   specific corner it has;
-4. the action plan is applied, chunks are queued per lane, and one action per lane is popped;
-5. the lanes are stepped, and the ledger records rewards, terminations and timings.
+1. the runner assembles the running lanes' model input (frame stacks keyed by episode);
+2. the model is called once for the lanes whose replay queue is empty;
+3. the runner turns its output into one env action per running lane (chunks queued per lane);
+4. the lanes step, and the runner records rewards, terminations and caps;
+5. the ended episodes are finished (summaries, evictions, the model's and hooks' ends), and
+   the next ones start: the driver resets the lanes with the next slots' seeds, or observes
+   the lanes an autoresetting vector restarted itself.
 
-The per-lane bookkeeping is the core's (``rlmesh.core``): this file only moves numpy arrays
-between the core, the model and the environments, and calls the hooks.
+When nothing in a round needs awaiting, the runner runs whole rounds itself (``run_rounds``),
+and this file's Python runs once per episode end.
 
 Example:
     >>> import rlmesh
@@ -31,16 +35,17 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.vector.utils import create_empty_array
 
 from .adapters import compile_spec
 from .core import active, core_name, load_core
-from .envs import Lanes, LaneVector, make_lanes
+from .deadlines import DeadlineCaller, DeadlinePassed
 from .errors import OperationTimeout, RlmeshError, call_failure
 from .hooks import HookDispatcher, StepEvent
+from .lanes import Lanes, StepBatch, make_lanes
 from .model import ModelHandler
 from .results import EpisodeResult, ResultsFile, RunResult
 from .telemetry import Telemetry
+from .utils import env_label, map_leaves, positive_int, positive_seconds
 
 TIMEOUT_OPS = ("reset", "step", "predict")
 YIELD_EVERY_NS = 50_000_000
@@ -66,22 +71,6 @@ class RunSettings:
     indices: list[int] | None = None
 
 
-def _positive_int(name: str, value: Any, *, allow_none: bool = False) -> int | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
-
-
-def _positive_float(name: str, value: Any, *, allow_none: bool = False) -> float | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
-    return float(value)
-
-
 def check_settings(
     *,
     seeds: Sequence[int] | None,
@@ -97,7 +86,11 @@ def check_settings(
     close_env: bool,
     indices: Sequence[int] | None = None,
 ) -> RunSettings:
-    """The run's arguments checked, with the defaults DESIGN.md gives; ValueError otherwise."""
+    """The run's arguments checked, with the defaults DESIGN.md gives; ValueError otherwise.
+
+    The one check of ``run``'s arguments: everything below it (the model handler, the lanes,
+    the core) takes them as checked.
+    """
     if seeds is not None:
         seeds = list(seeds)
         if not seeds and episodes is None:
@@ -119,18 +112,24 @@ def check_settings(
         raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
     return RunSettings(
         seeds=seeds,
-        episodes=_positive_int("episodes", episodes),
-        base_seed=0 if seed is None else seed,
-        num_envs=_positive_int("num_envs", num_envs, allow_none=True),
-        execution_horizon=_positive_int("execution_horizon", execution_horizon),
-        max_episode_steps=_positive_int("max_episode_steps", max_episode_steps, allow_none=True),
-        max_episode_seconds=_positive_float(
-            "max_episode_seconds", max_episode_seconds, allow_none=True
+        episodes=positive_int("episodes", episodes),
+        base_seed=0 if seed is None else int(seed),
+        num_envs=None if num_envs is None else positive_int("num_envs", num_envs),
+        execution_horizon=positive_int("execution_horizon", execution_horizon),
+        max_episode_steps=(
+            None
+            if max_episode_steps is None
+            else positive_int("max_episode_steps", max_episode_steps)
+        ),
+        max_episode_seconds=(
+            None
+            if max_episode_seconds is None
+            else positive_seconds("max_episode_seconds", max_episode_seconds)
         ),
         trial_index_base=trial_index_base,
-        telemetry_window=_positive_float("telemetry_window", telemetry_window),
+        telemetry_window=positive_seconds("telemetry_window", telemetry_window),
         timeouts={
-            op: _positive_float(f"timeouts[{op!r}]", limit)
+            op: positive_seconds(f"timeouts[{op!r}]", limit)
             for op, limit in (timeouts or {}).items()
         },
         close_env=bool(close_env),
@@ -251,11 +250,11 @@ def _results_header(
 ) -> dict[str, Any]:
     """What a results file records of the run, and what a resumed run must match."""
     return {
-        "env": env if isinstance(env, str) else type(env).__name__,
+        "env": env_label(env),
         "episodes": settings.episodes,
         "seed": settings.base_seed,
         "seeds": settings.seeds,
-        "horizon": settings.execution_horizon,
+        "execution_horizon": settings.execution_horizon,
         "max_episode_steps": settings.max_episode_steps,
         "max_episode_seconds": settings.max_episode_seconds,
         "trial_index_base": settings.trial_index_base,
@@ -279,24 +278,11 @@ def _success(info: dict) -> bool | None:
     return None
 
 
-def _map_leaves(tree: Any, fn: Callable[[np.ndarray], Any]) -> Any:
-    """``fn`` applied to every array of a (nested) dict of arrays, or to the array itself."""
-    if isinstance(tree, dict):
-        return {key: _map_leaves(value, fn) for key, value in tree.items()}
-    return fn(tree)
-
-
-def _scatter(target: Any, rows: np.ndarray, values: Any) -> None:
-    """``target[rows] = values`` leaf by leaf (a dict action fills each of its arrays)."""
-    if isinstance(target, dict):
-        for key in target:
-            _scatter(target[key], rows, values[key])
-    else:
-        target[rows] = values
+NO_LANES = np.zeros(0, dtype=np.int64)
 
 
 class EvaluationRun:
-    """One evaluation: the lanes, the model, the core's state and the hooks, from start to end."""
+    """One evaluation: the lanes, the model handler, the core's runner and the hooks."""
 
     def __init__(
         self,
@@ -317,9 +303,9 @@ class EvaluationRun:
         self.hooks: HookDispatcher | None = None
         self.lanes: Lanes | None = None
         self.handler: ModelHandler | None = None
-        self.ledger: Any = None
-        self.telemetry: Telemetry | None = None
         self.runner: Any = None
+        self.telemetry: Telemetry | None = None
+        self.deadlines = DeadlineCaller()
 
     # -------------------------------------------------------------------- set-up and teardown
 
@@ -350,7 +336,7 @@ class EvaluationRun:
         settings = self.settings
         await hooks.run_start(
             {
-                "env": self.env if isinstance(self.env, str) else type(self.env).__name__,
+                "env": env_label(self.env),
                 "episodes": settings.episodes,
                 "base_seed": settings.base_seed,
                 "seeds": settings.seeds,
@@ -383,48 +369,37 @@ class EvaluationRun:
     def _configure(self, indices: list[int] | None) -> None:
         settings = self.settings
         self.hooks = HookDispatcher(self.hooks_argument)
-        self.handler = ModelHandler(self.model, execution_horizon=settings.execution_horizon)
-        self.lanes = make_lanes(self.env, num_envs=settings.num_envs)
-        lanes = self.lanes
-        if lanes.autoreset != "driver" and (
-            settings.max_episode_steps or settings.max_episode_seconds
-        ):
+        self.handler = handler = ModelHandler(
+            self.model, execution_horizon=settings.execution_horizon
+        )
+        self.lanes = lanes = make_lanes(self.env, num_envs=settings.num_envs)
+        if lanes.resets_itself and (settings.max_episode_steps or settings.max_episode_seconds):
             raise ValueError(
-                "max_episode_steps and max_episode_seconds need a vector rlmesh resets itself; "
-                f"this VectorEnv autoresets ({lanes.autoreset}): wrap its envs in "
+                "max_episode_steps and max_episode_seconds need lanes rlmesh resets itself; "
+                f"{lanes.name} restarts its lanes on its own: wrap its envs in "
                 "gymnasium.wrappers.TimeLimit instead"
             )
-        plan = compile_spec(
-            self.handler.spec, lanes.single_observation_space, lanes.single_action_space
+        self.plan = plan = compile_spec(
+            handler.spec, lanes.single_observation_space, lanes.single_action_space
         )
-        self.plan = plan
-        core = self.core
-        self.ledger = core.RouteLedger(
+        self.runner = self.core.RoundRunner(
             lanes.num_lanes,
             settings.episodes,
+            plan.observation,
+            plan.action,
+            execution_horizon=settings.execution_horizon if handler.chunked else None,
             seeds=settings.seeds,
             base_seed=settings.base_seed,
             trial_index_base=settings.trial_index_base,
             indices=indices,
-        )
-        self.runner = core.RoundRunner(
-            self.ledger,
-            core.ObservationAssembler(plan.observation),
-            core.ActionApplier(plan.action),
-            (
-                core.ChunkQueues(lanes.num_lanes, settings.execution_horizon)
-                if self.handler.chunked
-                else None
-            ),
+            overflow="surplus" if lanes.lockstep else "idle",
             max_episode_steps=settings.max_episode_steps,
             max_episode_seconds=settings.max_episode_seconds,
         )
         self.all_lanes = np.arange(lanes.num_lanes, dtype=np.int64)
-        # Per lane: the scored episode's index (-1 for surplus or none) and seed, for hooks.
-        self.lane_index = np.full(lanes.num_lanes, -1, dtype=np.int64)
-        self.lane_seed: list[int | None] = [None] * lanes.num_lanes
-        self.telemetry = Telemetry(settings.telemetry_window, time.perf_counter_ns(), core=core)
-        telemetry = self.telemetry
+        self.telemetry = telemetry = Telemetry(
+            settings.telemetry_window, time.perf_counter_ns(), core=self.core
+        )
         self.hooks.record_latency = lambda ns: telemetry.record("hooks", ns)
         self._yielded_ns = time.perf_counter_ns()
 
@@ -438,8 +413,8 @@ class EvaluationRun:
         steps: list[Callable[[], Any]] = []
         if self.handler is not None:
             handler = self.handler
-            if self.ledger is not None and handler.wants_episode_ends:
-                owed = self.ledger.take_all_model_ends().tolist()
+            if self.runner is not None and handler.wants_episode_ends:
+                owed = self.runner.take_all_model_ends().tolist()
                 steps += [
                     lambda episode_id=episode_id: handler.episode_end(episode_id)
                     for episode_id in owed
@@ -465,15 +440,15 @@ class EvaluationRun:
         return not isinstance(self.env, (gym.Env, gym.vector.VectorEnv))
 
     def _result(self) -> RunResult:
-        ledger = self.ledger
-        summaries = [] if ledger is None else ledger.summaries()
+        runner = self.runner
+        summaries = [] if runner is None else runner.summaries()
         telemetry = (
             () if self.telemetry is None else self.telemetry.cumulative_rows(time.perf_counter_ns())
         )
         return RunResult(
             episodes=tuple(EpisodeResult.from_summary(summary) for summary in summaries),
             base_seed=self.settings.base_seed,
-            wasted_steps=0 if ledger is None else ledger.wasted_steps,
+            wasted_steps=0 if runner is None else runner.wasted_steps,
             telemetry=telemetry,
             observer_errors=0 if self.hooks is None else self.hooks.observer_errors,
         )
@@ -481,18 +456,15 @@ class EvaluationRun:
     # -------------------------------------------------------------------- the loop
 
     async def _evaluate(self) -> None:
-        lanes, hooks = self.lanes, self.hooks
+        hooks, runner = self.hooks, self.runner
         await hooks.run_start(self._context())
         await self._guard("load", self.handler.load, where="model.load")
-        await self._start(self.all_lanes)
-        if lanes.autoreset != "driver":
-            self.ledger.observe_rolls(
-                self.all_lanes, lanes.env_episode_ids(), now_ns=time.perf_counter_ns()
-            )
+        await self._start(self.all_lanes)  # every lane's first episode, seeded
+        await self._next_episodes(NO_LANES)  # lanes that restart themselves: the baseline
         await self._probe_statefulness()
-        synchronous = self._synchronous_rounds()
-        while not self.ledger.done:
-            if synchronous:
+        core_runs_rounds = self._core_runs_rounds()
+        while not runner.done:
+            if core_runs_rounds:
                 await self._run_rounds()
             else:
                 await self._round()
@@ -505,12 +477,13 @@ class EvaluationRun:
                 await asyncio.sleep(0)
                 self._yielded_ns = now
 
-    def _synchronous_rounds(self) -> bool:
+    def _core_runs_rounds(self) -> bool:
         """Whether nothing in a round needs awaiting, so the core can run whole rounds itself:
-        per-lane Gymnasium envs, a plain-function corner, no timeouts, no per-step hooks."""
+        lanes whose envs the core may step (``Lanes.env_steps``), a plain-function corner, no
+        timeouts and no per-step hooks."""
         hooks = self.hooks
         return (
-            isinstance(self.lanes, LaneVector)
+            self.lanes.env_steps is not None
             and self.handler.synchronous
             and not self.settings.timeouts
             and not (hooks.wants_steps or hooks.wants_observations or hooks.wants_actions)
@@ -518,7 +491,7 @@ class EvaluationRun:
 
     async def _run_rounds(self) -> None:
         """Rounds run by the core until an episode ends, the telemetry window closes or it is
-        time to yield to the event loop; then the ended episodes are completed and restarted."""
+        time to yield to the event loop; then the ended episodes finish and the next start."""
         telemetry = self.telemetry
         until_ns = min(self._yielded_ns + YIELD_EVERY_NS, telemetry.window_ends_ns)
         ended, infos, rounds, lane_steps = self.runner.run_rounds(
@@ -529,77 +502,68 @@ class EvaluationRun:
             stats=[telemetry.window_stats(op) for op in ROUND_OPS],
         )
         telemetry.count_steps(rounds, lane_steps)
-        if len(ended):
-            await self._finish(ended, infos)
-            await self._start(ended)
+        await self._finish(ended, infos)
+        await self._next_episodes(ended)
 
     async def _round(self) -> None:
-        """One round the driver awaits step by step (async models, a lockstep vector,
+        """One round the driver awaits step by step (async models, lanes the core cannot step,
         timeouts, per-step hooks), through the same core phases as ``run_rounds``."""
-        lanes, hooks, runner, telemetry = self.lanes, self.hooks, self.runner, self.telemetry
+        runner, telemetry = self.runner, self.telemetry
         round_start = time.perf_counter_ns()
         running, predict_lanes, payload = runner.begin_round()
-        output, predict_ns = None, 0
-        if len(predict_lanes):
-            if hooks.wants_observations:
-                payload = await hooks.observation(predict_lanes, payload)
-            predict_start = time.perf_counter_ns()
-            episode_ids = None
-            if self.handler.wants_episode_ids:
-                episode_ids = self.ledger.episode_ids(predict_lanes).tolist()
-            output = await self._guard(
-                "predict",
-                self.handler.predict,
-                payload,
-                len(predict_lanes),
-                episode_ids,
-                where=f"model.{self.handler.corner}",
-            )
-            predict_ns = time.perf_counter_ns() - predict_start
-            telemetry.record("model.predict", predict_ns)
-        actions = None  # every lane of an autoresetting vector is between episodes this step
-        if len(running):
-            actions = runner.take_actions(output, predict_ns)
-            if hooks.wants_actions:
-                actions = await hooks.action(running, actions)
-        stepped = self.all_lanes if lanes.lockstep else running
-        if lanes.lockstep and len(running) < lanes.num_lanes:
-            actions = self._fill_idle_lanes(running, actions)
+        output, predict_ns = await self._predict(predict_lanes, payload)
+        # No lane runs while a vector restarts every lane at once: it steps with no actions.
+        actions = None if not len(running) else runner.take_actions(output, predict_ns)
+        if actions is not None and self.hooks.wants_actions:
+            actions = await self.hooks.action(running, actions)
         step_start = time.perf_counter_ns()
-        batch = await self._guard("step", lanes.step, stepped, actions, where="env.step")
+        batch = await self._guard("step", self.lanes.step, running, actions, where="env.step")
         now = time.perf_counter_ns()
         step_ns = now - step_start
         telemetry.record("env.step", step_ns)
-        runner.set_observations(stepped, batch.observations)
-        rows = running if lanes.lockstep else slice(None)
-        rewards, terminated = batch.rewards[rows], batch.terminated[rows]
+        runner.set_observations(batch.stepped, batch.observations)
         ended, truncated = runner.end_round(
-            rewards, terminated, batch.truncated[rows], step_ns, now
+            batch.rewards, batch.terminated, batch.truncated, step_ns, now
         )
-        if hooks.wants_steps:
-            positions = running if lanes.lockstep else np.arange(len(running))
+        if self.hooks.wants_steps:
             lane_predict_ns = np.where(np.isin(running, predict_lanes), predict_ns, 0)
-            flags = (rewards, terminated, truncated, lane_predict_ns, step_ns)
-            await self._step_events(running, positions, batch, actions, flags)
-        if len(ended):
-            position_of = {lane: k for k, lane in enumerate(stepped.tolist())}
-            await self._finish(ended, [batch.infos[position_of[lane]] for lane in ended.tolist()])
-        if lanes.autoreset == "driver":
-            if len(ended):
-                await self._start(ended)
-        else:
-            starts = self.ledger.observe_rolls(self.all_lanes, lanes.env_episode_ids(), now_ns=now)
-            await self._announce(starts)
+            await self._step_events(running, batch, actions, truncated, lane_predict_ns, step_ns)
+        position_of = {lane: k for k, lane in enumerate(running.tolist())}
+        await self._finish(ended, [batch.infos[position_of[lane]] for lane in ended.tolist()])
+        await self._next_episodes(ended)
         telemetry.record("driver.round", time.perf_counter_ns() - round_start)
-        telemetry.count_steps(1, len(stepped))
+        telemetry.count_steps(1, len(batch.stepped))
+
+    async def _predict(self, predict_lanes: np.ndarray, payload: Any) -> tuple[Any, int]:
+        """The model's output for ``predict_lanes`` (None when there are none), and its time."""
+        if not len(predict_lanes):
+            return None, 0
+        if self.hooks.wants_observations:
+            payload = await self.hooks.observation(predict_lanes, payload)
+        handler = self.handler
+        episode_ids = None
+        if handler.wants_episode_ids:
+            episode_ids = self.runner.episode_ids(predict_lanes).tolist()
+        started = time.perf_counter_ns()
+        output = await self._guard(
+            "predict",
+            handler.predict,
+            payload,
+            len(predict_lanes),
+            episode_ids,
+            where=f"model.{handler.corner}",
+        )
+        predict_ns = time.perf_counter_ns() - started
+        self.telemetry.record("model.predict", predict_ns)
+        return output, predict_ns
 
     def _context(self) -> dict[str, Any]:
         lanes, settings = self.lanes, self.settings
         return {
-            "env": self.env if isinstance(self.env, str) else type(self.env).__name__,
+            "env": env_label(self.env),
             "num_lanes": lanes.num_lanes,
             "lockstep": lanes.lockstep,
-            "autoreset": lanes.autoreset,
+            "resets_itself": lanes.resets_itself,
             "episodes": settings.episodes,
             "base_seed": settings.base_seed,
             "seeds": settings.seeds,
@@ -614,11 +578,9 @@ class EvaluationRun:
         }
 
     async def _start(self, lanes_to_start: np.ndarray) -> None:
-        """Claim slots for vacant lanes, reset them with their seeds, announce scored starts."""
-        overflow = "surplus" if self.lanes.lockstep else "idle"
-        starts = self.ledger.start_episodes(
-            lanes_to_start, now_ns=time.perf_counter_ns(), overflow=overflow
-        )
+        """Start episodes on vacant lanes: the runner claims their slots, the lanes reset with
+        the slots' seeds (surplus episodes unseeded), and the new episodes are announced."""
+        starts = self.runner.start(lanes_to_start, now_ns=time.perf_counter_ns())
         reset = np.concatenate([starts.lanes, starts.surplus_lanes])
         if len(reset):
             seeds = list(starts.seeds) + [None] * len(starts.surplus_lanes)
@@ -631,28 +593,33 @@ class EvaluationRun:
             self.runner.set_observations(reset, observations)
         await self._announce(starts)
 
+    async def _next_episodes(self, ended: np.ndarray) -> None:
+        """Start what follows the ended episodes: the driver resets the ended lanes on the
+        next slots, or, where the lanes restart themselves, the runner observes which lanes
+        the env restarted (their first observations arrived with the step)."""
+        if self.lanes.resets_itself:
+            starts = self.runner.observe_rolls(
+                self.all_lanes, self.lanes.env_episode_ids(), now_ns=time.perf_counter_ns()
+            )
+            await self._announce(starts)
+        elif len(ended):
+            await self._start(ended)
+
     async def _announce(self, starts: Any) -> None:
-        """Note the new episodes' lanes, and tell the hooks of the scored ones."""
-        now = time.perf_counter_ns()
-        new_lanes = np.concatenate([starts.lanes, starts.surplus_lanes])
-        self.runner.start_lanes(new_lanes, now_ns=now)
-        self.lane_index[starts.surplus_lanes] = -1
-        self.lane_index[starts.lanes] = starts.indices
-        contexts = self.handler.contexts
-        if contexts is not None:
-            seeds = [*starts.seeds, *[None] * len(starts.surplus_lanes)]
-            contexts.start(self.ledger.episode_ids(new_lanes).tolist(), seeds)
+        """Tell the model handler of every new episode, and the hooks of the scored ones."""
+        surplus = len(starts.surplus_lanes)
+        self.handler.start_episodes(
+            [*starts.episode_ids.tolist(), *starts.surplus_episode_ids.tolist()],
+            [*starts.seeds, *[None] * surplus],
+        )
         if not self.hooks.listening:
             return
-        for lane, index, seed in zip(
-            starts.lanes.tolist(), starts.indices.tolist(), starts.seeds, strict=True
-        ):
-            self.lane_seed[lane] = seed
+        for index, seed in zip(starts.indices.tolist(), starts.seeds, strict=True):
             await self.hooks.episode_start(index, seed)
 
     async def _probe_statefulness(self) -> None:
         """With several lanes sharing the model, refuse one that keeps state across calls."""
-        started = self.ledger.running_lanes()[:2]
+        started = self.runner.running_lanes()[:2]
         if len(started) < 2:
             return
         probe = self.core.ObservationAssembler(self.plan.observation)
@@ -663,65 +630,54 @@ class EvaluationRun:
             "probe", self.handler.check_stateless, sample_a, sample_b, where="model probe"
         )
 
-    def _fill_idle_lanes(self, running: np.ndarray, actions: Any) -> Any:
-        """A lockstep vector steps every lane: lanes without an episode (autoresetting on
-        this step) get a placeholder action the env ignores."""
-        full = create_empty_array(
-            self.lanes.single_action_space, n=self.lanes.num_lanes, fn=np.zeros
-        )
-        if len(running):
-            _scatter(full, running, actions)
-        return full
-
     async def _step_events(
-        self, running: np.ndarray, positions: np.ndarray, batch: Any, actions: Any, flags: tuple
+        self,
+        running: np.ndarray,
+        batch: StepBatch,
+        actions: Any,
+        truncated: np.ndarray,
+        predict_ns: np.ndarray,
+        step_ns: int,
     ) -> None:
         """A ``StepEvent`` per scored lane of this step (only built when a hook listens)."""
-        rewards, terminated, truncated, predict_ns, step_ns = flags
-        steps = self.runner.episode_steps(running)
-        for k, lane in enumerate(running.tolist()):
-            index = int(self.lane_index[lane])
+        indices, seeds, steps = self.runner.lane_episodes(running)
+        observations = self.runner.observations(running)
+        finals = batch.final_observations
+        for k, index in enumerate(indices.tolist()):
             if index < 0:
                 continue  # surplus episodes are never announced
-            position = int(positions[k])
-            final = batch.final_observations[position] if batch.final_observations else None
+            final = None if finals is None else finals[k]
             await self.hooks.step(
                 StepEvent(
                     episode=index,
-                    seed=self.lane_seed[lane],
+                    seed=seeds[k],
                     step=int(steps[k]),
-                    observation=batch.observations[position] if final is None else final,
-                    action=_map_leaves(actions, lambda leaf, row=position: leaf[row]),
-                    reward=float(rewards[k]),
-                    terminated=bool(terminated[k]),
+                    observation=observations[k] if final is None else final,
+                    action=map_leaves(actions, lambda leaf, row=k: leaf[row]),
+                    reward=float(batch.rewards[k]),
+                    terminated=bool(batch.terminated[k]),
                     truncated=bool(truncated[k]),
-                    info=batch.infos[position],
+                    info=batch.infos[k],
                     predict_ms=predict_ns[k] / 1e6,
                     step_ms=step_ns / 1e6,
                 )
             )
 
     async def _finish(self, ended: np.ndarray, infos: list[dict[str, Any]]) -> None:
-        """Complete the ended episodes (``infos``: their final infos): summaries, evictions,
-        the model's and hooks' ends."""
-        ledger = self.ledger
-        ended_ids = ledger.episode_ids(ended)
-        successes = [_success(info) for info in infos]
-        summaries = ledger.complete_episodes(
-            ended, ended_ids, successes, now_ns=time.perf_counter_ns()
+        """Finish the ended episodes (``infos``: their final infos): the runner's summaries and
+        evictions, then the model's, the results file's and the hooks' ends."""
+        if not len(ended):
+            return
+        summaries, episode_ids, model_ends = self.runner.finish(
+            ended, [_success(info) for info in infos]
         )
-        self.runner.forget_episodes(ended_ids)
-        if self.handler.contexts is not None:
-            self.handler.contexts.end(ended_ids.tolist())
-        model_ends = ledger.take_model_ends(ended_ids)
-        if self.handler.wants_episode_ends:
-            for episode_id in model_ends.tolist():
-                await self._guard(
-                    "episode_end",
-                    self.handler.episode_end,
-                    episode_id,
-                    where="model.on_episode_end",
-                )
+        await self._guard(
+            "episode_end",
+            self.handler.end_episodes,
+            episode_ids.tolist(),
+            model_ends.tolist(),
+            where="model.on_episode_end",
+        )
         if self.results is None and not self.hooks.listening:
             return
         for summary in summaries:
@@ -736,14 +692,15 @@ class EvaluationRun:
         """Call an env or model operation: time-limited when ``timeouts`` names ``op`` (only
         ``reset``, ``step`` and ``predict`` can be limited; loading the model, its episode ends
         and the statefulness probe never are), with a foreign exception wrapped in the typed
-        error that says where it came from."""
+        error that says where it came from. A limited call that overruns raises at its
+        deadline; the call itself is abandoned (``rlmesh.deadlines``)."""
         limit = self.settings.timeouts.get(op)
         try:
             if limit is None:
                 outcome = fn(*args)
                 return await outcome if asyncio.iscoroutine(outcome) else outcome
-            return await asyncio.wait_for(asyncio.to_thread(_call_blocking, fn, *args), limit)
-        except (TimeoutError, asyncio.TimeoutError):
+            return await self.deadlines.call(limit, fn, *args)
+        except DeadlinePassed:
             raise OperationTimeout(
                 f"{where} took longer than its {limit:g} s limit (timeouts[{op!r}]) at round "
                 f"{self.runner.rounds}"
@@ -752,9 +709,3 @@ class EvaluationRun:
             raise
         except Exception as exc:
             raise call_failure(where, exc, self.runner.rounds) from exc
-
-
-def _call_blocking(fn: Callable[..., Any], *args: Any) -> Any:
-    """Run ``fn`` in a worker thread, driving it to completion if it is a coroutine."""
-    outcome = fn(*args)
-    return asyncio.run(outcome) if asyncio.iscoroutine(outcome) else outcome

@@ -80,7 +80,7 @@ class StatefulModelError(RlmeshError):
 class EnvError(RlmeshError):
     """The environment could not be made, or raised.
 
-    Raised by ``rlmesh.envs.make_lanes`` when ``gymnasium.make`` or the user's factory fails
+    Raised by ``rlmesh.lanes.make_lanes`` when ``gymnasium.make`` or the user's factory fails
     (an unknown id, a bad keyword), and by a lane vector when an env's ``reset`` or ``step``
     raises. The message names the env and, where one is involved, the lane; the env's own
     exception is chained as ``__cause__``.

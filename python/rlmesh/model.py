@@ -47,9 +47,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._pycore.args import path_text
 from .contexts import CONTEXT_PARAMETER, EpisodeContexts, accepts_context
 from .errors import ModelOutputError, StatefulModelError, call_failure
+from .utils import path_text
 
 if TYPE_CHECKING:
     from .adapters import ModelSpec
@@ -272,6 +272,21 @@ class ModelHandler:
         else:
             await _resolved(self.model.on_episode_end())
         await _resolved(self.model.reset())
+
+    def start_episodes(self, episode_ids: Sequence[int], seeds: Sequence[int | None]) -> None:
+        """New episodes (``[S]`` ids and their seeds): a corner that takes a ``context`` gets
+        a fresh one for each."""
+        if self.contexts is not None and episode_ids:
+            self.contexts.start(episode_ids, seeds)
+
+    async def end_episodes(self, episode_ids: Sequence[int], model_ends: Sequence[int]) -> None:
+        """Finished episodes (``[E]`` ids): their contexts go, and the model is told of those
+        whose end it is owed (``model_ends``, the ones it predicted on), in order."""
+        if self.contexts is not None:
+            self.contexts.end(episode_ids)
+        if self.wants_episode_ends:
+            for episode_id in model_ends:
+                await self.episode_end(episode_id)
 
     async def close(self) -> None:
         """``model.close()``, once; later calls do nothing."""

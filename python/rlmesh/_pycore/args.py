@@ -5,12 +5,14 @@ Mirrors ``rust/src/args.rs``: the same accepted types and dtype kinds, the same 
 
 from __future__ import annotations
 
-import json
 import operator
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+# Shared with the rest of the package (args.rs has its own).
+from ..utils import path_text as path_text
 
 # The numpy dtype kinds each argument type accepts ("b" bool, "i" signed, "u" unsigned,
 # "f" float). Anything else is refused rather than silently reinterpreted.
@@ -92,11 +94,3 @@ def check_lanes(lanes: np.ndarray, num_lanes: int) -> list[int]:
             raise ValueError(f"lane {lane} appears twice in lanes")
         seen[lane] = True
     return checked
-
-
-def path_text(root: str, path: Sequence[str]) -> str:
-    """Where a key path leads, as messages show it: ``action``, ``obs["a"]["b"]``.
-
-    Keys are written as ``json.dumps`` writes them, as ``rlmesh.adapters`` does.
-    """
-    return root + "".join(f"[{json.dumps(key)}]" for key in path)

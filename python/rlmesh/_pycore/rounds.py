@@ -57,61 +57,19 @@ Example:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from ..errors import EnvError
+from ..utils import env_failure, lane_actions, map_leaves
 from .actions import ActionApplier
-from .args import i64_arg, path_text, vector
+from .args import i64_arg, vector
 from .assembly import ObservationAssembler
 from .chunks import ChunkQueues, split_chunk
 from .ledger import OVERFLOWS, EpisodeStarts, EpisodeSummary, RouteLedger
 
 NS_PER_S = 1e9
-
-
-def lane_actions(actions: Any, count: int, path: tuple[str, ...] = ()) -> Sequence[Any]:
-    """``actions`` batched along a leading lane axis, as something indexed by lane position.
-
-    An array is returned as it is: indexing it yields a lane's row (a numpy scalar for a 1-D
-    batch, as Gymnasium's own vectors pass them). A dict or tuple of batches becomes a list of
-    ``count`` per-lane dicts or tuples.
-
-    Raises:
-        ValueError: a leaf without ``count`` rows along its leading axis.
-    """
-    if isinstance(actions, Mapping):
-        columns = {
-            key: lane_actions(leaf, count, (*path, str(key))) for key, leaf in actions.items()
-        }
-        return [{key: column[k] for key, column in columns.items()} for k in range(count)]
-    if isinstance(actions, tuple):
-        parts = [lane_actions(leaf, count, (*path, str(i))) for i, leaf in enumerate(actions)]
-        return [tuple(part[k] for part in parts) for k in range(count)]
-    try:
-        rows = len(actions)
-    except TypeError:
-        rows = None
-    if rows != count:
-        raise ValueError(
-            f"{path_text('actions', path)} must hold one action per lane stepped ({count}) "
-            f"along its leading axis, got {'no lane axis' if rows is None else rows}"
-        )
-    return actions  # type: ignore[no-any-return]
-
-
-def env_failure(env_name: str, method: str, err: Exception, lane: int | None = None) -> EnvError:
-    """The ``EnvError`` for an env's ``method`` that raised ``err`` on ``lane``."""
-    where = env_name if lane is None else f"lane {lane} ({env_name})"
-    return EnvError(f"{where}: {method}() raised {type(err).__name__}: {err}")
-
-
-def _map_leaves(tree: Any, fn: Callable[[np.ndarray], Any]) -> Any:
-    if isinstance(tree, dict):
-        return {key: _map_leaves(value, fn) for key, value in tree.items()}
-    return fn(tree)
 
 
 def _first_actions(leaf: Any, kept: int) -> np.ndarray:
@@ -395,9 +353,9 @@ class RoundRunner:
         if predict_lanes:
             count = len(predict_lanes)
             kept = min(split_chunk(output, count), queues.execution_horizon)
-            flat = _map_leaves(output, lambda leaf: _first_actions(leaf, kept))
+            flat = map_leaves(output, lambda leaf: _first_actions(leaf, kept))
             applied = self._applier.apply_actions(flat, np.repeat(predict_array, kept))
-            chunks = _map_leaves(applied, lambda leaf: leaf.reshape(count, kept, *leaf.shape[1:]))
+            chunks = map_leaves(applied, lambda leaf: leaf.reshape(count, kept, *leaf.shape[1:]))
             queues.push(predict_array, ledger.episode_ids(predict_array), chunks)
         return queues.pop(running_array, ledger.episode_ids(running_array))
 

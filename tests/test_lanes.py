@@ -1,4 +1,4 @@
-"""rlmesh.envs: every form of ``env=``, every refusal, and both lane implementations.
+"""rlmesh.lanes: every form of ``env=``, every refusal, and both lane implementations.
 
 ``LaneVector`` is checked against plain Gymnasium envs driven by hand, ``VectorLanes`` against
 the same ``SyncVectorEnv`` driven by hand, in each autoreset mode.
@@ -6,13 +6,18 @@ the same ``SyncVectorEnv`` driven by hand, in each autoreset mode.
 
 from __future__ import annotations
 
+import warnings
+
 import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.spaces import Box, Dict, Discrete
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
-from rlmesh.envs import Lanes, LaneVector, VectorLanes, make_lanes
 from rlmesh.errors import EnvError, RlmeshError
+from rlmesh.lanes import Lanes, LaneVector, VectorLanes, make_lanes
+
+# Autoresetting vectors warn that their restarts are unseeded; one test below checks it.
+pytestmark = pytest.mark.filterwarnings("ignore:.*restarts ended lanes itself:UserWarning")
 
 
 class RecordingEnv(gym.Env):
@@ -105,7 +110,9 @@ def all_lanes(lanes: Lanes) -> np.ndarray:
 def test_an_id_builds_num_envs_independent_lanes():
     lanes = make_lanes("CartPole-v1", num_envs=3)
     assert isinstance(lanes, LaneVector)
-    assert (lanes.num_lanes, lanes.lockstep, lanes.autoreset) == (3, False, "driver")
+    assert isinstance(lanes, Lanes)  # the protocol the driver steps
+    assert (lanes.num_lanes, lanes.lockstep, lanes.resets_itself) == (3, False, False)
+    assert lanes.name == "CartPole-v1" and len(lanes.env_steps) == 3
     assert lanes.single_observation_space == gym.make("CartPole-v1").observation_space
     assert lanes.single_action_space == Discrete(2)
     assert lanes.accepts_trial_index is False
@@ -158,7 +165,9 @@ def test_a_vector_env_becomes_vector_lanes():
     vector = SyncVectorEnv([RecordingEnv] * 3)
     lanes = make_lanes(vector, num_envs=3)
     assert isinstance(lanes, VectorLanes)
-    assert (lanes.num_lanes, lanes.lockstep, lanes.autoreset) == (3, True, "next_step")
+    assert isinstance(lanes, Lanes)
+    assert (lanes.num_lanes, lanes.lockstep, lanes.resets_itself) == (3, True, True)
+    assert lanes.autoreset == "next_step" and lanes.env_steps is None
     assert lanes.single_observation_space == RecordingEnv.observation_space
     assert lanes.single_action_space == RecordingEnv.action_space
     assert lanes.accepts_trial_index is True
@@ -170,7 +179,7 @@ def test_a_vector_env_becomes_vector_lanes():
     [
         ("NoSuchEnv-v0", {}, EnvError, r"gymnasium.make\('NoSuchEnv-v0'\).*registered"),
         ("CartPole-v1", {"env_kwargs": {"gravity": 1}}, EnvError, r"TypeError.*gravity"),
-        ("CartPole-v1", {"num_envs": 0}, ValueError, "num_envs must be at least 1, got 0"),
+        ("CartPole-v1", {"num_envs": 0}, ValueError, "num_envs must be a positive integer, got 0"),
         (RecordingEnv(), {"num_envs": 2}, ValueError, "one lane.*id or a zero-argument factory"),
         (RecordingEnv, {"env_kwargs": {"length": 2}}, ValueError, "env_kwargs.*Gymnasium id"),
         (lambda: 42, {}, TypeError, r"returned int for lane 0.*build a gymnasium.Env"),
@@ -601,12 +610,30 @@ def test_vector_infos_and_dict_observations_are_split_per_lane():
     assert [observation["count"] for observation in batch.observations] == [1, 1, 1]
 
 
-def test_vector_lanes_step_only_all_lanes_in_order():
-    lanes = make_lanes(SyncVectorEnv([RecordingEnv] * 3))
+def test_vector_lanes_step_every_lane_and_return_the_rows_of_the_lanes_asked_for():
+    vector = SyncVectorEnv([RecordingEnv] * 3, autoreset_mode=AutoresetMode.NEXT_STEP)
+    lanes = make_lanes(vector)
     lanes.reset(all_lanes(lanes), seeds=[0, 1, 2], trials=[None] * 3)
-    for subset in ([0, 1], [2, 1, 0]):
-        with pytest.raises(ValueError, match=r"lockstep: lanes must be 0..2 in order"):
-            lanes.step(np.array(subset), np.zeros((len(subset), 1), np.float32))
+    batch = lanes.step(np.array([0, 2]), np.array([[0.25], [0.75]], np.float32))
+    # Every lane moved (lane 1 took a placeholder action), and every lane's observation is back.
+    assert batch.stepped.tolist() == [0, 1, 2] and len(batch.observations) == 3
+    assert [float(env.actions[-1][0]) for env in vector.envs] == [0.25, 0.0, 0.75]
+    # The rows are the lanes asked for, in their order.
+    assert batch.rewards.tolist() == [0.25, 0.75]
+    assert [info["steps"] for info in batch.infos] == [1, 1]
+    assert batch.terminated.tolist() == [False, False] and batch.reset_lanes.tolist() == [False] * 2
+    # No lane asked for: the vector still steps, every lane with its placeholder.
+    empty = lanes.step(np.zeros(0, np.int64), None)
+    assert empty.stepped.tolist() == [0, 1, 2] and empty.rewards.tolist() == []
+    assert [len(env.actions) for env in vector.envs] == [2, 2, 2]
+
+
+def test_a_vector_that_restarts_lanes_itself_warns_once_naming_the_fix():
+    with pytest.warns(UserWarning, match="seed=None.*AutoresetMode.DISABLED.*env id or factory"):
+        make_lanes(SyncVectorEnv([RecordingEnv] * 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make_lanes(SyncVectorEnv([RecordingEnv] * 2, autoreset_mode=AutoresetMode.DISABLED))
 
 
 def test_an_unknown_autoreset_mode_is_refused():

@@ -1,0 +1,174 @@
+"""Lanes: everything that holds envs, behind the one seam the driver steps (``Lanes``).
+
+``make_lanes`` turns whatever was passed as ``env=`` into ``Lanes`` (``lanes/base.py``, the
+protocol), one of its kinds:
+
+- a Gymnasium id (``"CartPole-v1"``): ``num_envs`` lanes, each ``gymnasium.make(id,
+  **env_kwargs)``, in a ``LaneVector``;
+- a ``gymnasium.Env`` instance: a ``LaneVector`` of that one lane;
+- a zero-argument callable returning a ``gymnasium.Env``: a ``LaneVector`` of ``num_envs``
+  lanes, one call each;
+- a ``gymnasium.vector.VectorEnv``: ``VectorLanes`` over its lanes (``lanes/vector.py``).
+
+``LaneVector`` lives in ``lanes/local.py``. A new kind of lanes (worker processes, a remote
+env) implements the same protocol; the driver needs no change for it.
+
+A ``LaneVector`` steps any subset of its lanes and never resets a lane by itself: the driver
+resets every episode with its seed, and a lane left without an episode simply stops being
+stepped, so it costs nothing. A ``VectorEnv`` steps all its lanes in lockstep; ``VectorLanes``
+follows its ``metadata["autoreset_mode"]``: with ``DISABLED`` the driver resets ended lanes
+itself (masked, seeded resets); with ``NEXT_STEP`` and ``SAME_STEP`` the env restarts ended
+lanes on its own, unseeded, and ``env_episode_ids`` counts those restarts for
+``RoundRunner.observe_rolls``.
+
+Trial indices: an env that sweeps a fixed list of initial states declares
+``metadata["rlmesh.trial_index"] = True`` (exactly ``True``). Its resets then get
+``options={"trial_index": t}``, ``t`` the episode's global index ``trial_index_base + slot``.
+Envs that do not declare it never receive the option, since many envs refuse unknown options.
+Restarts an autoresetting vector does on its own carry no options, so no trial index.
+
+Example:
+    >>> import numpy as np
+    >>> lanes = make_lanes("CartPole-v1", num_envs=3)
+    >>> lanes.num_lanes, lanes.lockstep, lanes.resets_itself, lanes.accepts_trial_index
+    (3, False, False, False)
+    >>> observations, infos = lanes.reset(np.arange(3), seeds=[0, 1, 2], trials=[0, 1, 2])
+    >>> len(observations), observations[0].shape
+    (3, (4,))
+    >>> batch = lanes.step(np.array([2, 0]), np.array([1, 0]))  # lane 1 waits
+    >>> batch.stepped, batch.rewards, batch.terminated, len(batch.observations)
+    (array([2, 0]), array([1., 1.]), array([False, False]), 2)
+    >>> lanes.close()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import gymnasium
+from gymnasium.vector import VectorEnv
+
+from ..errors import EnvError
+from ..utils import positive_int
+from .base import TRIAL_INDEX_FLAG, TRIAL_INDEX_OPTION, Lanes, StepBatch
+from .local import LaneVector
+from .vector import VectorLanes
+
+ENV_FORMS = (
+    "a Gymnasium id (str), a gymnasium.Env instance, a zero-argument callable returning a "
+    "gymnasium.Env, or a gymnasium.vector.VectorEnv"
+)
+
+
+def make_lanes(
+    env: Any, *, num_envs: int | None = None, env_kwargs: Mapping[str, Any] | None = None
+) -> Lanes:
+    """The lanes for ``env=``: see the module docstring for what each form becomes.
+
+    Args:
+        env: a Gymnasium id, a ``gymnasium.Env``, a zero-argument callable returning a
+            ``gymnasium.Env``, or a ``gymnasium.vector.VectorEnv``.
+        num_envs: how many lanes to build from an id or a factory (default 1). With an env
+            instance it may only be 1, with a vector only its ``num_envs``.
+        env_kwargs: keyword arguments for ``gymnasium.make``; only with an id.
+
+    Raises:
+        EnvError: ``gymnasium.make`` or the factory raised (an unknown id, a bad keyword).
+        TypeError: ``env`` is none of the forms above, or the factory returned something
+            other than a ``gymnasium.Env``.
+        ValueError: ``num_envs < 1``, a ``num_envs`` the env cannot have, ``env_kwargs``
+            without an id, or a factory that returned the same env twice.
+
+    Example:
+        >>> lanes = make_lanes("Pendulum-v1", num_envs=2, env_kwargs={"g": 9.81})
+        >>> lanes
+        LaneVector(Pendulum-v1, num_lanes=2)
+        >>> lanes.close()
+    """
+    if num_envs is not None:
+        num_envs = positive_int("num_envs", num_envs)
+    if env_kwargs is not None and not isinstance(env, str):
+        raise ValueError(
+            f"env_kwargs is passed to gymnasium.make, so it needs env= to be a Gymnasium id, "
+            f"got {type(env).__name__}: build the env with its arguments yourself"
+        )
+    if isinstance(env, str):
+        kwargs = dict(env_kwargs or {})
+        return LaneVector(
+            _build(
+                lambda: gymnasium.make(env, **kwargs),
+                num_envs or 1,
+                f"gymnasium.make({env!r})",
+                "env= as a str must be an id registered with Gymnasium, e.g. 'CartPole-v1' "
+                "(import the package that registers it first)",
+            )
+        )
+    if isinstance(env, VectorEnv):
+        if num_envs not in (None, env.num_envs):
+            raise ValueError(
+                f"env= is a VectorEnv with num_envs={env.num_envs}, but num_envs={num_envs}: "
+                f"omit num_envs or build the vector with the lanes you want"
+            )
+        return VectorLanes(env)
+    if isinstance(env, gymnasium.Env):
+        if num_envs not in (None, 1):
+            raise ValueError(
+                f"env= is one gymnasium.Env instance, which is one lane, but num_envs="
+                f"{num_envs}: pass a Gymnasium id or a zero-argument factory to build "
+                f"{num_envs} lanes"
+            )
+        return LaneVector([env])
+    if callable(env):
+        name = getattr(env, "__qualname__", type(env).__name__)
+        return LaneVector(
+            _build(
+                env,
+                num_envs or 1,
+                f"the env factory {name}()",
+                "env= as a callable must build a gymnasium.Env when called with no arguments",
+            )
+        )
+    raise TypeError(f"env= must be {ENV_FORMS}; got {type(env).__name__}")
+
+
+def _build(
+    factory: Callable[[], Any], count: int, what: str, expected: str
+) -> list[gymnasium.Env[Any, Any]]:
+    """``count`` envs from ``factory``; the ones already built are closed if one fails."""
+    envs: list[gymnasium.Env[Any, Any]] = []
+    lane_of: dict[int, int] = {}  # id(env) -> its lane, to refuse an env returned twice
+    try:
+        for lane in range(count):
+            try:
+                env = factory()
+            except Exception as err:
+                raise EnvError(
+                    f"{what} raised {type(err).__name__} building lane {lane}: {err}; {expected}"
+                ) from err
+            if not isinstance(env, gymnasium.Env):
+                raise TypeError(f"{what} returned {type(env).__name__} for lane {lane}; {expected}")
+            other = lane_of.setdefault(id(env), lane)
+            if other != lane:
+                raise ValueError(
+                    f"{what} returned the same env object for lanes {other} and {lane}: "
+                    f"a factory must build a new env on every call"
+                )
+            envs.append(env)
+    except BaseException:
+        for env in envs:
+            env.close()
+        raise
+    return envs
+
+
+__all__ = [
+    "ENV_FORMS",
+    "TRIAL_INDEX_FLAG",
+    "TRIAL_INDEX_OPTION",
+    "LaneVector",
+    "Lanes",
+    "StepBatch",
+    "VectorLanes",
+    "make_lanes",
+]

@@ -1,0 +1,140 @@
+"""The ``Lanes`` seam: what the driver needs of anything that holds envs.
+
+Every kind of lanes (in-process lanes, a user's ``VectorEnv``, and later worker-process and
+remote lanes) implements this one protocol, and the driver steps whatever it is given through
+it, without asking which kind it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import gymnasium
+import numpy as np
+
+TRIAL_INDEX_FLAG = "rlmesh.trial_index"
+"""The ``metadata`` key by which an env declares it takes the ``trial_index`` reset option."""
+
+TRIAL_INDEX_OPTION = "trial_index"
+
+EnvStep = Callable[[Any], tuple[Any, Any, Any, Any, Any]]
+"""One env's ``step(action) -> (observation, reward, terminated, truncated, info)``."""
+
+
+@dataclass
+class StepBatch:
+    """What one ``Lanes.step`` of ``K`` running lanes returned.
+
+    Attributes:
+        stepped: ``[S]`` int64, the lanes that moved: the ``K`` lanes asked for, in their
+            order, or every lane of a lockstep vector (its other lanes took a placeholder
+            action, being between episodes).
+        observations: ``S`` raw observations, one per lane of ``stepped``. Where a vector
+            restarted a lane by itself, the new episode's first observation.
+        rewards: ``[K]`` float64, for the lanes asked for, in their order.
+        terminated, truncated: ``[K]`` bool, as the env returned them.
+        infos: ``K`` info dicts (a ``VectorEnv``'s dict of arrays split per lane, its
+            ``_key`` masks dropped); the ended episode's final info where one ended.
+        final_observations: ``same_step`` autoreset only, else None: per lane asked for, the
+            last observation of the episode that ended, None where none ended.
+        reset_lanes: ``next_step`` autoreset only, else None: ``[K]`` bool, True where this
+            step was the vector restarting the lane (its action ignored, no episode's step).
+        reset_infos: ``same_step`` autoreset only, else None: per lane asked for, the new
+            episode's reset info where a lane ended and restarted, None elsewhere.
+    """
+
+    stepped: np.ndarray
+    observations: list[Any]
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    infos: list[dict[str, Any]]
+    final_observations: list[Any] | None = None
+    reset_lanes: np.ndarray | None = None
+    reset_infos: list[dict[str, Any] | None] | None = None
+
+
+@runtime_checkable
+class Lanes(Protocol):
+    """``num_lanes`` env instances (lanes ``0..N-1``) that the driver resets and steps.
+
+    Attributes:
+        num_lanes: ``N >= 1``.
+        name: how messages and results name the env (``rlmesh.utils.env_label``).
+        single_observation_space, single_action_space: the spaces of one lane.
+        lockstep: False when any subset of lanes steps alone, so a lane with no episode left
+            to play is simply not stepped again (it goes idle). True when every step moves
+            every lane, so a lane that must restart after the last slot was claimed runs an
+            unscored surplus episode.
+        resets_itself: False when the driver starts every episode through ``reset``, seeded
+            by its index. True when the env restarts ended lanes on its own (an autoresetting
+            ``VectorEnv``), unseeded: the driver then observes the restarts through
+            ``env_episode_ids`` after each step.
+        env_steps: the core's synchronous fast path: per lane, its env's ``step``, when each
+            lane is a plain in-process env the core may call itself; None when steps must
+            go through ``step`` (a vector, a worker process, a remote env).
+    """
+
+    num_lanes: int
+    name: str
+    single_observation_space: gymnasium.Space[Any]
+    single_action_space: gymnasium.Space[Any]
+    lockstep: bool
+    resets_itself: bool
+    env_steps: Sequence[EnvStep] | None
+
+    def reset(
+        self, lanes: np.ndarray, seeds: Sequence[int | None], trials: Sequence[int | None]
+    ) -> tuple[list[Any], list[dict[str, Any]]]:
+        """Reset ``lanes`` (``[K]`` int, distinct) with ``seeds[k]`` and trial ``trials[k]``.
+
+        A seed of None lets the env choose. ``options={"trial_index": trials[k]}`` is passed
+        only to envs that declare ``metadata["rlmesh.trial_index"] = True`` and only when
+        ``trials[k]`` is not None; otherwise no options.
+
+        Returns:
+            ``(observations, infos)``: ``K`` raw observations and ``K`` info dicts, in the
+            order of ``lanes``.
+
+        Raises:
+            ValueError: a lane out of range or given twice, or mismatched lengths.
+            EnvError: an env's ``reset`` raised.
+        """
+        ...
+
+    def step(self, lanes: np.ndarray, actions: Any) -> StepBatch:
+        """Step the running ``lanes`` (``[K]`` int, distinct, ascending): lane ``lanes[k]``
+        takes ``actions[k]``.
+
+        ``actions`` are env actions batched along a leading lane axis: an array ``[K, ...]``,
+        or for ``Dict`` / ``Tuple`` action spaces a dict / tuple of such batches.
+
+        Raises:
+            ValueError: actions that do not hold ``K`` rows, or (``resets_itself`` False) a
+                lockstep vector's lane that ended and was not reset.
+            EnvError: an env's ``step`` raised.
+        """
+        ...
+
+    def env_episode_ids(self) -> np.ndarray | None:
+        """``[N]`` int64 per-lane counts of the episodes the env started on its own, for
+        ``RoundRunner.observe_rolls`` after each step; None unless ``resets_itself``."""
+        ...
+
+    def close(self) -> None:
+        """Close every env. Closing again does nothing."""
+        ...
+
+
+def declares_trial_index(env: Any) -> bool:
+    """The env (or vector) declares ``metadata["rlmesh.trial_index"] is True``."""
+    return (getattr(env, "metadata", None) or {}).get(TRIAL_INDEX_FLAG) is True
+
+
+def reset_options(accepts_trial_index: bool, trial: int | None) -> dict[str, Any] | None:
+    """The ``options`` of one reset: the trial index, for an env that declares it."""
+    if accepts_trial_index and trial is not None:
+        return {TRIAL_INDEX_OPTION: trial}
+    return None

@@ -1,0 +1,155 @@
+"""In-process lanes: independent ``gymnasium.Env`` instances, any subset reset or stepped."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium
+import numpy as np
+
+from ..errors import EnvError
+from ..utils import env_failure, env_label, lane_actions
+from .base import StepBatch, declares_trial_index, reset_options
+
+
+class LaneVector:
+    """Independent ``gymnasium.Env`` lanes: any subset is reset or stepped, nothing else moves.
+
+    No lane ever resets by itself: a lane whose episode ended stays as it is until the driver
+    resets it, and a lane that is not stepped costs nothing. Each lane's ``step`` is handed to
+    the core (``env_steps``), which calls it without Python in between on the fast path.
+
+    Args:
+        envs: one env per lane, all with the same observation and action spaces.
+
+    Raises:
+        EnvError: no envs, or lanes whose spaces differ.
+
+    Example:
+        >>> lanes = LaneVector([gymnasium.make("CartPole-v1") for _ in range(2)])
+        >>> observations, _ = lanes.reset(np.array([0, 1]), seeds=[0, 1], trials=[0, 1])
+        >>> batch = lanes.step(np.array([1]), np.array([0]))  # lane 0 waits
+        >>> batch.stepped.tolist(), batch.rewards.tolist()
+        ([1], [1.0])
+        >>> lanes.close()
+    """
+
+    lockstep = False
+    resets_itself = False
+
+    def __init__(self, envs: Sequence[gymnasium.Env[Any, Any]]) -> None:
+        if not envs:
+            raise EnvError("a LaneVector needs at least one env, got none")
+        first = envs[0]
+        self.name = env_label(first)
+        for lane, env in enumerate(envs):
+            if (env.observation_space, env.action_space) != (
+                first.observation_space,
+                first.action_space,
+            ):
+                raise EnvError(
+                    f"lane {lane} ({env_label(env)}) has observation space "
+                    f"{env.observation_space} and action space {env.action_space}, but lane 0 "
+                    f"has {first.observation_space} and {first.action_space}: every lane must "
+                    f"share lane 0's spaces"
+                )
+        self._envs = list(envs)
+        self.env_steps = [env.step for env in self._envs]
+        self._closed = False
+        self.num_lanes = len(self._envs)
+        self.single_observation_space = first.observation_space
+        self.single_action_space = first.action_space
+        self.accepts_trial_index = declares_trial_index(first)
+
+    def reset(
+        self, lanes: np.ndarray, seeds: Sequence[int | None], trials: Sequence[int | None]
+    ) -> tuple[list[Any], list[dict[str, Any]]]:
+        checked = checked_reset(lanes, seeds, trials, self.num_lanes)
+        observations, infos = [], []
+        for lane, seed, trial in zip(checked, seeds, trials, strict=True):
+            try:
+                observation, info = self._envs[lane].reset(
+                    seed=seed, options=reset_options(self.accepts_trial_index, trial)
+                )
+            except Exception as err:
+                raise env_failure(self.name, "reset", err, lane) from err
+            observations.append(observation)
+            infos.append(info)
+        return observations, infos
+
+    def step(self, lanes: np.ndarray, actions: Any) -> StepBatch:
+        # The awaited path's step: lanes come from the runner (running, distinct, in range), so
+        # they are not re-checked here; per-lane results become arrays once.
+        lane_list = np.asarray(lanes).tolist()
+        per_lane = lane_actions(actions, len(lane_list))
+        envs = self._envs
+        observations, rewards, terminated, truncated, infos = [], [], [], [], []
+        lane = None
+        try:
+            for lane, action in zip(lane_list, per_lane, strict=True):
+                observation, reward, term, trunc, info = envs[lane].step(action)
+                observations.append(observation)
+                rewards.append(reward)
+                terminated.append(term)
+                truncated.append(trunc)
+                infos.append(info)
+        except Exception as err:
+            raise env_failure(self.name, "step", err, lane) from err
+        return StepBatch(
+            np.asarray(lanes, dtype=np.int64),
+            observations,
+            np.array(rewards, dtype=np.float64),
+            np.array(terminated, dtype=np.bool_),
+            np.array(truncated, dtype=np.bool_),
+            infos,
+        )
+
+    def env_episode_ids(self) -> np.ndarray | None:
+        return None
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        # Every env is closed even when one fails; the first failure is raised afterwards.
+        failure = None
+        for lane, env in enumerate(self._envs):
+            try:
+                env.close()
+            except Exception as err:
+                failure = failure or env_failure(self.name, "close", err, lane)
+        if failure is not None:
+            raise failure from failure.__cause__
+
+    def __repr__(self) -> str:
+        return f"LaneVector({self.name}, num_lanes={self.num_lanes})"
+
+
+def checked_reset(
+    lanes: np.ndarray, seeds: Sequence[int | None], trials: Sequence[int | None], num_lanes: int
+) -> list[int]:
+    """``lanes`` as a list, refusing a lane out of range or given twice and lengths that differ.
+
+    Raises:
+        ValueError: naming the lane, or the argument whose length differs.
+    """
+    array = np.asarray(lanes)
+    if array.ndim != 1:
+        raise ValueError(f"lanes must be a 1-D array, got shape {array.shape}")
+    if array.size and array.dtype.kind not in "iu":
+        raise ValueError(f"lanes must hold integers, got dtype {array.dtype}")
+    checked = array.astype(np.int64).tolist()
+    for name, values in (("seeds", seeds), ("trials", trials)):
+        if len(values) != len(checked):
+            raise ValueError(f"{name} has {len(values)} entries but lanes has {len(checked)}")
+    seen: set[int] = set()
+    for lane in checked:
+        if not 0 <= lane < num_lanes:
+            raise ValueError(
+                f"lane {lane} is out of range: this route has lanes 0..{num_lanes - 1}"
+            )
+        if lane in seen:
+            raise ValueError(f"lane {lane} appears twice in lanes")
+        seen.add(lane)
+    return checked
