@@ -370,12 +370,6 @@ def test_model_of_a_non_callable_is_refused():
         Model(42)
 
 
-@pytest.mark.parametrize("horizon", [0, -1])
-def test_an_execution_horizon_below_one_is_refused(horizon):
-    with pytest.raises(ValueError, match=f"execution_horizon must be >= 1, got {horizon}"):
-        ModelHandler(OnlyPredict(), execution_horizon=horizon)
-
-
 def test_a_batched_corner_with_the_wrong_row_count_is_a_model_output_error():
     class OneTooMany(Model):
         def predict_batch(self, obs):

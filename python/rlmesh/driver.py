@@ -191,9 +191,13 @@ async def arun(
         model: a ``rlmesh.Model`` (corners ``predict``, ``predict_batch``, ``predict_chunk``,
             ``predict_chunk_batch``), a ``Model(callable)``, or a bare callable (a ``predict``).
         env: a Gymnasium id, a ``gymnasium.Env`` (one lane), a zero-argument factory of envs,
-            or a ``gymnasium.vector.VectorEnv`` (its lanes, in lockstep).
+            a ``gymnasium.vector.VectorEnv`` (its lanes, in lockstep), or ``rlmesh.lanes.Lanes``
+            of any kind.
         seeds: slot k resets with ``seeds[k]``; ``episodes`` defaults to ``len(seeds)``.
-        episodes: how many episodes to score, M (default: ``len(seeds)``, else 1).
+        episodes: how many episodes to score, M (default: ``len(seeds)``, else 1). The
+            ``rlmesh eval`` command defaults to 100 instead: from the shell a run is an
+            evaluation, while from Python one episode is the smallest run, and an evaluation
+            says how many it wants.
         seed: the base seed (default 0): slot k without a listed seed resets with
             ``episode_seed(seed, trial_index_base + k)``.
         num_envs: lanes to build from an id or a factory (default 1).
@@ -204,6 +208,9 @@ async def arun(
         trial_index_base: the global index of slot 0 (a shard of a larger evaluation).
         telemetry_window: seconds between telemetry snapshots.
         timeouts: per-operation limits in seconds: ``{"reset": .., "step": .., "predict": ..}``.
+            An operation past its limit raises ``OperationTimeout`` at the limit; the call is
+            abandoned on its thread (an env stuck in C code keeps that thread until it
+            returns or the process exits).
         close_env: also close an env instance or vector the caller passed in (rlmesh always
             closes the envs it made).
         core: ``"rust"`` or ``"python"``; default the active core (``RLMESH_CORE``).

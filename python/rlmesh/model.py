@@ -43,7 +43,7 @@ from __future__ import annotations
 import inspect
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -187,6 +187,38 @@ def defined_corners(model: Model) -> tuple[str, ...]:
     )
 
 
+@runtime_checkable
+class RoundModel(Protocol):
+    """The model as the core's ``RoundRunner.run_rounds`` calls it (``ModelHandler`` is one).
+
+    Attributes:
+        lane_corner: a per-lane function ``predict(lane_input) -> action`` the core may call on
+            each row of an array payload itself (then ``combine`` stacks the outputs); None
+            when the model must be called through ``predict_now``.
+        wants_episode_ids: when true, ``predict_now`` takes the predict lanes' episode ids
+            (``[P]``), and ``lane_corner`` is not used.
+    """
+
+    lane_corner: Callable[[Any], Any] | None
+    wants_episode_ids: bool
+
+    def predict_now(
+        self, payload: Any, num_lanes: int, episode_ids: Sequence[int] | None = None
+    ) -> Any:
+        """The model's output for the ``P = num_lanes`` lanes of ``payload`` (``[P, ...]``, or
+        chunks ``[P, H, ...]``), without an event loop."""
+        ...
+
+    def combine(self, outputs: list[Any], num_lanes: int) -> Any:
+        """``P`` per-lane outputs of ``lane_corner``, in lane order, as one batch."""
+        ...
+
+    def failure(self, error: Exception, rounds: int) -> Exception:
+        """What the run raises (``from error``) when calling the model raised ``error`` after
+        ``rounds`` rounds."""
+        ...
+
+
 class ModelHandler:
     """Calls a user model the way the driver needs: once per group step, for the lanes that need
     an action.
@@ -204,15 +236,10 @@ class ModelHandler:
 
     Raises:
         TypeError: ``model`` is a class, not an instance, or defines no corner.
-        ValueError: ``execution_horizon < 1``.
     """
 
     def __init__(self, model: Any, *, execution_horizon: int = 1) -> None:
         self.model = _as_model(model)
-        if isinstance(execution_horizon, bool) or not isinstance(execution_horizon, int):
-            raise TypeError(f"execution_horizon must be an int >= 1, got {execution_horizon!r}")
-        if execution_horizon < 1:
-            raise ValueError(f"execution_horizon must be >= 1, got {execution_horizon}")
         self.spec: ModelSpec | None = getattr(self.model, "spec", None)
 
         defined = defined_corners(self.model)
@@ -650,4 +677,4 @@ def _rank_correlation(values: np.ndarray, pattern: np.ndarray) -> float:
     return float(x @ y / scale) if scale > 0 else 0.0
 
 
-__all__ = ["CORNERS", "Model", "ModelHandler", "defined_corners"]
+__all__ = ["CORNERS", "Model", "ModelHandler", "RoundModel", "defined_corners"]

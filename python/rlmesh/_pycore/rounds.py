@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -68,6 +68,9 @@ from .args import i64_arg, vector
 from .assembly import ObservationAssembler
 from .chunks import ChunkQueues, split_chunk
 from .ledger import OVERFLOWS, EpisodeStarts, EpisodeSummary, RouteLedger
+
+if TYPE_CHECKING:
+    from ..model import RoundModel
 
 NS_PER_S = 1e9
 
@@ -423,7 +426,7 @@ class RoundRunner:
 
     def run_rounds(
         self,
-        model: Any,
+        model: RoundModel,
         env_steps: Sequence[Callable[[Any], tuple]],
         env_name: str,
         *,
@@ -435,15 +438,12 @@ class RoundRunner:
         At least one round runs when a lane is running, whatever ``until_ns`` says.
 
         Args:
-            model: the run's model as ``rlmesh.model.ModelHandler`` presents it:
-                ``predict_now(payload, P)`` -> its output for the ``P`` lanes of ``payload``
-                (as ``take_actions`` takes it); ``lane_corner``, a per-lane function or None:
-                when given and the payload is an array, it is called on each lane's row in
-                lane order and ``combine(outputs, P)`` makes the batch; ``wants_episode_ids``:
-                when true, ``predict_now(payload, P, episode_ids)`` gets the predict lanes'
-                episode ids ``[P]`` (and ``lane_corner`` is not used); ``failure(error,
-                rounds)`` -> what to raise (``from error``) when any of these raised
-                ``error``.
+            model: the run's model, a ``rlmesh.model.RoundModel`` (``ModelHandler`` is one):
+                ``predict_now(payload, P)`` gives its output for the ``P`` predict lanes; a
+                ``lane_corner``, when given, is called on each row of an array payload in lane
+                order and ``combine(outputs, P)`` makes the batch; with ``wants_episode_ids``,
+                ``predict_now(payload, P, episode_ids)``; ``failure(error, rounds)`` is what to
+                raise when any of these raised ``error``.
             env_steps: per lane, its env's ``step``: ``step(action)`` -> ``(observation,
                 reward, terminated, truncated, info)``.
             env_name: how errors name the env.

@@ -8,7 +8,8 @@ protocol), one of its kinds:
 - a ``gymnasium.Env`` instance: a ``LaneVector`` of that one lane;
 - a zero-argument callable returning a ``gymnasium.Env``: a ``LaneVector`` of ``num_envs``
   lanes, one call each;
-- a ``gymnasium.vector.VectorEnv``: ``VectorLanes`` over its lanes (``lanes/vector.py``).
+- a ``gymnasium.vector.VectorEnv``: ``VectorLanes`` over its lanes (``lanes/vector.py``);
+- anything that implements ``Lanes`` itself, as it is.
 
 ``LaneVector`` lives in ``lanes/local.py``. A new kind of lanes (worker processes, a remote
 env) implements the same protocol; the driver needs no change for it.
@@ -68,7 +69,8 @@ def make_lanes(
 
     Args:
         env: a Gymnasium id, a ``gymnasium.Env``, a zero-argument callable returning a
-            ``gymnasium.Env``, or a ``gymnasium.vector.VectorEnv``.
+            ``gymnasium.Env``, a ``gymnasium.vector.VectorEnv``, or ``Lanes`` of any kind
+            (returned as they are).
         num_envs: how many lanes to build from an id or a factory (default 1). With an env
             instance it may only be 1, with a vector only its ``num_envs``.
         env_kwargs: keyword arguments for ``gymnasium.make``; only with an id.
@@ -93,6 +95,12 @@ def make_lanes(
             f"env_kwargs is passed to gymnasium.make, so it needs env= to be a Gymnasium id, "
             f"got {type(env).__name__}: build the env with its arguments yourself"
         )
+    if isinstance(env, Lanes):
+        if num_envs not in (None, env.num_lanes):
+            raise ValueError(
+                f"env= is Lanes of {env.num_lanes} lanes, but num_envs={num_envs}: omit num_envs"
+            )
+        return env
     if isinstance(env, str):
         kwargs = dict(env_kwargs or {})
         return LaneVector(

@@ -1,0 +1,189 @@
+"""The run's seams and clock: any ``Lanes`` kind, one clock per episode, deadlines that hold.
+
+A kind of lanes written here, outside the package, runs through the unchanged driver and gives
+the episodes rlmesh's own lanes give. An episode's clock starts at its reset call, for
+``duration_s`` and ``max_episode_seconds`` alike. A timed-out operation reaches the caller at
+its deadline even when the call never returns by itself.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import warnings
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import rlmesh
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from helpers import CORES, cartpole_policy, comparable
+from rlmesh.errors import OperationTimeout
+from rlmesh.lanes import Lanes, StepBatch
+from rlmesh.utils import lane_actions
+
+
+class ListLanes:
+    """A kind of lanes the package does not have: plain envs in a list, stepped one by one,
+    with no fast path for the core. Implements ``rlmesh.lanes.Lanes`` and nothing more."""
+
+    lockstep = False
+    resets_itself = False
+    env_steps = None
+
+    def __init__(self, env_id: str, num_lanes: int) -> None:
+        self.envs = [gym.make(env_id) for _ in range(num_lanes)]
+        self.num_lanes = num_lanes
+        self.name = env_id
+        self.single_observation_space = self.envs[0].observation_space
+        self.single_action_space = self.envs[0].action_space
+        self.steps_taken = 0
+
+    def reset(self, lanes, seeds, trials):
+        results = [self.envs[lane].reset(seed=seed) for lane, seed in zip(lanes, seeds)]
+        return [obs for obs, _ in results], [info for _, info in results]
+
+    def step(self, lanes, actions) -> StepBatch:
+        per_lane = lane_actions(actions, len(lanes))
+        results = [self.envs[lane].step(per_lane[k]) for k, lane in enumerate(lanes.tolist())]
+        self.steps_taken += len(results)
+        observations, rewards, terminated, truncated, infos = zip(*results, strict=True)
+        return StepBatch(
+            np.asarray(lanes, dtype=np.int64),
+            list(observations),
+            np.array(rewards, dtype=np.float64),
+            np.array(terminated, dtype=np.bool_),
+            np.array(truncated, dtype=np.bool_),
+            list(infos),
+        )
+
+    def env_episode_ids(self):
+        return None
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+@pytest.mark.parametrize("core", CORES)
+@pytest.mark.parametrize("num_lanes", [1, 3])
+def test_a_new_kind_of_lanes_runs_through_the_driver_unchanged(core, num_lanes):
+    lanes = ListLanes("CartPole-v1", num_lanes)
+    assert isinstance(lanes, Lanes)
+    result = rlmesh.run(cartpole_policy, lanes, episodes=5, core=core)
+    reference = rlmesh.run(cartpole_policy, "CartPole-v1", episodes=5, num_envs=num_lanes)
+    assert comparable(result) == comparable(reference)
+    assert lanes.steps_taken == sum(episode.steps for episode in result.episodes)
+    with pytest.raises(ValueError, match="Lanes of 3 lanes, but num_envs=2"):
+        rlmesh.run(cartpole_policy, ListLanes("CartPole-v1", 3), episodes=1, num_envs=2)
+
+
+class SlowResetEnv(gym.Env):
+    """Resets in 50 ms, steps in 10 ms, never ends by itself."""
+
+    observation_space = gym.spaces.Box(0, 1, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        time.sleep(0.05)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        time.sleep(0.01)
+        return np.zeros(1, np.float32), 0.0, False, False, {}
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_duration_and_the_time_cap_read_one_clock_that_starts_at_the_reset(core):
+    result = rlmesh.run(
+        lambda obs: 0, SlowResetEnv, episodes=2, max_episode_seconds=0.1, core=core
+    )
+    for episode in result.episodes:
+        assert episode.truncated and not episode.terminated
+        assert episode.duration_s >= 0.1
+        # The 50 ms reset counts against the cap: a clock started after it would allow ~10.
+        assert 1 <= episode.steps <= 6
+
+
+class HangingEnv(gym.Env):
+    """Steps normally until step ``hang_at``, where ``step`` blocks until ``release`` is set."""
+
+    observation_space = gym.spaces.Box(0, 1, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+    release = threading.Event()
+
+    def __init__(self, hang_at: int = 3) -> None:
+        self.hang_at = hang_at
+        self.steps = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.steps = 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps == self.hang_at:
+            self.release.wait(timeout=60)
+        return np.zeros(1, np.float32), 1.0, False, False, {}
+
+
+def test_a_timed_out_step_reaches_the_caller_at_its_deadline():
+    HangingEnv.release.clear()
+    started = time.perf_counter()
+    try:
+        with pytest.raises(OperationTimeout, match=r"env.step took longer than its 0.2 s limit"):
+            rlmesh.run(lambda obs: 0, HangingEnv, episodes=1, timeouts={"step": 0.2})
+        assert time.perf_counter() - started < 10  # the hang lasts up to 60 s
+    finally:
+        HangingEnv.release.set()  # the abandoned thread returns and ends
+
+
+def test_a_process_whose_step_hangs_exits_at_the_deadline():
+    # The whole of rlmesh.run, asyncio.run's shutdown included: it must not wait for the hang.
+    script = textwrap.dedent(
+        """
+        import time, gymnasium as gym, numpy as np, rlmesh
+
+        class Hang(gym.Env):
+            observation_space = gym.spaces.Box(0, 1, (1,), np.float32)
+            action_space = gym.spaces.Discrete(2)
+            def reset(self, *, seed=None, options=None):
+                return np.zeros(1, np.float32), {}
+            def step(self, action):
+                time.sleep(120)
+
+        try:
+            rlmesh.run(lambda obs: 0, Hang, episodes=1, timeouts={"step": 0.2})
+        except rlmesh.OperationTimeout as err:
+            print("timed out:", err)
+        """
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=30)
+    finally:
+        process.kill()
+        process.wait()
+    assert process.returncode == 0, stderr
+    assert "timed out: env.step took longer than its 0.2 s limit" in stdout
+
+
+def test_an_autoresetting_vector_warns_once_per_run_that_its_restarts_are_unseeded():
+    vector = SyncVectorEnv(
+        [lambda: gym.make("CartPole-v1")] * 2, autoreset_mode=AutoresetMode.NEXT_STEP
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = rlmesh.run(cartpole_policy, vector, episodes=6)
+    unseeded = [w for w in caught if "restarts ended lanes itself" in str(w.message)]
+    assert len(unseeded) == 1
+    assert "autoreset_mode=gymnasium.vector.AutoresetMode.DISABLED" in str(unseeded[0].message)
+    assert [episode.seed is None for episode in result.episodes] == [False] * 2 + [True] * 4
+
