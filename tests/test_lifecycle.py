@@ -43,7 +43,9 @@ class ListLanes:
         self.steps_taken = 0
 
     def reset(self, lanes, seeds, trials):
-        results = [self.envs[lane].reset(seed=seed) for lane, seed in zip(lanes, seeds)]
+        results = [
+            self.envs[lane].reset(seed=seed) for lane, seed in zip(lanes, seeds, strict=True)
+        ]
         return [obs for obs, _ in results], [info for _, info in results]
 
     def step(self, lanes, actions) -> StepBatch:
@@ -99,9 +101,7 @@ class SlowResetEnv(gym.Env):
 
 @pytest.mark.parametrize("core", CORES)
 def test_duration_and_the_time_cap_read_one_clock_that_starts_at_the_reset(core):
-    result = rlmesh.run(
-        lambda obs: 0, SlowResetEnv, episodes=2, max_episode_seconds=0.1, core=core
-    )
+    result = rlmesh.run(lambda obs: 0, SlowResetEnv, episodes=2, max_episode_seconds=0.1, core=core)
     for episode in result.episodes:
         assert episode.truncated and not episode.terminated
         assert episode.duration_s >= 0.1
@@ -186,4 +186,3 @@ def test_an_autoresetting_vector_warns_once_per_run_that_its_restarts_are_unseed
     assert len(unseeded) == 1
     assert "autoreset_mode=gymnasium.vector.AutoresetMode.DISABLED" in str(unseeded[0].message)
     assert [episode.seed is None for episode in result.episodes] == [False] * 2 + [True] * 4
-
