@@ -698,23 +698,24 @@ def _check_identity(
         and not (key == POLICY_HASH_KEY and allow_changed_policy)
     ]
     if refused:
-        hint = (
-            " (the policy's source file changed since the file was started; pass "
-            "--allow-changed-policy (allow_changed_policy=True) to add episodes of the new "
-            "code to it anyway)"
-            if POLICY_HASH_KEY in refused
-            else ""
-        )
+        listed = _differences(found, wanted, refused)
+        if POLICY_HASH_KEY in refused:
+            listed[refused.index(POLICY_HASH_KEY)] += (
+                " (the policy's source file changed since the file was started; pass "
+                "--allow-changed-policy (allow_changed_policy=True) to add episodes of the new "
+                "code to it anyway)"
+            )
         raise ResultsFileError(
             f"{os.fspath(path)} holds another run than this one: "
-            + "; ".join(_differences(found, wanted, refused))
-            + f"{hint}. Resume with the same settings, or choose another path"
+            + "; ".join(listed)
+            + ". Resume with the same settings, or choose another path"
         )
     if policy_changed:
         warnings.warn(
             f"{os.fspath(path)}: the policy's source file changed since the file was started "
             f"({_differences(found, wanted, [POLICY_HASH_KEY])[0]}); continuing as "
-            "allow_changed_policy asks, so the file mixes episodes of both versions",
+            "--allow-changed-policy (allow_changed_policy=True) asks, so the file mixes episodes "
+            "of both versions",
             UserWarning,
             stacklevel=4,
         )
