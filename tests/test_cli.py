@@ -542,7 +542,10 @@ def test_a_second_writer_exits_2_naming_the_holder_while_readers_still_work(tmp_
     try:
         deadline = time.monotonic() + 60
         while not (out.exists() and out.read_text().endswith("\n")):  # the header is written
-            assert time.monotonic() < deadline and first.poll() is None, first.stderr.read()
+            if first.poll() is not None:
+                pytest.fail(f"the first run ended before writing: {first.communicate()[1]}")
+            if time.monotonic() > deadline:
+                pytest.fail("the first run wrote no header within 60 s")
             time.sleep(0.02)
         before = out.read_bytes()
         second = subprocess.run(
