@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
 import rlmesh
 from rlmesh.cli import main
@@ -31,6 +33,8 @@ POLICY_FILE = textwrap.dedent(
     class Policy(rlmesh.Model):
         def predict(self, obs):
             time.sleep(float(os.environ.get("SLOW_POLICY", "0")))  # for the Ctrl-C test
+            while os.path.exists(os.environ.get("HOLD_WHILE", "")):  # for the lock test
+                time.sleep(0.01)
             return int(obs[2] + 0.3 * obs[3] > 0)
 
     instance = Policy()
@@ -114,6 +118,15 @@ def test_seeds_file_sets_the_episodes(tmp_path, capsys):
         (_eval("--horizon", "0"), "--horizon: must be a positive integer, got '0'"),
         (_eval("--seed", "1", "--seeds", "f"), "not allowed with argument"),
         (_eval("--resume"), "--resume needs --out"),
+        (
+            _eval("--seed", "99999999999999999999999"),
+            "--seed: must be an integer in [0, 2**64), got '99999999999999999999999'",
+        ),
+        (_eval("--seed", "-1"), "--seed: must be an integer in [0, 2**64)"),
+        (_eval("--timeout-step", "0"), "--timeout-step: must be a positive number of seconds"),
+        (_eval("--timeout-reset", "nan"), "--timeout-reset: must be a positive number of"),
+        (_eval("--timeout-predict", "x"), "--timeout-predict: must be a positive number of"),
+        (_eval("--max-episode-seconds", "-1"), "--max-episode-seconds: must be a positive"),
         (["report", "/no/such/file.jsonl"], "cannot read it"),
     ],
 )
@@ -270,3 +283,300 @@ def test_ctrl_c_keeps_completed_episodes_and_resume_completes_the_run(tmp_path, 
     ]
     final, reference_summary = json.loads(resumed.stdout), json.loads(uninterrupted.stdout)
     assert {key: final[key] for key in untimed} == {key: reference_summary[key] for key in untimed}
+
+
+def test_the_largest_seed_runs(capsys):
+    summary = _json(capsys, _eval("--episodes", "2", "--seed", str(2**64 - 1), "--json"))
+    assert summary["episodes"] == 2 and summary["base_seed"] == 2**64 - 1
+
+
+# ---------------------------------------------------------------------------- stdout closed early
+
+
+def test_a_closed_stdout_pipe_ends_quietly():
+    """`rlmesh eval ... | head`: the reader is gone before the summary is written."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "rlmesh", *_eval("--episodes", "2")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        process.stdout.close()  # the reader exits before reading a line
+        _, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert err == b""
+    assert process.returncode == 128 + signal.SIGPIPE  # as `cat` ends, with no traceback
+
+
+# ---------------------------------------------------------------------------- the current directory
+
+LOCAL_MODULE = textwrap.dedent(
+    """
+    import time
+    import gymnasium as gym
+    import numpy as np
+    import rlmesh
+
+
+    class Policy(rlmesh.Model):
+        def predict(self, obs):
+            return 0
+
+
+    class Corridor(gym.Env):
+        '''Terminates after `length` steps; each step and reset may sleep.'''
+
+        observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+        action_space = gym.spaces.Discrete(2)
+
+        def __init__(self, length=5, step_sleep=0.0, reset_sleep=0.0):
+            self.length, self.step_sleep, self.reset_sleep = length, step_sleep, reset_sleep
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            time.sleep(self.reset_sleep)
+            self.t = 0
+            return np.zeros(1, np.float32), {}
+
+        def step(self, action):
+            time.sleep(self.step_sleep)
+            self.t += 1
+            return np.zeros(1, np.float32), 1.0, self.t >= self.length, False, {}
+
+
+    gym.register("LocalCorridor-v0", entry_point=__name__ + ":Corridor", max_episode_steps=200)
+    """
+)
+
+
+@pytest.fixture
+def local_module(tmp_path, monkeypatch):
+    """``local_envs.py`` in the current directory, which is not on ``sys.path`` (as for an
+    installed ``rlmesh`` script); the module and its env are forgotten afterwards."""
+    (tmp_path / "local_envs.py").write_text(LOCAL_MODULE)
+    monkeypatch.chdir(tmp_path)
+    here = str(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", here)])
+    yield "local_envs"
+    sys.modules.pop("local_envs", None)
+    gym.registry.pop("LocalCorridor-v0", None)
+
+
+def test_modules_in_the_current_directory_need_no_pythonpath(tmp_path):
+    """Run as the installed script runs: ``sys.path[0]`` is the script's directory, not cwd."""
+    work, scripts = tmp_path / "work", tmp_path / "bin"
+    work.mkdir()
+    scripts.mkdir()
+    (work / "local_envs.py").write_text(LOCAL_MODULE)
+    script = scripts / "rlmesh"
+    script.write_text("import sys\nfrom rlmesh.cli import main\nsys.exit(main())\n")
+    argv = ["eval", "local_envs:Policy", "--env", "local_envs:LocalCorridor-v0", "--json"]
+    shown = subprocess.run(
+        [sys.executable, str(script), *argv, "--episodes", "3"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shown.returncode == 0, shown.stderr
+    summary = json.loads(shown.stdout)
+    assert summary["episodes"] == 3 and summary["mean_reward"] == 5.0
+
+
+def test_env_errors_are_one_sentence(capsys, local_module):
+    for env, expected in [
+        ("no_such_module:X-v0", "importing no_such_module failed: ModuleNotFoundError: "),
+        ("NoSuchEnv-v0", "Environment `NoSuchEnv` doesn't exist; expected a registered"),
+        (f"{local_module}:NoSuchEnv-v0", "doesn't exist; expected a registered Gymnasium id"),
+    ]:
+        assert main(_eval("--env", env)) == 2
+        err = capsys.readouterr().err
+        assert expected in err and err.count("\n") == 1
+        assert ". Expected" not in err and "' Expected" not in err
+
+
+# ---------------------------------------------------------------------------- any observation
+
+
+@pytest.mark.parametrize("core", ["rust", "python"])
+def test_random_runs_a_tuple_observation(tmp_path, capsys, core):
+    out = tmp_path / "r.jsonl"
+    argv = ["eval", "random", "--env", "Blackjack-v1", "--episodes", "30", "--num-envs", "3"]
+    summary = _json(capsys, [*argv, "--core", core, "--out", str(out), "--json"])
+    assert summary["episodes"] == 30
+    _, episodes = read_results(out)
+    # Blackjack pays -1, 0, 1 or 1.5 (a natural), and a random player both wins and loses.
+    rewards = {episode.reward for episode in episodes}
+    assert rewards <= {-1.0, 0.0, 1.0, 1.5} and {-1.0, 1.0} <= rewards
+    again = tmp_path / "again.jsonl"
+    assert main([*argv, "--core", core, "--num-envs", "1", "--out", str(again)]) == 0
+    assert _stable(again) == _stable(out)  # seeded by the episode, not the lane
+
+
+# ---------------------------------------------------------------------------- time limits
+
+
+def test_timeout_step_fails_the_run(capsys, local_module):
+    argv = ["eval", "random", "--env", f"{local_module}:LocalCorridor-v0", "--episodes", "1"]
+    kwargs = ["--env-kwargs", '{"step_sleep": 0.5}', "--no-progress"]
+    assert main([*argv, *kwargs, "--timeout-step", "0.1"]) == 1
+    err = capsys.readouterr().err
+    assert "rlmesh: error: " in err and "took longer than its 0.1 s limit (timeouts['step'])" in err
+
+
+def test_timeout_reset_fails_the_run(capsys, local_module):
+    argv = ["eval", "random", "--env", f"{local_module}:LocalCorridor-v0", "--episodes", "1"]
+    kwargs = ["--env-kwargs", '{"reset_sleep": 0.5}', "--no-progress"]
+    assert main([*argv, *kwargs, "--timeout-reset", "0.1"]) == 1
+    assert "took longer than its 0.1 s limit (timeouts['reset'])" in capsys.readouterr().err
+
+
+def test_timeout_predict_fails_the_run(capsys, policy_file, monkeypatch):
+    monkeypatch.setenv("SLOW_POLICY", "0.5")
+    argv = ["eval", f"{policy_file}:Policy", "--env", "CartPole-v1", "--episodes", "1"]
+    assert main([*argv, "--no-progress", "--timeout-predict", "0.1"]) == 1
+    assert "took longer than its 0.1 s limit (timeouts['predict'])" in capsys.readouterr().err
+
+
+def test_max_episode_seconds_truncates_episodes(tmp_path, capsys, local_module):
+    out = tmp_path / "r.jsonl"
+    argv = ["eval", "random", "--env", f"{local_module}:LocalCorridor-v0", "--episodes", "2"]
+    kwargs = ["--env-kwargs", '{"length": 1000, "step_sleep": 0.01}', "--no-progress"]
+    assert main([*argv, *kwargs, "--max-episode-seconds", "0.1", "--out", str(out)]) == 0
+    header, episodes = read_results(out)
+    assert header["max_episode_seconds"] == 0.1
+    # 0.1 s of 10 ms steps, far short of the env's own 200-step limit.
+    assert all(episode.truncated and episode.steps < 100 for episode in episodes)
+
+
+# ---------------------------------------------------------------------------- resume identity
+
+
+def _cut_to(path, kept):
+    """The file as a crash after its first ``kept`` episodes would have left it."""
+    lines = Path(path).read_text().splitlines(keepends=True)
+    Path(path).write_text("".join(lines[: 1 + kept]))
+
+
+def test_one_policy_file_under_two_spellings_resumes(tmp_path, capsys, monkeypatch):
+    (tmp_path / "pols.py").write_text(POLICY_FILE)
+    monkeypatch.chdir(tmp_path)
+    out = str(tmp_path / "r.jsonl")
+    argv = ["--env", "CartPole-v1", "--episodes", "4", "--out", out, "--no-progress"]
+    assert main(["eval", "pols.py:Policy", *argv]) == 0
+    _cut_to(out, 2)
+    assert main(["eval", "./pols.py:Policy", *argv, "--resume"]) == 0, capsys.readouterr().err
+    header, episodes = read_results(out)
+    assert header["policy"] == f"{(tmp_path / 'pols.py').resolve()}:Policy"
+    assert len(episodes) == 4
+
+
+def test_a_resume_may_change_the_core(tmp_path, capsys):
+    whole, out = str(tmp_path / "whole.jsonl"), str(tmp_path / "r.jsonl")
+    argv = _eval("--episodes", "6", "--num-envs", "2")
+    assert main([*argv, "--core", "rust", "--out", whole]) == 0
+    assert main([*argv, "--core", "rust", "--out", out]) == 0
+    _cut_to(out, 3)
+    assert main([*argv, "--core", "python", "--out", out, "--resume"]) == 0
+    assert _stable(out) == _stable(whole)  # the cores' episodes are equal by contract
+    records = [json.loads(line) for line in Path(out).read_text().splitlines()]
+    assert records[0]["core"] == "rust" and {"rlmesh_resume": 1, "core": "python"} in records
+
+
+def test_the_header_records_the_policy_source_hash(tmp_path, capsys, local_module):
+    out = tmp_path / "r.jsonl"
+    argv = ["--env", "CartPole-v1", "--episodes", "1", "--no-progress"]
+    assert main(["eval", f"{local_module}:Policy", *argv, "--out", str(out)]) == 0
+    header, _ = read_results(out)
+    source = (tmp_path / "local_envs.py").read_bytes()
+    assert header["policy"] == "local_envs:Policy"  # a module name stays as given
+    assert header["policy_sha256"] == hashlib.sha256(source).hexdigest()
+    builtin = tmp_path / "builtin.jsonl"
+    assert main(["eval", "random", *argv, "--out", str(builtin)]) == 0
+    assert read_results(builtin)[0]["policy_sha256"] is None
+
+
+def test_an_edited_policy_is_refused_unless_allowed(tmp_path, capsys, policy_file):
+    out = str(tmp_path / "r.jsonl")
+    argv = ["eval", f"{policy_file}:Policy", "--env", "CartPole-v1", "--out", out, "--no-progress"]
+    assert main([*argv, "--episodes", "4"]) == 0
+    _cut_to(out, 2)
+    before = Path(out).read_bytes()
+    policy_file.write_text(POLICY_FILE.replace("0.3 * obs[3]", "0.5 * obs[3]"))
+    capsys.readouterr()
+    assert main([*argv, "--episodes", "5", "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "episodes: the file has 4, this run has 5" in err  # every difference is listed
+    assert "policy_sha256: the file has " in err and "--allow-changed-policy" in err
+    assert Path(out).read_bytes() == before
+    assert main([*argv, "--episodes", "4", "--resume", "--allow-changed-policy"]) == 0
+    err = capsys.readouterr().err
+    assert "rlmesh: warning: " in err and "the policy's source file changed" in err
+    records = [json.loads(line) for line in Path(out).read_text().splitlines()]
+    new_hash = hashlib.sha256(policy_file.read_bytes()).hexdigest()
+    assert {"rlmesh_resume": 1, "policy_sha256": new_hash} in records
+    assert len(read_results(out)[1]) == 4
+
+
+# ---------------------------------------------------------------------------- one writer
+
+
+def test_a_second_writer_exits_2_naming_the_holder_while_readers_still_work(tmp_path, policy_file):
+    out, hold = tmp_path / "r.jsonl", tmp_path / "hold"
+    hold.touch()  # the first run's policy waits while this file exists
+    argv = [
+        "eval", f"{policy_file}:Policy", "--env", "CartPole-v1", "--episodes", "4",
+        "--max-episode-steps", "20", "--out", str(out), "--no-progress",
+    ]  # fmt: skip
+    first = subprocess.Popen(
+        [sys.executable, "-m", "rlmesh", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "HOLD_WHILE": str(hold)},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (out.exists() and out.read_text().endswith("\n")):  # the header is written
+            if first.poll() is not None:
+                pytest.fail(f"the first run ended before writing: {first.communicate()[1]}")
+            if time.monotonic() > deadline:
+                pytest.fail("the first run wrote no header within 60 s")
+            time.sleep(0.02)
+        before = out.read_bytes()
+        second = subprocess.run(
+            [sys.executable, "-m", "rlmesh", *argv, "--resume"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert second.returncode == 2, second.stderr
+        assert second.stderr.count("\n") == 1 and "Traceback" not in second.stderr
+        assert f"pid {first.pid} on " in second.stderr and str(out) in second.stderr
+        with pytest.raises(rlmesh.ResultsFileLockedError) as caught:
+            rlmesh.run(lambda obs: 0, "CartPole-v1", episodes=4, results_path=out, resume=True)
+        assert caught.value.holder["pid"] == first.pid
+        assert out.read_bytes() == before  # neither touched the file
+        report = subprocess.run(
+            [sys.executable, "-m", "rlmesh", "report", str(out), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert report.returncode == 0, report.stderr
+        assert first.poll() is None  # the first run held the file all along
+        hold.unlink()
+        _, err = first.communicate(timeout=60)
+        assert first.returncode == 0, err
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.communicate()
+    _, episodes = read_results(out)  # no index repeated
+    assert [episode.index for episode in episodes] == [0, 1, 2, 3]
+    resumed = _command(*argv, "--resume", "--json")  # released at the end
+    assert resumed.returncode == 0 and json.loads(resumed.stdout)["episodes"] == 4

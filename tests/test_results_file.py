@@ -135,3 +135,73 @@ def test_run_segments_merge_into_one_result(tmp_path):
     assert merged_rate.count == 400 and merged_rate.avg == pytest.approx(400 / (2 + 3))
     json.loads(path.read_text().splitlines()[2])  # strict JSON: nan written as null
     assert "NaN" not in path.read_text()
+
+
+def test_a_change_of_core_is_accepted_on_resume_and_recorded(tmp_path):
+    path = tmp_path / "r.jsonl"
+    with ResultsFile.open(path, {**HEADER, "core": "rust"}, resume=False) as out:
+        out.append(_episode(0))
+    with ResultsFile.open(path, {**HEADER, "core": "python"}, resume=True) as out:
+        assert out.indices == {0}
+        out.append(_episode(1))
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert lines[0]["core"] == "rust"  # the header keeps the first run's core
+    assert {"rlmesh_resume": 1, "core": "python"} in lines
+    header, episodes = read_results(path)
+    assert header["core"] == "rust" and [episode.index for episode in episodes] == [0, 1]
+
+
+def test_a_resume_that_changes_nothing_writes_no_resume_line(tmp_path):
+    path = tmp_path / "r.jsonl"
+    ResultsFile.open(path, HEADER, resume=False).close()
+    ResultsFile.open(path, HEADER, resume=True).close()
+    assert len(path.read_text().splitlines()) == 1
+
+
+def test_a_changed_policy_source_is_refused_with_every_difference(tmp_path):
+    path = tmp_path / "r.jsonl"
+    ResultsFile.open(path, {**HEADER, "policy_sha256": "aaaa"}, resume=False).close()
+    with pytest.raises(ResultsFileError) as caught:
+        ResultsFile.open(path, {**HEADER, "policy_sha256": "bbbb", "seed": 1}, resume=True)
+    message = str(caught.value)
+    assert 'policy_sha256: the file has "aaaa", this run has "bbbb"' in message
+    assert "seed: the file has 0, this run has 1" in message
+    assert "--allow-changed-policy (allow_changed_policy=True)" in message
+
+
+def test_an_allowed_policy_change_warns_and_is_recorded(tmp_path):
+    path = tmp_path / "r.jsonl"
+    with ResultsFile.open(path, {**HEADER, "policy_sha256": "aaaa"}, resume=False) as out:
+        out.append(_episode(0))
+    with pytest.warns(UserWarning, match=r"policy's source file changed.*\"aaaa\".*\"bbbb\""):
+        out = ResultsFile.open(
+            path, {**HEADER, "policy_sha256": "bbbb"}, resume=True, allow_changed_policy=True
+        )
+    out.append(_episode(1))
+    out.close()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert lines[2] == {"rlmesh_resume": 1, "policy_sha256": "bbbb"}
+    assert [episode.index for episode in read_results(path)[1]] == [0, 1]
+    # The recorded change counts from then on: the new code resumes without asking again,
+    # and going back to the old code is a change again.
+    ResultsFile.open(path, {**HEADER, "policy_sha256": "bbbb"}, resume=True).close()
+    assert len(path.read_text().splitlines()) == 4
+    with pytest.raises(ResultsFileError, match='the file has "bbbb", this run has "aaaa"'):
+        ResultsFile.open(path, {**HEADER, "policy_sha256": "aaaa"}, resume=True)
+    # Other fields are still checked when a policy change is allowed.
+    with pytest.raises(ResultsFileError, match="episodes: the file has 4, this run has 5"):
+        ResultsFile.open(
+            path, {**HEADER, "episodes": 5, "policy_sha256": "bbbb"}, resume=True,
+            allow_changed_policy=True,
+        )  # fmt: skip
+
+
+def test_a_refused_resume_leaves_a_cut_file_as_it_was(tmp_path):
+    path = tmp_path / "r.jsonl"
+    with ResultsFile.open(path, HEADER, resume=False) as out:
+        out.append(_episode(0))
+    cut = path.read_bytes()[:-10]
+    path.write_bytes(cut)
+    with pytest.raises(ResultsFileError, match="holds another run"):
+        ResultsFile.open(path, {**HEADER, "seed": 5}, resume=True)
+    assert path.read_bytes() == cut

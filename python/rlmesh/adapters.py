@@ -36,6 +36,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import importlib
 import json
 import math
@@ -61,6 +62,31 @@ FLAT_DTYPES = ("float32", "float64", "int64")
 # Environments emit images height-width-channels (the Gymnasium convention).
 CHW_AXES = (2, 0, 1)
 NUMERIC_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
+# Gymnasium's own kinds whose values are never strings (only spaces.Text holds those).
+_NON_TEXT_SPACES = (*NUMERIC_SPACES, spaces.Dict, spaces.Tuple, spaces.Sequence, spaces.Graph)
+
+
+def is_text_space(space: spaces.Space) -> bool:
+    """Whether the values of ``space`` are strings, so a ``Text`` leaf can read it.
+
+    True for a ``gymnasium.spaces.Text``, and for a space of another kind than Gymnasium's own
+    whose ``sample()`` is a ``str``: MiniGrid's ``MissionSpace`` is a ``gymnasium.Space``
+    subclass, not a ``Text``, and its missions are strings. The sample is drawn from a copy, so
+    the space's own random state is left as it was.
+
+    Example:
+        >>> is_text_space(spaces.Text(16)), is_text_space(spaces.Discrete(3))
+        (True, False)
+    """
+    if isinstance(space, spaces.Text):
+        return True
+    if isinstance(space, _NON_TEXT_SPACES) or type(space).__module__.startswith("gymnasium."):
+        return False
+    try:
+        sample = copy.deepcopy(space).sample()
+    except Exception:  # a space that cannot sample says nothing of its values
+        return False
+    return isinstance(sample, str)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -308,7 +334,10 @@ class Concat(_SpecNode):
 
 @dataclass(frozen=True)
 class Text(_SpecNode):
-    """A string from a Text observation space, passed through (batched: a list of N strings).
+    """A string from a text observation space, passed through (batched: a list of N strings).
+
+    A text space is a ``gymnasium.spaces.Text`` or any other space whose values are strings,
+    such as MiniGrid's ``MissionSpace`` (see ``is_text_space``).
 
     Example:
         >>> import gymnasium as gym
@@ -801,8 +830,8 @@ def _compile_text(
     slot: KeyPath, text: Text, observation_space: spaces.Space, where: str
 ) -> LeafPlan:
     space = _lookup(observation_space, text.key, where)
-    if not isinstance(space, spaces.Text):
-        raise _wrong_space(where, text.key, space, "a Text space")
+    if not is_text_space(space):
+        raise _wrong_space(where, text.key, space, "a Text space (or one whose values are str)")
     return _text_leaf(slot, text.label, text.key)
 
 
@@ -834,7 +863,7 @@ def _signature(space: spaces.Space) -> tuple[tuple[int, ...], str]:
     """The shape and dtype name of one observation of ``space`` ("str" text, "object" others)."""
     if isinstance(space, NUMERIC_SPACES):
         return tuple(space.shape), np.dtype(space.dtype).name
-    if isinstance(space, spaces.Text):
+    if is_text_space(space):
         return (), "str"
     return (), "object"
 
@@ -926,7 +955,7 @@ def _raw_observation_plan(space: spaces.Space, path: KeyPath = ()) -> tuple[Leaf
     label = f"raw {_path_text(path)}"
     if isinstance(space, NUMERIC_SPACES):
         return (_array_leaf(path, label, (path,), (space,), dtype=np.dtype(space.dtype).name),)
-    if isinstance(space, spaces.Text):
+    if is_text_space(space):
         return (_text_leaf(path, label, path),)
     raise SpecError(
         f"{_path_text(path)} holds {_space_text(space)}, which a model without a spec cannot "

@@ -8,8 +8,12 @@ Commands:
 - ``rlmesh report FILE``: the summary table of a results file alone.
 
 Exit codes: 0 done; 1 the run failed (the typed error's message, after the completed episodes
-were written); 2 bad input (one line saying what was wrong and what was expected); 130
-interrupted (Ctrl-C; completed episodes are on disk and the message says how to resume).
+were written); 2 bad input (one line saying what was wrong and what was expected), or another
+run is writing the ``--out`` file; 130 interrupted (Ctrl-C; completed episodes are on disk and
+the message says how to resume); 141 stdout was closed early (``rlmesh eval ... | head``:
+nothing printed, as ``cat`` does).
+
+``POLICY`` and ``--env`` may name modules in the current directory, as ``python -m`` finds them.
 
 Example:
     >>> main(["eval", "random", "--env", "CartPole-v1", "--episodes", "0"])  # a one-line error
@@ -22,9 +26,13 @@ Example:
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
 import importlib
 import importlib.util
 import json
+import math
+import os
 import shlex
 import signal
 import sys
@@ -32,7 +40,7 @@ import threading
 import time
 import warnings
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -40,13 +48,15 @@ import gymnasium as gym
 import numpy as np
 
 from . import __version__, core_name, driver
+from .adapters import Action, Custom, ModelSpec
 from .errors import ResultsFileError, RlmeshError
 from .hooks import RunHooks, RuntimeHooks
 from .model import Model
-from .results import EpisodeResult, read_results, read_run, succeeded
+from .results import LOCK_SUFFIX, EpisodeResult, read_results, read_run, succeeded
 from .stats import format_summary, summarize
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE if hasattr(signal, "SIGPIPE") else 1  # as `cat` ends
 
 
 class UsageError(Exception):
@@ -56,21 +66,44 @@ class UsageError(Exception):
 # ---------------------------------------------------------------------------- built-in policies
 
 
+def observation_digest(obs: Any, digest: int = 0) -> int:
+    """A CRC-32 of every leaf of a raw observation, whatever its space: arrays and numbers by
+    their bytes, strings by their UTF-8, dicts, tuples and lists walked in order.
+
+    Example:
+        >>> observation_digest((14, 10, 0)) == observation_digest((14, 10, 1))
+        False
+    """
+    if isinstance(obs, dict):
+        for value in obs.values():
+            digest = observation_digest(value, digest)
+        return digest
+    if isinstance(obs, (tuple, list)):
+        for value in obs:
+            digest = observation_digest(value, digest)
+        return digest
+    if isinstance(obs, str):
+        return zlib.crc32(obs.encode("utf-8"), digest)
+    return zlib.crc32(np.ascontiguousarray(obs).tobytes(), digest)
+
+
 class RandomPolicy(Model):
-    """Samples the action space. The draw is seeded by the observation's bytes, which descend
-    from the episode's seed: the policy is a pure function, so its results are reproducible
-    and the same for any ``--num-envs`` (a per-lane RNG would depend on which lane ran what)."""
+    """Samples the action space, for any observation space (Tuple, Text, ... included).
+
+    The draw is seeded by a digest of the raw observation, which descends from the episode's
+    seed: the policy is a pure function, so its results are reproducible and the same for any
+    ``--num-envs`` (a per-lane RNG would depend on which lane ran what).
+    """
+
+    # The whole raw observation, reduced to its digest: no space needs a leaf the model reads.
+    spec = ModelSpec(input=Custom(observation_digest), output=Action(clip=False))
 
     def __init__(self, action_space: gym.Space) -> None:
         super().__init__()
         self.action_space = action_space
 
-    def predict(self, obs: Any) -> Any:
-        leaves = obs.values() if isinstance(obs, dict) else [obs]
-        digest = 0
-        for leaf in leaves:
-            digest = zlib.crc32(np.ascontiguousarray(leaf).tobytes(), digest)
-        self.action_space.seed(digest)
+    def predict(self, digest: int) -> Any:
+        self.action_space.seed(int(digest))  # the lane's value may come back as a numpy int
         return self.action_space.sample()
 
 
@@ -144,6 +177,48 @@ def load_policy(spec: str, action_space: Callable[[], gym.Space]) -> Any:
     return policy
 
 
+def policy_identity(spec: str) -> tuple[str, str | None]:
+    """How a results file records the policy ``spec`` names: ``(name, sha256 of its source)``.
+
+    A file path is resolved, so ``./pols.py:parity`` and ``pols.py:parity`` are one policy;
+    ``module:Name`` stays as given and its hash is of the module's source file; a built-in has
+    no source file (None). A resume refuses a file whose hash differs (the policy's code
+    changed) unless ``--allow-changed-policy``. Call it after ``load_policy`` succeeded.
+
+    Example:
+        >>> policy_identity("random")
+        ('random', None)
+    """
+    if spec in BUILTIN_POLICIES:
+        return spec, None
+    target, _, name = spec.rpartition(":")
+    if target.endswith(".py"):
+        source: str | None = str(Path(target).resolve())
+        spec = f"{source}:{name}"
+    else:
+        source = getattr(importlib.import_module(target), "__file__", None)
+    if source is None:  # a namespace package: no file holds its code
+        return spec, None
+    return spec, hashlib.sha256(Path(source).read_bytes()).hexdigest()
+
+
+@contextlib.contextmanager
+def current_directory_on_path() -> Iterator[None]:
+    """Let ``POLICY`` and ``--env`` name modules in the current directory, as ``python -m``
+    does (an installed ``rlmesh`` script starts with its own directory on ``sys.path``); the
+    entry is taken off again afterwards, for callers of ``main`` in a longer-lived process."""
+    here = os.getcwd()
+    if any(entry in ("", ".", here) for entry in sys.path):
+        yield
+        return
+    sys.path.insert(0, here)
+    try:
+        yield
+    finally:
+        if here in sys.path:
+            sys.path.remove(here)
+
+
 # ---------------------------------------------------------------------------- argument checks
 
 
@@ -157,13 +232,23 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _non_negative_int(text: str) -> int:
+def _seed(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
         value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
+    if not 0 <= value < 2**64:
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, 2**64), got {text!r}")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
     return value
 
 
@@ -208,15 +293,22 @@ def check_env(env_id: str) -> None:
     import.
     """
     module, _, name = env_id.rpartition(":")
+    expected = (
+        "expected a registered Gymnasium id such as CartPole-v1 (or module:Id for an env its "
+        "module registers)"
+    )
     try:
         if module:
             importlib.import_module(module)
-        gym.spec(name)
     except Exception as exc:
         raise UsageError(
-            f"--env {env_id!r}: {exc} Expected a registered Gymnasium id such as CartPole-v1 "
-            "(or module:Id for an env its module registers)"
+            f"--env {env_id!r}: importing {module} failed: {type(exc).__name__}: "
+            f"{str(exc).rstrip('.')}; {expected}"
         ) from None
+    try:
+        gym.spec(name)
+    except Exception as exc:
+        raise UsageError(f"--env {env_id!r}: {str(exc).rstrip('.')}; {expected}") from None
 
 
 # ---------------------------------------------------------------------------- progress
@@ -334,6 +426,16 @@ def _eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
         raise UsageError(f"--env-kwargs for {args.env}: {exc}") from None
     except TypeError as exc:
         raise UsageError(f"--env-kwargs for {args.env}: {exc}") from None
+    policy_name, policy_sha256 = policy_identity(args.policy)
+    timeouts = {
+        op: limit
+        for op, limit in (
+            ("reset", args.timeout_reset),
+            ("step", args.timeout_step),
+            ("predict", args.timeout_predict),
+        )
+        if limit is not None
+    }
     progress = _Progress(
         episodes, enabled=not args.no_progress and not args.json and sys.stderr.isatty()
     )
@@ -355,17 +457,26 @@ def _eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
             num_envs=args.num_envs,
             execution_horizon=args.horizon,
             max_episode_steps=args.max_episode_steps,
+            max_episode_seconds=args.max_episode_seconds,
+            timeouts=timeouts or None,
             hooks=[_EpisodeSink(progress), _Throughput(progress)],
             core=core,
             results_path=args.out,
             resume=args.resume,
+            allow_changed_policy=args.allow_changed_policy,
             # The results file's header records these too, and a resume must match them.
-            run_info={"env": args.env, "policy": args.policy, "env_kwargs": args.env_kwargs},
+            run_info={
+                "env": args.env,
+                "policy": policy_name,
+                "policy_sha256": policy_sha256,
+                "env_kwargs": args.env_kwargs,
+            },
         )
     except ResultsFileError as exc:
         raise UsageError(str(exc)) from None
     except OSError as exc:
-        if args.out is None or exc.filename != args.out:
+        # The results file, or the writer's lock file next to it.
+        if args.out is None or exc.filename not in (args.out, args.out + LOCK_SUFFIX):
             raise
         raise UsageError(f"--out {args.out}: cannot open it ({exc.strerror})") from None
     except KeyboardInterrupt:
@@ -497,7 +608,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     seeding = evaluate.add_mutually_exclusive_group()
     seeding.add_argument(
-        "--seed", type=_non_negative_int, help="base seed: episode k uses episode_seed(S, k)"
+        "--seed", type=_seed, help="base seed in [0, 2**64): episode k uses episode_seed(S, k)"
     )
     seeding.add_argument("--seeds", metavar="FILE", help="one integer seed per episode")
     evaluate.add_argument(
@@ -506,9 +617,27 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "--max-episode-steps", type=_positive_int, help="truncate episodes at this many steps"
     )
+    evaluate.add_argument(
+        "--max-episode-seconds",
+        type=_positive_seconds,
+        metavar="S",
+        help="truncate episodes at this many seconds of wall clock",
+    )
+    for op, what in (("step", "env.step"), ("reset", "env.reset"), ("predict", "model call")):
+        evaluate.add_argument(
+            f"--timeout-{op}",
+            type=_positive_seconds,
+            metavar="S",
+            help=f"fail the run (exit 1) when one {what} takes longer than S seconds",
+        )
     evaluate.add_argument("--out", metavar="FILE", help="write results, one JSON line each")
     evaluate.add_argument(
         "--resume", action="store_true", help="continue the run in --out, adding missing episodes"
+    )
+    evaluate.add_argument(
+        "--allow-changed-policy",
+        action="store_true",
+        help="with --resume: continue although the policy's source file changed (recorded)",
     )
     _add_run_options(evaluate, episodes=None)
 
@@ -545,14 +674,41 @@ def _demo_args(args: argparse.Namespace) -> argparse.Namespace:
         seeds=None,
         horizon=1,
         max_episode_steps=None,
+        max_episode_seconds=None,
+        timeout_reset=None,
+        timeout_step=None,
+        timeout_predict=None,
         out=None,
         resume=False,
+        allow_changed_policy=False,
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``rlmesh`` command with ``argv`` (default ``sys.argv[1:]``); the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        with current_directory_on_path():
+            status = _main(argv)
+        sys.stdout.flush()  # here, not at exit, where a closed pipe could not be handled
+        return status
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's final flush of what the closed pipe did
+    not take raises nothing either."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is not a real file (captured, replaced): nothing to do
+        pass
+
+
+def _main(argv: list[str]) -> int:
     with warnings.catch_warnings():
         # Warnings (a repaired results file, a run-time notice) are one line each.
         warnings.showwarning = _show_warning

@@ -184,6 +184,7 @@ async def arun(
     results_path: str | os.PathLike[str] | None = None,
     resume: bool = False,
     run_info: dict[str, Any] | None = None,
+    allow_changed_policy: bool = False,
 ) -> RunResult:
     """Evaluate ``model`` on ``env``: the coroutine behind ``rlmesh.run``.
 
@@ -221,6 +222,8 @@ async def arun(
         resume: with ``results_path``, continue that file: its header must match this run;
             the episodes it holds are skipped, the missing ones run and are appended.
         run_info: extra header fields (e.g. the policy's name), checked on resume too.
+        allow_changed_policy: on resume, accept a ``run_info["policy_sha256"]`` other than
+            the file's (with a warning; the new one is recorded) instead of refusing it.
 
     Returns:
         The ``RunResult``: M episodes sorted by index (with ``results_path``, every episode in
@@ -247,8 +250,15 @@ async def arun(
     results = None
     if results_path is not None:
         header = _results_header(env, settings, core, run_info)
-        results = ResultsFile.open(results_path, header, resume=resume)
-    run = EvaluationRun(model, env, settings, hooks=hooks, core=core, results=results)
+        results = ResultsFile.open(
+            results_path, header, resume=resume, allow_changed_policy=allow_changed_policy
+        )
+    try:
+        run = EvaluationRun(model, env, settings, hooks=hooks, core=core, results=results)
+    except BaseException:
+        if results is not None:
+            results.close()  # releases the file's writer lock
+        raise
     return await run.execute()
 
 

@@ -98,6 +98,21 @@ class ResultsFileError(RlmeshError):
     """
 
 
+class ResultsFileLockedError(ResultsFileError):
+    """Another writer holds the results file: a second run must not append to it.
+
+    Raised by ``rlmesh.results.ResultsFile.open`` (and so by ``rlmesh.run(results_path=...)``
+    and ``rlmesh eval --out``) before the file is read or written. ``path`` is the results
+    file; ``holder`` is what the holder recorded of itself (``pid``, ``host``, ``since``), empty
+    when it had not recorded it yet. Readers (``read_results``, ``rlmesh report``) take no lock.
+    """
+
+    def __init__(self, message: str, *, path: str, holder: dict) -> None:
+        super().__init__(message)
+        self.path = path
+        self.holder = holder
+
+
 def call_failure(where: str, error: Exception, rounds: int) -> Exception:
     """The error a run raises when the env or model call ``where`` (``"env.step"``,
     ``"model.predict"``, ...) raised ``error`` after ``rounds`` rounds: an ``RlmeshError`` as

@@ -22,12 +22,20 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
+import time
 import warnings
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
+from dataclasses import field as dataclasses_field
 from typing import IO, Any
 
-from .errors import ResultsFileError
+from .errors import ResultsFileError, ResultsFileLockedError
+
+try:
+    import fcntl
+except ImportError:  # Windows: the lock file is created exclusively instead (see _WriterLock)
+    fcntl = None  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)
@@ -196,7 +204,15 @@ class RunResult:
 
 HEADER_KEY = "rlmesh_results"  # marks the header line; its value is the format version
 RUN_KEY = "rlmesh_run"  # marks a run-segment line; its value is the format version
+RESUME_KEY = "rlmesh_resume"  # marks a resumption that changed a recorded, non-identity field
 FORMAT_VERSION = 1
+LOCK_SUFFIX = ".lock"  # the writer's lock file sits next to the results file
+
+# Header fields a resumed run records but need not match: the cores give equal results by
+# contract, so a run started on one may be finished on the other.
+RECORDED_NOT_IDENTITY = frozenset({"core"})
+# The policy's source file's sha256: a change is refused unless the caller allows it.
+POLICY_HASH_KEY = "policy_sha256"
 
 
 def _telemetry_to_json(rows: Iterable[TelemetryRow]) -> list[dict[str, Any]]:
@@ -277,6 +293,7 @@ class _Contents:
     runs: list[dict[str, Any]]
     valid_bytes: int
     dropped: bytes
+    resumes: list[dict[str, Any]] = dataclasses_field(default_factory=list)
 
 
 def _read(path: str | os.PathLike[str]) -> _Contents:
@@ -305,6 +322,8 @@ def _read(path: str | os.PathLike[str]) -> _Contents:
             contents.header = record
         elif RUN_KEY in record:
             contents.runs.append(record)
+        elif RESUME_KEY in record:
+            contents.resumes.append(record)
         else:
             try:
                 episode = EpisodeResult(**record)
@@ -378,8 +397,119 @@ def read_run(
     return _config(contents.header), result, elapsed
 
 
-def _config(header: dict[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in header.items() if key != HEADER_KEY}
+def _config(header: dict[str, Any], marker: str = HEADER_KEY) -> dict[str, Any]:
+    return {key: value for key, value in header.items() if key != marker}
+
+
+class _WriterLock:
+    """The exclusive right to write one results file, held for a whole run.
+
+    The lock is ``fcntl.flock`` on a lock file next to the results file (``PATH.lock``), which
+    holds its owner's pid, host and start time, so a second writer can say who holds it. The
+    operating system drops a flock when its process ends however it ends, so a lock file left
+    behind by a killed run is simply taken over. Readers take no lock. Without ``fcntl``
+    (Windows) the lock file is created exclusively instead; one left by a killed run must then
+    be deleted by hand, and the error says so.
+    """
+
+    def __init__(self, lock_path: str, fd: int) -> None:
+        self.lock_path = lock_path
+        # A file object owns the descriptor, so a lock its owner forgot to release is still
+        # dropped when the object is collected (the flock goes with the descriptor).
+        self._file: IO[bytes] | None = os.fdopen(fd, "r+b", buffering=0)
+
+    @classmethod
+    def acquire(cls, results_path: str) -> _WriterLock:
+        """The lock of ``results_path``, or a ``ResultsFileLockedError`` naming its holder."""
+        lock_path = results_path + LOCK_SUFFIX
+        if fcntl is None:
+            return cls._acquire_exclusive(results_path, lock_path)
+        while True:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read_holder(fd)
+                os.close(fd)
+                raise _locked_error(results_path, holder, stale_hint=False) from None
+            # The previous holder removes the lock file before releasing it: a lock taken on
+            # the removed file guards nothing, so take it again on the file at the path.
+            if _same_file(fd, lock_path):
+                break
+            os.close(fd)
+        _write_holder(fd)
+        return cls(lock_path, fd)
+
+    @classmethod
+    def _acquire_exclusive(cls, results_path: str, lock_path: str) -> _WriterLock:
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            with open(lock_path, "rb") as handle:
+                holder = _parse_holder(handle.read())
+            raise _locked_error(results_path, holder, stale_hint=True) from None
+        _write_holder(fd)
+        return cls(lock_path, fd)
+
+    def release(self) -> None:
+        """Remove the lock file and drop the lock; a second call does nothing."""
+        if self._file is None:
+            return
+        file, self._file = self._file, None
+        try:
+            if _same_file(file.fileno(), self.lock_path):
+                os.unlink(self.lock_path)
+        finally:
+            file.close()
+
+
+def _same_file(fd: int, path: str) -> bool:
+    try:
+        on_disk = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (on_disk.st_dev, on_disk.st_ino)
+
+
+def _write_holder(fd: int) -> None:
+    holder = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    os.ftruncate(fd, 0)
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.write(fd, json.dumps(holder).encode())
+
+
+def _read_holder(fd: int) -> dict[str, Any]:
+    os.lseek(fd, 0, os.SEEK_SET)
+    return _parse_holder(os.read(fd, 4096))
+
+
+def _parse_holder(data: bytes) -> dict[str, Any]:
+    try:
+        holder = json.loads(data)
+    except ValueError:  # the holder is between taking the lock and writing its name
+        return {}
+    return holder if isinstance(holder, dict) else {}
+
+
+def _locked_error(path: str, holder: dict[str, Any], *, stale_hint: bool) -> ResultsFileLockedError:
+    if holder:
+        who = (
+            f"pid {holder.get('pid')} on {holder.get('host')}, running since {holder.get('since')}"
+        )
+    else:
+        who = "a process that has not recorded its pid yet"
+    hint = f"; if no such run is alive, delete {path}{LOCK_SUFFIX}" if stale_hint else ""
+    return ResultsFileLockedError(
+        f"{path} is being written by another run ({who}): wait for it to end or choose another "
+        f"path (reading it, e.g. rlmesh report, works meanwhile){hint}",
+        path=path,
+        holder=holder,
+    )
 
 
 class ResultsFile:
@@ -390,13 +520,20 @@ class ResultsFile:
     completed episode, ``EpisodeResult.to_dict()``, in completion order, flushed as written,
     so a crash loses at most the line being written. At the end of each run segment (a run, or
     one resumption of it), ``append_run`` writes ``{"rlmesh_run": 1, "wasted_steps": ..,
-    "elapsed_s": .., "telemetry": [..]}``, so the summary of a file needs nothing else.
+    "elapsed_s": .., "telemetry": [..]}``, so the summary of a file needs nothing else. A
+    resumption that changed a recorded field (its ``core``, or an allowed ``policy_sha256``)
+    first writes ``{"rlmesh_resume": 1, field: its value, ...}``.
 
-    ``ResultsFile.open(path, header, resume=...)``: a missing or empty file is started with the
-    header. A file holding results is refused without ``resume``. With ``resume``, the file's
-    header must equal ``header`` (after a JSON round trip) or the differing fields are listed in
-    a ``ResultsFileError``; a last line cut mid-write is dropped from the file with a warning;
-    the completed episodes are loaded (``episodes``, ``indices``) and new lines are appended.
+    ``ResultsFile.open(path, header, resume=...)`` first takes the file's writer lock (see
+    ``_WriterLock``), held until ``close``: while another writer holds it, the file is left
+    untouched and a ``ResultsFileLockedError`` names the holder. A missing or empty file is
+    started with the header. A file holding results is refused without ``resume``. With
+    ``resume``, the file's header (updated by its recorded resumptions) must equal ``header``
+    (after a JSON round trip) or the differing fields are listed in a ``ResultsFileError``,
+    except ``core`` (the cores' results are equal by contract), and ``policy_sha256`` when
+    ``allow_changed_policy`` (then with a warning); a last line cut mid-write is dropped from
+    the file with a warning; the completed episodes are loaded (``episodes``, ``indices``) and
+    new lines are appended.
 
     Example:
         >>> import os, tempfile
@@ -420,18 +557,45 @@ class ResultsFile:
         header: dict[str, Any],
         episodes: list[EpisodeResult],
         runs: list[dict[str, Any]],
+        lock: _WriterLock | None = None,
     ) -> None:
         self.path = os.fspath(path)
         self.header = header
         self._handle = handle
         self._episodes = list(episodes)
         self._runs = list(runs)
+        self._lock = lock
 
     @classmethod
     def open(
-        cls, path: str | os.PathLike[str], header: dict[str, Any], *, resume: bool
+        cls,
+        path: str | os.PathLike[str],
+        header: dict[str, Any],
+        *,
+        resume: bool,
+        allow_changed_policy: bool = False,
     ) -> ResultsFile:
-        """Start ``path`` with ``header``, or (``resume``) continue the run it holds."""
+        """Start ``path`` with ``header``, or (``resume``) continue the run it holds.
+
+        ``allow_changed_policy``: on resume, accept a ``policy_sha256`` other than the file's
+        (the policy's code changed), with a warning, and record the new one.
+        """
+        lock = _WriterLock.acquire(os.fspath(path))
+        try:
+            return cls._open_locked(path, header, resume, allow_changed_policy, lock)
+        except BaseException:
+            lock.release()
+            raise
+
+    @classmethod
+    def _open_locked(
+        cls,
+        path: str | os.PathLike[str],
+        header: dict[str, Any],
+        resume: bool,
+        allow_changed_policy: bool,
+        lock: _WriterLock,
+    ) -> ResultsFile:
         # The header as it will read back, so a comparison never trips on tuple-vs-list.
         config = json.loads(json.dumps(_config(header)))
         exists = os.path.exists(path) and os.path.getsize(path) > 0
@@ -441,6 +605,14 @@ class ResultsFile:
                 "continue that run, or choose another path"
             )
         contents = _read(path) if exists else None
+        changed: dict[str, Any] = {}
+        if contents is not None and contents.header is not None:
+            # Checked before the repair below: a refused resume leaves the file as it was.
+            # What the file's run is now: its header, updated by every recorded resumption.
+            recorded = _config(contents.header)
+            for resumption in contents.resumes:
+                recorded.update(_config(resumption, RESUME_KEY))
+            changed = _check_identity(path, recorded, config, allow_changed_policy)
         if contents is not None and contents.dropped:
             _warn_dropped(path, contents.dropped, "dropped")
             with open(path, "r+b") as handle:
@@ -449,16 +621,12 @@ class ResultsFile:
             handle = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed by close()
             handle.write(json.dumps({HEADER_KEY: FORMAT_VERSION, **config}) + "\n")
             handle.flush()
-            return cls(path, handle, config, [], [])
-        differences = _differences(_config(contents.header), config)
-        if differences:
-            raise ResultsFileError(
-                f"{os.fspath(path)} holds another run than this one: "
-                + "; ".join(differences)
-                + ". Resume with the same settings, or choose another path"
-            )
+            return cls(path, handle, config, [], [], lock)
         handle = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
-        return cls(path, handle, config, contents.episodes, contents.runs)
+        results = cls(path, handle, config, contents.episodes, contents.runs, lock)
+        if changed:
+            results._write({RESUME_KEY: FORMAT_VERSION, **changed})
+        return results
 
     @property
     def episodes(self) -> tuple[EpisodeResult, ...]:
@@ -494,7 +662,12 @@ class ResultsFile:
         return _combine(self.header, self._episodes, self._runs)
 
     def close(self) -> None:
-        self._handle.close()
+        """Close the file and release its writer lock (a second call does nothing)."""
+        try:
+            self._handle.close()
+        finally:
+            if self._lock is not None:
+                self._lock.release()
 
     def __enter__(self) -> ResultsFile:
         return self
@@ -507,10 +680,51 @@ class ResultsFile:
         self._handle.flush()
 
 
-def _differences(found: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
+def _check_identity(
+    path: str | os.PathLike[str],
+    found: dict[str, Any],
+    wanted: dict[str, Any],
+    allow_changed_policy: bool,
+) -> dict[str, Any]:
+    """Refuse a resume whose header differs from the file's in an identity field, listing
+    every difference; return the recorded fields this resumption changes (to be recorded)."""
+    keys = sorted(set(found) | set(wanted))
+    changed = [key for key in keys if found.get(key) != wanted.get(key)]
+    policy_changed = POLICY_HASH_KEY in changed
+    refused = [
+        key
+        for key in changed
+        if key not in RECORDED_NOT_IDENTITY
+        and not (key == POLICY_HASH_KEY and allow_changed_policy)
+    ]
+    if refused:
+        listed = _differences(found, wanted, refused)
+        if POLICY_HASH_KEY in refused:
+            listed[refused.index(POLICY_HASH_KEY)] += (
+                " (the policy's source file changed since the file was started; pass "
+                "--allow-changed-policy (allow_changed_policy=True) to add episodes of the new "
+                "code to it anyway)"
+            )
+        raise ResultsFileError(
+            f"{os.fspath(path)} holds another run than this one: "
+            + "; ".join(listed)
+            + ". Resume with the same settings, or choose another path"
+        )
+    if policy_changed:
+        warnings.warn(
+            f"{os.fspath(path)}: the policy's source file changed since the file was started "
+            f"({_differences(found, wanted, [POLICY_HASH_KEY])[0]}); continuing as "
+            "--allow-changed-policy (allow_changed_policy=True) asks, so the file mixes episodes "
+            "of both versions",
+            UserWarning,
+            stacklevel=4,
+        )
+    return {key: wanted.get(key) for key in changed}
+
+
+def _differences(found: dict[str, Any], wanted: dict[str, Any], keys: Iterable[str]) -> list[str]:
     return [
         f"{key}: the file has {json.dumps(found.get(key))}, this run has "
         f"{json.dumps(wanted.get(key))}"
-        for key in sorted(set(found) | set(wanted))
-        if found.get(key) != wanted.get(key)
+        for key in keys
     ]
