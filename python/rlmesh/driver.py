@@ -349,17 +349,21 @@ class EvaluationRun:
     async def _nothing_to_run(self) -> RunResult:
         """A resumed file that is already complete: no env is made, the hooks still hear of
         the run's start and end (once each), and the result is the file's."""
-        hooks = HookDispatcher(self.hooks_argument)
         settings = self.settings
-        await hooks.run_start(
-            {
-                "env": env_label(self.env),
-                "episodes": settings.episodes,
-                "base_seed": settings.base_seed,
-                "seeds": settings.seeds,
-                "completed_episodes": self.results.episodes,
-            }
-        )
+        try:
+            hooks = HookDispatcher(self.hooks_argument)
+            await hooks.run_start(
+                {
+                    "env": env_label(self.env),
+                    "episodes": settings.episodes,
+                    "base_seed": settings.base_seed,
+                    "seeds": settings.seeds,
+                    "completed_episodes": self.results.episodes,
+                }
+            )
+        except BaseException:
+            self.results.close()  # and with it the file's lock
+            raise
         result = self._close_results(None, None)
         await hooks.run_end(result, None)
         return result
