@@ -1,11 +1,11 @@
-"""RoundRunner in both cores: the phases of a round, the synchronous loop of rounds, and parity.
+"""RoundRunner in both cores: the episode lifecycle, the phases of a round, the synchronous
+loop of rounds, and parity.
 
-Runs are driven the way the driver drives them: ``RouteLedger.start_episodes`` then
-``start_lanes`` and ``set_observations`` after the resets; rounds either by hand
-(``begin_round`` / ``take_actions`` / env steps / ``end_round``) or by ``run_rounds``; and for
-the lanes whose episode ended, ``complete_episodes``, ``ChunkQueues.drop`` and
-``ObservationAssembler.evict`` of the ended episodes, then new episodes on those lanes. The
-references are plain Gymnasium loops on the same seeds, and the other core.
+Runs are driven the way the driver drives them, through the runner alone: ``start`` just
+before the resets, then ``set_observations``; rounds either by hand (``begin_round`` /
+``take_actions`` / env steps / ``end_round``) or by ``run_rounds``; and for the lanes whose
+episode ended, ``finish`` (summaries, evictions, owed model ends), then new episodes on those
+lanes. The references are plain Gymnasium loops on the same seeds, and the other core.
 """
 
 from __future__ import annotations
@@ -72,6 +72,14 @@ class SleepyEnv(CountEnv):
     def step(self, action):
         time.sleep(0.002)
         return super().step(action)
+
+
+class SlowResetEnv(CountEnv):
+    """A ``CountEnv`` whose reset takes at least 30 ms."""
+
+    def reset(self, *, seed=None, options=None):
+        time.sleep(0.03)
+        return super().reset(seed=seed, options=options)
 
 
 class FailingEnv(CountEnv):
@@ -142,7 +150,7 @@ def pendulum_policy(payload: np.ndarray, count: int) -> np.ndarray:
 
 
 class Run:
-    """One run of ``num_lanes`` envs on ``core``: the core objects and the driver's steps."""
+    """One run of ``num_lanes`` envs on ``core``: its runner and the driver's steps."""
 
     def __init__(
         self,
@@ -156,46 +164,49 @@ class Run:
         max_episode_steps: Any = None,
         max_episode_seconds: Any = None,
         base_seed: int = 0,
+        overflow: str = "idle",
+        now_ns: int | None = None,
     ) -> None:
         self.envs = [make_env() for _ in range(num_lanes)]
         env = self.envs[0]
         plan = compile_spec(spec, env.observation_space, env.action_space)
-        self.ledger = core.RouteLedger(num_lanes, episodes, base_seed=base_seed)
-        self.assembler = core.ObservationAssembler(plan.observation)
-        self.queues = None if horizon is None else core.ChunkQueues(num_lanes, horizon)
         self.runner = core.RoundRunner(
-            self.ledger,
-            self.assembler,
-            core.ActionApplier(plan.action),
-            self.queues,
+            num_lanes,
+            episodes,
+            plan.observation,
+            plan.action,
+            execution_horizon=horizon,
+            base_seed=base_seed,
+            overflow=overflow,
             max_episode_steps=max_episode_steps,
             max_episode_seconds=max_episode_seconds,
         )
         self.stats = [core.LatencyStats() for _ in range(3)]
         self.final_infos: dict[int, Any] = {}  # episode id -> its last info
-        self.start(np.arange(num_lanes))
+        self.surplus_starts = 0
+        self.start(np.arange(num_lanes), now_ns=now_ns)
 
-    def start(self, lanes) -> None:
-        now = time.perf_counter_ns()
-        starts = self.ledger.start_episodes(np.asarray(lanes, dtype=np.int64), now_ns=now)
-        self.runner.start_lanes(starts.lanes, now_ns=now)
+    def start(self, lanes, now_ns: int | None = None) -> Any:
+        """Start episodes on ``lanes`` (the clock read just before the resets, unless given)
+        and reset the lanes that got one, scored or surplus."""
+        now = time.perf_counter_ns() if now_ns is None else now_ns
+        starts = self.runner.start(np.asarray(lanes, dtype=np.int64), now_ns=now)
+        self.surplus_starts += len(starts.surplus_lanes)
+        reset = starts.lanes.tolist() + starts.surplus_lanes.tolist()
+        seeds = list(starts.seeds) + [None] * len(starts.surplus_lanes)
         observations = [
-            self.envs[lane].reset(seed=seed)[0]
-            for lane, seed in zip(starts.lanes.tolist(), starts.seeds, strict=True)
+            self.envs[lane].reset(seed=seed)[0] for lane, seed in zip(reset, seeds, strict=True)
         ]
-        self.runner.set_observations(starts.lanes, observations)
+        self.runner.set_observations(reset, observations)
+        return starts
 
-    def finish(self, ended, infos=None) -> None:
-        """Complete the episodes of ``ended``, drop their queues and windows, start new ones."""
-        ids = self.ledger.episode_ids(ended)
+    def finish(self, ended, infos=None) -> Any:
+        """Finish the episodes of ``ended`` and start new ones; what ``finish`` returned."""
+        finished = self.runner.finish(ended, [None] * len(ended))
         if infos is not None:
-            self.final_infos.update(zip(ids.tolist(), infos, strict=True))
-        self.ledger.complete_episodes(ended, ids, now_ns=time.perf_counter_ns())
-        for episode_id in ids.tolist():
-            if self.queues is not None:
-                self.queues.drop(episode_id)
-            self.assembler.evict(episode_id)
+            self.final_infos.update(zip(finished[1].tolist(), infos, strict=True))
         self.start(ended)
+        return finished
 
     def round_by_hand(self, policy) -> np.ndarray | None:
         """One round through the phases; the lanes predicted for, None once nothing runs."""
@@ -230,7 +241,7 @@ class Run:
         """Call ``run_rounds`` until nothing runs; what each call returned."""
         steps = [env.step for env in self.envs]
         returned = []
-        while len(self.ledger.running_lanes()):
+        while len(self.runner.running_lanes()):
             ended, infos, rounds, lane_steps = run_rounds_of(
                 self.runner, policy, steps, "TestEnv-v0", until_ns=until_ns, stats=self.stats
             )
@@ -244,7 +255,7 @@ class Run:
     def summaries(self) -> list[tuple]:
         return sorted(
             (s.index, s.seed, s.steps, s.reward, s.terminated, s.truncated)
-            for s in self.ledger.summaries()
+            for s in self.runner.summaries()
         )
 
 
@@ -324,13 +335,13 @@ def test_a_run_through_the_phases_matches_a_plain_gymnasium_loop(core, env_id, n
     run = Run(core, make_env, num_lanes, episodes)
     run.by_hand(policy)
 
-    seeds = [run.ledger.seed_for_slot(slot) for slot in range(episodes)]
+    seeds = [core.episode_seed(0, slot) for slot in range(episodes)]
     expected = plain_episodes(make_env, seeds, single(policy))
     assert run.summaries() == [
         (slot, seed, *episode)
         for slot, (seed, episode) in enumerate(zip(seeds, expected, strict=True))
     ]
-    assert run.ledger.done
+    assert run.runner.done
     assert run.runner.rounds > 0
 
 
@@ -347,8 +358,8 @@ def test_run_rounds_gives_the_summaries_of_the_phases(core, env_id, num_lanes):
     assert looped.runner.rounds == by_hand.runner.rounds == sum(r[2] for r in returned)
     # Each call stopped at a round where an episode ended, and said which lanes ended.
     assert all(ended for ended, *_ in returned)
-    assert sum(len(ended) for ended, *_ in returned) == looped.ledger.completed
-    lane_steps = sum(summary.steps for summary in looped.ledger.summaries())
+    assert sum(len(ended) for ended, *_ in returned) == len(looped.runner.summaries())
+    lane_steps = sum(summary.steps for summary in looped.runner.summaries())
     assert sum(r[3] for r in returned) == lane_steps
 
 
@@ -393,7 +404,7 @@ def parity_record(core_name: str, scenario: str) -> dict[str, Any]:
         "summaries": [
             {k: v for k, v in s.to_dict().items() if k not in ("duration_s", "predict_ms")}
             | {"step_ms": None}
-            for s in run.ledger.summaries()
+            for s in run.runner.summaries()
         ],
         "returned": returned,
         "payloads": [(p.dtype.str, p.shape, p.tobytes(), count) for p, count in payloads],
@@ -402,7 +413,11 @@ def parity_record(core_name: str, scenario: str) -> dict[str, Any]:
             for r in (env.received for env in run.envs)
         ],
         "rounds": run.runner.rounds,
-        "episode_steps": run.runner.episode_steps(lanes).tolist(),
+        "lane_episodes": [
+            part if isinstance(part, list) else part.tolist()
+            for part in run.runner.lane_episodes(lanes)
+        ],
+        "snapshot": {k: v for k, v in run.runner.snapshot().items() if k != "summaries"},
         "stats": [stats.count for stats in run.stats],
         "final_infos": run.final_infos,
         "repr": repr(run.runner),
@@ -424,7 +439,7 @@ def test_both_cores_run_the_same_rounds(scenario):
 def test_odd_scalars_are_read_as_numpy_reads_them(core):
     run = Run(core, OddScalarsEnv, 1, 1)
     run.by_run_rounds(lambda payload, count: np.zeros(count, np.int64))
-    (summary,) = run.ledger.summaries()
+    (summary,) = run.runner.summaries()
     rewards = [float(OddScalarsEnv.REWARDS[t % 5]) for t in range(1, summary.steps + 1)]
     assert (summary.steps, summary.reward, summary.terminated) == (
         run.envs[0].length,
@@ -440,7 +455,7 @@ def test_odd_scalars_are_read_as_numpy_reads_them(core):
 def test_max_episode_steps_truncates_at_exactly_the_cap(core):
     run = Run(core, lambda: gym.make("CartPole-v1"), 2, 4, max_episode_steps=5)
     run.by_run_rounds(cart_pole_policy)
-    assert [(s.steps, s.terminated, s.truncated) for s in run.ledger.summaries()] == [
+    assert [(s.steps, s.terminated, s.truncated) for s in run.runner.summaries()] == [
         (5, False, True)
     ] * 4
 
@@ -457,43 +472,61 @@ def test_max_episode_steps_truncates_at_exactly_the_cap(core):
 def test_an_episode_that_terminates_at_the_cap_is_not_truncated(core, length, cap, expected):
     run = Run(core, lambda: CountEnv(length), 1, 1, max_episode_steps=cap)
     run.by_run_rounds(lambda payload, count: np.zeros(count, np.int64))
-    (summary,) = run.ledger.summaries()
+    (summary,) = run.runner.summaries()
     assert (summary.steps, summary.terminated, summary.truncated) == expected
 
 
 def test_max_episode_seconds_truncates_at_exactly_the_time_given_to_end_round(core):
-    run = Run(core, lambda: CountEnv(100), 2, 2, max_episode_seconds=0.01)
+    run = Run(core, lambda: CountEnv(100), 2, 3, max_episode_seconds=0.01, now_ns=1_000)
     runner = run.runner
-    runner.start_lanes([0, 1], now_ns=1_000)
     # 1 ns short of the cap: lane 0 runs on; lane 1 terminates, and a cap reached on the same
     # step would not have truncated it.
     runner.begin_round()
     runner.take_actions(np.zeros(2, np.int64), 0)
     ended, flags = runner.end_round([1.0, 1.0], [False, True], [False, False], 5, 10_000_999)
     assert (ended.tolist(), flags.dtype, flags.tolist()) == ([1], np.bool_, [False, False])
-    runner.start_lanes([1], now_ns=0)  # the clock reading of the (uncompleted) lane 1 moves
+    # Finished later, it still lasted from its start to its last step's return.
+    (first,), _, _ = runner.finish(ended, [None])
+    assert (first.steps, first.terminated, first.duration_s) == (
+        1,
+        True,
+        (10_000_999 - 1_000) / 1e9,
+    )
+    run.start([1], now_ns=10_000_999)  # lane 1's next episode has a clock of its own
     running, _, _ = runner.begin_round()
-    assert running.tolist() == [0]
-    runner.take_actions(np.zeros(1, np.int64), 0)
-    ended, flags = runner.end_round([1.0], [False], [False], 5, 10_001_000)
-    assert (ended.tolist(), flags.tolist()) == ([0], [True])
-    assert runner.episode_steps([0, 1]).tolist() == [2, 0]
-    run.ledger.complete_episodes([0, 1], run.ledger.episode_ids([0, 1]), now_ns=0)
-    assert [(s.steps, s.terminated, s.truncated) for s in run.ledger.summaries()] == [
-        (2, False, True),
-        (1, True, False),
-    ]
+    assert running.tolist() == [0, 1]
+    runner.take_actions(np.zeros(2, np.int64), 0)
+    ended, flags = runner.end_round([1.0, 1.0], [False, False], [False, False], 5, 10_001_000)
+    assert (ended.tolist(), flags.tolist()) == ([0], [True, False])
+    assert runner.lane_episodes([0, 1])[2].tolist() == [2, 1]
+    (capped,), _, _ = runner.finish(ended, [None])
+    assert (capped.steps, capped.terminated, capped.truncated) == (2, False, True)
+    assert capped.duration_s == 0.01  # exactly the cap: (10_001_000 - 1_000) ns
 
 
 def test_max_episode_seconds_truncates_by_the_clock_in_run_rounds(core):
     run = Run(core, lambda: SleepyEnv(1000), 1, 1, max_episode_seconds=0.02)
     run.by_run_rounds(lambda payload, count: np.zeros(count, np.int64))
-    (summary,) = run.ledger.summaries()
+    (summary,) = run.runner.summaries()
     assert (summary.terminated, summary.truncated) == (False, True)
     # Each step takes at least 2 ms, so 20 ms have passed after 10 steps at the latest (and
-    # the clock's anchor may lag by a hair), and not before 20 ms by the ledger's own clock.
+    # the clock's anchor may lag by a hair), and not before 20 ms by the episode's clock.
     assert 1 <= summary.steps <= 11
     assert summary.duration_s >= 0.02
+
+
+def test_duration_and_max_episode_seconds_both_count_the_reset(core):
+    """One clock per lane, from ``start`` (just before the reset) to the last step's return:
+    a 30 ms reset alone passes a 20 ms cap, so the first step truncates the episode, and its
+    duration holds the reset."""
+    before = time.perf_counter_ns()
+    run = Run(core, lambda: SlowResetEnv(1000), 1, 2, max_episode_seconds=0.02)
+    run.by_run_rounds(lambda payload, count: np.zeros(count, np.int64))
+    after = time.perf_counter_ns()
+    summaries = run.runner.summaries()
+    assert [(s.steps, s.terminated, s.truncated) for s in summaries] == [(1, False, True)] * 2
+    for summary in summaries:
+        assert 0.03 <= summary.duration_s <= (after - before) / 1e9
 
 
 # ---------------------------------------------------------------------------------------------
@@ -522,8 +555,8 @@ def test_chunks_are_predicted_only_for_empty_queues_and_replayed_in_order(core, 
     policy = chunk_policy(horizon=4)  # H' = 4 > E = 3: each lane keeps 3 actions per chunk
     predicted = []
     while True:
-        queued = run.queues.queued().tolist()
-        running = run.ledger.running_lanes().tolist()
+        queued = run.runner.snapshot()["queued"]
+        running = run.runner.running_lanes().tolist()
         predict_lanes = run.round_by_hand(policy)
         if predict_lanes is None:
             break
@@ -533,7 +566,7 @@ def test_chunks_are_predicted_only_for_empty_queues_and_replayed_in_order(core, 
     lengths = [len(actions) for env in run.envs for actions in env.received if actions]
     assert sum(predicted) == sum(math.ceil(length / 3) for length in lengths)
     # The model time (1000 ns a call, see round_by_hand) is charged to predicted steps only.
-    for summary in run.ledger.summaries():
+    for summary in run.runner.summaries():
         predict_ns = summary.predict_ms * 1e6 * summary.steps
         assert predict_ns == pytest.approx(1_000 * math.ceil(summary.steps / 3))
     for env in run.envs:
@@ -580,23 +613,29 @@ def test_actions_past_the_execution_horizon_are_never_applied(core):
     )
 
 
-def test_a_queue_not_dropped_when_its_episode_ends_is_refused_next_round(core):
+def test_a_lane_restarted_after_finish_predicts_afresh(core):
+    """``finish`` drops the ended episode's queue: the lane's next episode does not replay the
+    two actions left of the last chunk, it asks the model for its own."""
     run = Run(core, lambda: CountEnv(2), 1, 2, horizon=4)
     steps = [env.step for env in run.envs]
+    calls = []
+
+    def predict(payload, count):
+        calls.append(payload[:, 0].tolist())
+        return chunk_policy(4)(payload, count)
+
     ended, *_ = run_rounds_of(
-        run.runner, chunk_policy(4), steps, "TestEnv-v0", until_ns=FAR_FUTURE, stats=run.stats
+        run.runner, predict, steps, "TestEnv-v0", until_ns=FAR_FUTURE, stats=run.stats
+    )
+    assert ended.tolist() == [0] and run.runner.snapshot()["queued"] == [2]
+    run.finish(ended)
+    assert run.runner.snapshot()["queued"] == [0]
+    ended, *_ = run_rounds_of(
+        run.runner, predict, steps, "TestEnv-v0", until_ns=FAR_FUTURE, stats=run.stats
     )
     assert ended.tolist() == [0]
-    run.ledger.complete_episodes(ended, run.ledger.episode_ids(ended), now_ns=0)
-    run.start(ended)  # without queues.drop(0): two actions of episode 0 are still queued
-    with pytest.raises(ValueError) as raised:
-        run_rounds_of(
-            run.runner, chunk_policy(4), steps, "TestEnv-v0", until_ns=FAR_FUTURE, stats=run.stats
-        )
-    assert str(raised.value) == (
-        "lane 0 holds queued actions of episode 0, not episode 1: drop an episode's queue "
-        "when it ends"
-    )
+    assert calls == [[0.0], [0.0]]  # once per episode, each from its first observation
+    assert [[int(a) for a in actions] for actions in run.envs[0].received] == [[0, 1], [0, 1]]
 
 
 @pytest.mark.parametrize("use_run_rounds", [False, True], ids=["phases", "run_rounds"])
@@ -640,7 +679,7 @@ def test_run_rounds_runs_one_round_when_the_deadline_has_passed(core):
         assert (ended.tolist(), infos, rounds, lane_steps) == ([], [], 1, 3)
         assert run.runner.rounds == expected_rounds
         assert [stats.count for stats in run.stats] == [expected_rounds] * 3
-    assert run.runner.episode_steps([0, 1, 2]).tolist() == [3, 3, 3]
+    assert run.runner.lane_episodes([0, 1, 2])[2].tolist() == [3, 3, 3]
     assert [obs.tolist() for obs in run.runner.observations([2, 0])] == [[3.0], [3.0]]
 
 
@@ -831,15 +870,47 @@ def runner_on(core, **caps):
 
 BAD_ARGUMENTS = {
     "lane out of range": (
-        lambda runner: runner.start_lanes([2], now_ns=0),
+        lambda runner: runner.lane_episodes([2]),
         "lane 2 is out of range for 2 lanes",
+    ),
+    "start on a lane out of range": (
+        lambda runner: runner.start([2], now_ns=0),
+        "lane 2 is out of range: this route has lanes 0..1",
+    ),
+    "start on a running lane": (
+        lambda runner: runner.start([1], now_ns=0),
+        "lane 1 still holds running episode 1: complete it before starting another",
+    ),
+    "finish a lane out of range": (
+        lambda runner: runner.finish([3], [None]),
+        "lane 3 is out of range for 2 lanes",
+    ),
+    "finish a running lane": (
+        lambda runner: runner.finish([0], [None]),
+        "lane 0 episode 0 is still running: only lanes end_round returned as ended may be finished",
+    ),
+    "finish a lane twice in one call": (
+        lambda runner: runner.finish([1, 1], [None, None]),
+        "lane 1 appears twice in lanes",
+    ),
+    "finish with too few successes": (
+        lambda runner: runner.finish([0, 1], [None]),
+        "successes has 1 entries for 2 lanes",
+    ),
+    "episode ids of a lane out of range": (
+        lambda runner: runner.episode_ids([2]),
+        "lane 2 is out of range: this route has lanes 0..1",
+    ),
+    "rolls of mismatched lengths": (
+        lambda runner: runner.observe_rolls([0, 1], [0], now_ns=0),
+        "env_episode_ids has 1 entries but lanes has 2",
     ),
     "negative lane": (
         lambda runner: runner.observations([-1]),
         "lane -1 is out of range for 2 lanes",
     ),
     "lanes not 1-D": (
-        lambda runner: runner.episode_steps([[0]]),
+        lambda runner: runner.lane_episodes([[0]]),
         "lanes must be a 1-D array, got shape (1, 1)",
     ),
     "lanes not integers": (
@@ -847,7 +918,7 @@ BAD_ARGUMENTS = {
         "lanes must hold integers, got dtype float64",
     ),
     "now_ns not an int": (
-        lambda runner: runner.start_lanes([0], now_ns="soon"),
+        lambda runner: runner.start([0], now_ns="soon"),
         "now_ns must be an integer in [-2**63, 2**63), got str",
     ),
     "too few observations": (
@@ -866,9 +937,11 @@ def test_bad_arguments_are_refused_with_the_same_message(core, case):
     call, message = BAD_ARGUMENTS[case]
     _, runner = runner_on(core)
     runner.begin_round()
+    before = runner.snapshot()
     with pytest.raises(ValueError) as raised:
         call(runner)
     assert str(raised.value) == message
+    assert runner.snapshot() == before
 
 
 END_ROUND_ARGUMENTS = {
@@ -960,59 +1033,88 @@ def test_stats_must_be_three(core, stats, error, message):
     assert str(raised.value) == message
 
 
-def test_the_rust_runner_takes_only_the_rust_cores_objects(core):
-    """The Rust runner refuses the Python core's objects; the Python one takes either core's."""
+COUNT_PLAN = compile_spec(None, CountEnv.observation_space, CountEnv.action_space)
+CONSTRUCTOR_ARGUMENTS = {
+    "no lanes": ((0, 2, COUNT_PLAN.observation, COUNT_PLAN.action), {}),
+    "episodes not an integer": ((2, "2", COUNT_PLAN.observation, COUNT_PLAN.action), {}),
+    "an observation plan that is not a list of leaves": ((2, 2, 5, COUNT_PLAN.action), {}),
+    "an action plan of observation leaves": (
+        (2, 2, COUNT_PLAN.observation, COUNT_PLAN.observation),
+        {},
+    ),
+    "a zero execution horizon": (
+        (2, 2, COUNT_PLAN.observation, COUNT_PLAN.action),
+        {"execution_horizon": 0},
+    ),
+    "a negative seed": (
+        (2, 2, COUNT_PLAN.observation, COUNT_PLAN.action),
+        {"seeds": [1, -1]},
+    ),
+    "indices out of order": (
+        (2, 4, COUNT_PLAN.observation, COUNT_PLAN.action),
+        {"indices": [2, 1]},
+    ),
+    "an unknown overflow": (
+        (2, 2, COUNT_PLAN.observation, COUNT_PLAN.action),
+        {"overflow": "bursting"},
+    ),
+    "overflow None": ((2, 2, COUNT_PLAN.observation, COUNT_PLAN.action), {"overflow": None}),
+    "overflow not a str": ((2, 2, COUNT_PLAN.observation, COUNT_PLAN.action), {"overflow": 1}),
+    # The overflow is checked first, whatever else is wrong.
+    "an unknown overflow and no lanes": (
+        (0, 2, COUNT_PLAN.observation, COUNT_PLAN.action),
+        {"overflow": "lockstep"},
+    ),
+    "a bad plan and a bad cap": (
+        (2, 2, COUNT_PLAN.observation, None),
+        {"max_episode_steps": 0},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CONSTRUCTOR_ARGUMENTS))
+def test_the_constructor_refuses_bad_arguments_alike_in_both_cores(case):
+    args, kwargs = CONSTRUCTOR_ARGUMENTS[case]
+    python = outcome(lambda: CORES["python"].RoundRunner(*args, **kwargs))
+    rust = outcome(lambda: CORES["rust"].RoundRunner(*args, **kwargs))
+    assert python[0] == "raise"
+    assert rust == python
+
+
+@pytest.mark.parametrize("overflow", ["bursting", None, 1, "Idle"])
+def test_an_unknown_overflow_is_refused(core, overflow):
+    with pytest.raises(ValueError) as raised:
+        core.RoundRunner(2, 2, COUNT_PLAN.observation, COUNT_PLAN.action, overflow=overflow)
+    assert str(raised.value) == f"overflow must be 'idle' or 'surplus', got {overflow!r}"
+
+
+def test_the_rust_runner_takes_only_the_rust_cores_latency_stats(core):
+    """The Rust runner records into the Rust core's stats only; the Python one takes either."""
     other = CORES["python" if core is CORES["rust"] else "rust"]
-    plan = compile_spec(None, CountEnv.observation_space, CountEnv.action_space)
-    mine = {
-        "ledger": core.RouteLedger(2, 2),
-        "assembler": core.ObservationAssembler(plan.observation),
-        "applier": core.ActionApplier(plan.action),
-        "queues": core.ChunkQueues(2, 2),
-    }
-    theirs = {
-        "ledger": other.RouteLedger(2, 2),
-        "assembler": other.ObservationAssembler(plan.observation),
-        "applier": other.ActionApplier(plan.action),
-        "queues": other.ChunkQueues(2, 2),
-    }
-    names = {
-        "ledger": "a RouteLedger",
-        "assembler": "an ObservationAssembler",
-        "applier": "an ActionApplier",
-        "queues": "None or a ChunkQueues",
-    }
-    for name, foreign in theirs.items():
-        arguments = mine | {name: foreign}
-        if core is CORES["python"]:
-            core.RoundRunner(**arguments)
-            continue
-        kind = type(foreign)
-        with pytest.raises(TypeError) as raised:
-            core.RoundRunner(**arguments)
-        assert str(raised.value) == (
-            f"{name} must be {names[name]} from the same core (rlmesh._core), got "
-            f"{kind.__module__}.{kind.__qualname__}"
-        )
-    if core is CORES["rust"]:
-        run = Run(core, CountEnv, 1, 1)
-        stats = [run.stats[0], other.LatencyStats(), run.stats[2]]
-        with pytest.raises(TypeError) as raised:
-            run_rounds(run, stats=stats)
-        assert str(raised.value) == (
-            "stats[1] must be a LatencyStats from the same core (rlmesh._core), got "
-            "rlmesh._pycore.telemetry.LatencyStats"
-        )
+    run = Run(core, CountEnv, 1, 1)
+    stats = [run.stats[0], other.LatencyStats(), run.stats[2]]
+    if core is CORES["python"]:
+        run_rounds(run, stats=stats)
+        assert stats[1].count == run.runner.rounds
+        return
+    with pytest.raises(TypeError) as raised:
+        run_rounds(run, stats=stats)
+    assert str(raised.value) == (
+        "stats[1] must be a LatencyStats from the same core (rlmesh._core), got "
+        "rlmesh._pycore.telemetry.LatencyStats"
+    )
 
 
 def test_the_runner_arguments_are_keyword_only_where_python_has_them_so(core):
     run, runner = runner_on(core)
     with pytest.raises(TypeError):
-        runner.start_lanes([0], 0)
+        runner.start([0], 0)
+    with pytest.raises(TypeError):
+        runner.observe_rolls([0], [0], 0)
     with pytest.raises(TypeError):
         run_rounds_of(run.runner, lambda p, k: None, [], "x", FAR_FUTURE, run.stats)
     with pytest.raises(TypeError):
-        core.RoundRunner(run.ledger, run.assembler, None, None, 5)
+        core.RoundRunner(2, 2, COUNT_PLAN.observation, COUNT_PLAN.action, 5)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1164,20 +1266,73 @@ def test_a_plain_corner_returning_an_awaitable_is_refused(core):
     assert isinstance(raised.value.__cause__, TypeError)
 
 
-def test_forget_episodes_drops_their_queues_and_frame_windows(core):
-    spec = ModelSpec(input=State(stack=2))
-    run = Run(core, lambda: CountEnv(3), 2, 4, spec=spec, horizon=4)
-    run.runner.begin_round()
-    run.runner.take_actions(chunk_policy(4)(np.zeros((2, 2, 1)), 2), 0)
-    ids = run.ledger.episode_ids([0, 1])
-    assert run.assembler.window_count == 2
-    assert run.queues.queued([0, 1]).tolist() == [3, 3]
-    run.runner.forget_episodes(ids[:1])
-    assert run.assembler.window_count == 1
-    assert run.queues.queued([0, 1]).tolist() == [0, 3]
-    run.runner.forget_episodes(np.zeros(0, np.int64))  # nothing to forget
-    with pytest.raises(ValueError, match="episode_ids"):
-        run.runner.forget_episodes([[1]])
+def test_finish_evicts_windows_and_queues_and_owes_each_model_end_once(core):
+    lengths = iter([1, 3])
+    run = Run(
+        core, lambda: CountEnv(next(lengths)), 2, 4, spec=ModelSpec(State(stack=2)), horizon=4
+    )
+    runner = run.runner
+    runner.begin_round()
+    runner.take_actions(chunk_policy(4)(np.zeros((2, 2, 1)), 2), 0)
+    ended, _ = runner.end_round([1.0, 1.0], [True, False], [False, False], 5, 0)
+    assert ended.tolist() == [0]
+    before = runner.snapshot()
+    assert (before["frame_windows"], before["queued"]) == (2, [3, 3])
+    # A refused call finishes nothing: lane 1 is still running.
+    with pytest.raises(ValueError, match="lane 1 episode 1 is still running"):
+        runner.finish([0, 1], [True, None])
+    assert runner.snapshot() == before
+
+    summaries, episode_ids, model_ends = runner.finish(ended, [True])
+    assert [(s.index, s.episode_id, s.success) for s in summaries] == [(0, 0, True)]
+    assert (episode_ids.dtype, episode_ids.tolist(), model_ends.tolist()) == (np.int64, [0], [0])
+    after = runner.snapshot()
+    assert (after["frame_windows"], after["queued"]) == (1, [0, 3])
+    assert after["lanes"][0]["state"] == "vacant"
+    # Finished already: nothing is owed twice, and only the running episode is owed at the end.
+    summaries, episode_ids, model_ends = runner.finish(ended, [True])
+    assert (summaries, episode_ids.tolist(), model_ends.tolist()) == ([], [-1], [])
+    assert runner.take_all_model_ends().tolist() == [1]
+    assert runner.take_all_model_ends().tolist() == []
+    with pytest.raises(ValueError, match="lanes must be a 1-D array"):
+        runner.finish([[1]], [None])
+
+
+def test_finish_gives_the_summaries_of_scored_episodes_only(core):
+    """On a lockstep-like use (every lane stepped every round, ``overflow="surplus"``), the
+    lanes restarted once the slots are spent run surplus episodes: stepped, counted as waste,
+    finished silently, never scored; the run is done when every scored episode finished."""
+    run = Run(core, lambda: CountEnv(3), 3, 4, overflow="surplus")
+    runner = run.runner
+    finished = []
+    while not runner.done:
+        ended, *_ = run_rounds(run)
+        assert runner.running_lanes().tolist() == []  # every lane ends on the same round
+        summaries, episode_ids, _ = run.finish(ended)
+        finished.append((len(summaries), len(episode_ids)))
+    assert finished == [(3, 3), (1, 3)]
+    assert run.surplus_starts == 2 + 3  # two in the second wave, and the restart after it
+    assert sorted(s.index for s in runner.summaries()) == [0, 1, 2, 3]
+    assert runner.wasted_steps == 2 * 3
+    indices, seeds, steps = runner.lane_episodes([0, 1, 2])
+    assert (indices.tolist(), seeds, steps.tolist()) == ([-1] * 3, [None] * 3, [0] * 3)
+
+
+def test_lane_episodes_says_what_each_lane_holds(core):
+    run = Run(core, lambda: CountEnv(3), 3, 2, base_seed=7)
+    runner = run.runner
+    indices, seeds, steps = runner.lane_episodes([2, 0, 1, 0])
+    expected_seeds = [core.episode_seed(7, 0), core.episode_seed(7, 1)]
+    assert (indices.dtype, steps.dtype) == (np.int64, np.int64)
+    # Lane 2 found no slot left: it is idle and holds nothing.
+    assert (indices.tolist(), seeds, steps.tolist()) == (
+        [-1, 0, 1, 0],
+        [None, expected_seeds[0], expected_seeds[1], expected_seeds[0]],
+        [0, 0, 0, 0],
+    )
+    run_rounds(run, until_ns=0)
+    assert runner.lane_episodes([0, 1])[2].tolist() == [1, 1]
+    assert runner.lane_episodes(np.zeros(0, np.int64))[1] == []
 
 
 def test_a_chunk_given_as_nested_lists_is_replayed_as_its_array(core):

@@ -213,29 +213,61 @@ class LatencyStats:
         """``{count, avg_ns, p50_ns, p95_ns, p99_ns, max_ns}``."""
 
 class RoundRunner:
-    """The per-lane work of every round of one run: the phases of a round, and ``run_rounds``.
+    """Every per-lane part of one run: episode lifecycle, rounds, frame windows, chunk queues.
 
-    ``ledger``, ``assembler``, ``applier`` and ``queues`` must be this core's objects (a
-    ``TypeError`` names the argument otherwise). See ``rlmesh/_pycore/rounds.py`` for the full
-    contract.
+    It builds and owns the run's ``RouteLedger``, ``ObservationAssembler``, ``ActionApplier``
+    and (with an ``execution_horizon``) ``ChunkQueues``. Each lane's step count and clock live
+    in its ledger: from ``start`` (just before the reset) to the return of the episode's last
+    step; ``duration_s`` and ``max_episode_seconds`` both read it. See
+    ``rlmesh/_pycore/rounds.py`` for the full contract.
     """
 
     def __init__(
         self,
-        ledger: RouteLedger,
-        assembler: ObservationAssembler,
-        applier: ActionApplier,
-        queues: ChunkQueues | None = None,
+        num_lanes: int,
+        episodes: int,
+        observation_plan: Sequence[Any],
+        action_plan: Sequence[Any],
         *,
+        execution_horizon: int | None = None,
+        seeds: Sequence[int] | None = None,
+        base_seed: int | None = 0,
+        trial_index_base: int | None = 0,
+        indices: Sequence[int] | None = None,
+        overflow: str = "idle",
         max_episode_steps: int | None = None,
         max_episode_seconds: float | None = None,
     ) -> None: ...
     @property
+    def num_lanes(self) -> int: ...
+    @property
     def rounds(self) -> int: ...
-    def start_lanes(self, lanes: npt.ArrayLike, *, now_ns: int) -> None: ...
+    @property
+    def done(self) -> bool:
+        """True once every slot the run plays has been finished."""
+    @property
+    def wasted_steps(self) -> int: ...
+    def summaries(self) -> list[EpisodeSummary]: ...
+    def snapshot(self) -> dict[str, Any]: ...
+    def start(self, lanes: npt.ArrayLike, *, now_ns: int) -> EpisodeStarts:
+        """Claim slots for the vacant ``lanes`` (``[K]``); their clocks start at ``now_ns``."""
+    def observe_rolls(
+        self, lanes: npt.ArrayLike, env_episode_ids: npt.ArrayLike, *, now_ns: int
+    ) -> EpisodeStarts: ...
+    def finish(
+        self, lanes: npt.ArrayLike, successes: Sequence[bool | None]
+    ) -> tuple[list[EpisodeSummary], Int64Array, Int64Array]:
+        """``(summaries, episode_ids [E], model_ends [F])`` of the ended ``lanes`` (``[E]``);
+        their frame windows and queued actions go."""
+    def take_all_model_ends(self) -> Int64Array: ...
     def set_observations(self, lanes: npt.ArrayLike, observations: Sequence[Any]) -> None: ...
     def observations(self, lanes: npt.ArrayLike) -> list[Any]: ...
-    def episode_steps(self, lanes: npt.ArrayLike) -> Int64Array: ...
+    def running_lanes(self) -> Int64Array: ...
+    def episode_ids(self, lanes: npt.ArrayLike) -> Int64Array: ...
+    def lane_episodes(
+        self, lanes: npt.ArrayLike
+    ) -> tuple[Int64Array, list[int | None], Int64Array]:
+        """``(indices [K], seeds, steps [K])`` of the episode each of ``lanes`` holds."""
     def begin_round(self) -> tuple[Int64Array, Int64Array, Any]:
         """``(running [K], predict_lanes [P], payload)``; the payload is None when ``P = 0``."""
     def take_actions(self, output: Any, predict_ns: int) -> npt.NDArray[Any] | dict[str, Any]:
@@ -249,8 +281,6 @@ class RoundRunner:
         now_ns: int,
     ) -> tuple[Int64Array, npt.NDArray[np.bool_]]:
         """``(ended [E], truncated [K])``: a cap reached truncates an episode that did not end."""
-    def forget_episodes(self, episode_ids: npt.ArrayLike) -> None:
-        """Ended episodes (``[E]``): their frame windows and queued actions go."""
     def run_rounds(
         self,
         model: Any,

@@ -891,7 +891,7 @@ fn write<'py, T: FromF64>(
 #[pymethods]
 impl ActionApplier {
     #[new]
-    fn py_new(py: Python<'_>, action_leaves: &Bound<'_, PyAny>) -> PyResult<Self> {
+    pub(crate) fn py_new(py: Python<'_>, action_leaves: &Bound<'_, PyAny>) -> PyResult<Self> {
         let leaves: Vec<Leaf> = action_leaves
             .try_iter()?
             .map(|plan| read_leaf(&plan?))

@@ -546,7 +546,7 @@ fn placed<'py>(
 #[pymethods]
 impl ObservationAssembler {
     #[new]
-    fn py_new(observation_leaves: &Bound<'_, PyAny>) -> PyResult<Self> {
+    pub(crate) fn py_new(observation_leaves: &Bound<'_, PyAny>) -> PyResult<Self> {
         let leaves = observation_leaves
             .try_iter()?
             .map(|plan| Leaf::from_plan(&plan?))
@@ -557,7 +557,7 @@ impl ObservationAssembler {
 
     /// Episodes holding at least one frame window.
     #[getter]
-    fn window_count(&self) -> usize {
+    pub(crate) fn window_count(&self) -> usize {
         let episodes: HashSet<i64> = self
             .windows
             .iter()

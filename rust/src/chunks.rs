@@ -628,7 +628,7 @@ impl ChunkQueues {
 #[pymethods]
 impl ChunkQueues {
     #[new]
-    fn py_new(
+    pub(crate) fn py_new(
         num_lanes: &Bound<'_, PyAny>,
         execution_horizon: &Bound<'_, PyAny>,
     ) -> PyResult<Self> {
@@ -720,7 +720,7 @@ impl ChunkQueues {
 
     /// How many actions each of ``lanes`` (``[K]``, all by default) has queued: int64.
     #[pyo3(name = "queued", signature = (lanes=None))]
-    fn py_queued<'py>(
+    pub(crate) fn py_queued<'py>(
         &mut self,
         py: Python<'py>,
         lanes: Option<&Bound<'py, PyAny>>,

@@ -194,7 +194,7 @@ fn int64_array(py: Python<'_>, values: Vec<i64>) -> Py<PyArray1<i64>> {
 }
 
 impl EpisodeStarts {
-    fn new(py: Python<'_>, starts: Starts) -> Self {
+    pub(crate) fn new(py: Python<'_>, starts: Starts) -> Self {
         EpisodeStarts {
             lanes: int64_array(py, starts.lanes),
             episode_ids: int64_array(py, starts.episode_ids),
@@ -576,6 +576,40 @@ impl RouteLedger {
         self.num_lanes
     }
 
+    /// The episode each of `lanes` holds (-1 for none), refusing a lane out of range or given
+    /// twice, as `episode_ids` does.
+    pub(crate) fn checked_episode_ids(&mut self, lanes: &[i64]) -> Result<Vec<i64>, ArgError> {
+        self.marks.check_lanes(lanes)?;
+        Ok(self.episode_ids_of(lanes))
+    }
+
+    /// The state of `lane` (in range).
+    pub(crate) fn lane_state(&self, lane: usize) -> LaneState {
+        self.lanes[lane].state
+    }
+
+    /// The steps `lane`'s (in range) episode has taken: its last episode's once it finished.
+    #[inline]
+    pub(crate) fn lane_steps(&self, lane: usize) -> i64 {
+        self.lanes[lane].steps
+    }
+
+    /// When `lane`'s (in range) episode started: the start of its clock.
+    #[inline]
+    pub(crate) fn lane_started_ns(&self, lane: usize) -> i64 {
+        self.lanes[lane].started_ns
+    }
+
+    /// The slot `lane`'s (in range) episode claimed, -1 for a surplus episode or none.
+    pub(crate) fn lane_index(&self, lane: usize) -> i64 {
+        self.lanes[lane].index
+    }
+
+    /// The reset seed of `lane`'s (in range) episode, None when the env chose its start.
+    pub(crate) fn lane_seed(&self, lane: usize) -> Option<u64> {
+        self.lanes[lane].seed
+    }
+
     fn lanes_in(&self, state: LaneState) -> Vec<i64> {
         (0..self.num_lanes as i64)
             .filter(|&lane| self.lanes[lane as usize].state == state)
@@ -658,7 +692,7 @@ impl RouteLedger {
     #[pyo3(signature = (
         num_lanes, episodes, *, seeds=None, base_seed=None, trial_index_base=None, indices=None
     ))]
-    fn py_new(
+    pub(crate) fn py_new(
         py: Python<'_>,
         num_lanes: &Bound<'_, PyAny>,
         episodes: &Bound<'_, PyAny>,
@@ -752,13 +786,13 @@ impl RouteLedger {
 
     /// True once all ``M`` scored episodes have completed.
     #[getter(done)]
-    fn py_done(&self) -> bool {
+    pub(crate) fn py_done(&self) -> bool {
         self.done()
     }
 
     /// Lane-steps spent on surplus episodes.
     #[getter]
-    fn wasted_steps(&self) -> u64 {
+    pub(crate) fn wasted_steps(&self) -> u64 {
         self.wasted_steps
     }
 
@@ -810,7 +844,7 @@ impl RouteLedger {
 
     /// Start a fresh, env-seeded episode on each lane whose env-side episode id changed.
     #[pyo3(name = "observe_rolls", signature = (lanes, env_episode_ids, *, now_ns))]
-    fn py_observe_rolls(
+    pub(crate) fn py_observe_rolls(
         &mut self,
         py: Python<'_>,
         lanes: &Bound<'_, PyAny>,
@@ -906,13 +940,16 @@ impl RouteLedger {
 
     /// At teardown: every episode the model predicted on and was not told the end of.
     #[pyo3(name = "take_all_model_ends")]
-    fn py_take_all_model_ends<'py>(&mut self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
+    pub(crate) fn py_take_all_model_ends<'py>(
+        &mut self,
+        py: Python<'py>,
+    ) -> Bound<'py, PyArray1<i64>> {
         int64_vec(py, self.take_all_model_ends())
     }
 
     /// The episode each lane holds (``[K]`` int64, -1 for none); all lanes by default.
     #[pyo3(signature = (lanes=None))]
-    fn episode_ids<'py>(
+    pub(crate) fn episode_ids<'py>(
         &mut self,
         py: Python<'py>,
         lanes: Option<&Bound<'py, PyAny>>,
@@ -933,7 +970,7 @@ impl RouteLedger {
     }
 
     /// Lanes whose episode (scored or surplus) is being stepped, ascending.
-    fn running_lanes<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
+    pub(crate) fn running_lanes<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
         int64_vec(py, self.lanes_in(LaneState::Running))
     }
 
@@ -948,12 +985,12 @@ impl RouteLedger {
     }
 
     /// Every scored episode completed so far, in completion order.
-    fn summaries(&self) -> Vec<EpisodeSummary> {
+    pub(crate) fn summaries(&self) -> Vec<EpisodeSummary> {
         self.summaries.clone()
     }
 
     /// All observable state as plain Python values, for parity checks and debugging.
-    fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    pub(crate) fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let lanes = PyList::empty(py);
         for held in &self.lanes {
             let lane = PyDict::new(py);

@@ -1,10 +1,11 @@
-//! One round of the loop over a run's running lanes, and the synchronous loop of rounds.
+//! The one owner of a run's episode lifecycle: episodes started, rounds run, episodes finished.
 //!
 //! Mirrors `python/rlmesh/_pycore/rounds.py` name for name; that file is the specification
-//! (the phases of a round, when `run_rounds` stops, the messages). Here the runner holds the
-//! Rust core's ledger, assembler, applier and queues and calls their Rust methods directly,
-//! with lanes as slices: within a round, the only per-lane Python work left is what is
-//! inherent (indexing the lane's action, calling its env's `step`, reading the step's result).
+//! (the lifecycle, the phases of a round, when `run_rounds` stops, the messages). Here the
+//! runner owns the run's ledger, assembler, applier and queues by value and calls their Rust
+//! methods directly, with lanes as slices: within a round, the only per-lane Python work left
+//! is what is inherent (indexing the lane's action, calling its env's `step`, reading the
+//! step's result). Each lane's step count and clock live in the ledger alone.
 
 use std::time::Instant;
 
@@ -13,13 +14,13 @@ use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyMapping, PySlice, PyTuple};
-use pyo3::PyClass;
+use pyo3::{Borrowed, PyClass};
 
 use crate::actions::ActionApplier;
 use crate::args::{i64_arg, lanes_arg, path_text, vector, Dtype};
 use crate::assembly::{numpy, ObservationAssembler};
 use crate::chunks::{chunk_leaves, ChunkQueues};
-use crate::ledger::RouteLedger;
+use crate::ledger::{EpisodeStarts, EpisodeSummary, LaneState, Overflow, RouteLedger};
 use crate::telemetry::LatencyStats;
 
 pyo3::import_exception!(rlmesh.errors, EnvError);
@@ -33,6 +34,10 @@ type Opened<'py> = (Int64Array<'py>, Int64Array<'py>, Bound<'py, PyAny>);
 type Closed<'py> = (Int64Array<'py>, Bound<'py, PyArray1<bool>>);
 /// What `run_rounds` returns: `(ended, infos, rounds, lane_steps)`.
 type Ran<'py> = (Int64Array<'py>, Bound<'py, PyList>, u64, u64);
+/// What `finish` returns: `(summaries, episode_ids, model_ends)`.
+type Finished<'py> = (Vec<EpisodeSummary>, Int64Array<'py>, Int64Array<'py>);
+/// What `lane_episodes` returns: `(indices, seeds, steps)`.
+type LaneEpisodes<'py> = (Int64Array<'py>, Vec<Option<u64>>, Int64Array<'py>);
 
 /// A batch of actions indexed by lane position, as `lane_actions` returns it.
 enum LaneActions<'py> {
@@ -311,6 +316,14 @@ fn same_core<'py, T: PyClass>(
     )))
 }
 
+/// The error of `finish` asked to finish a lane whose episode is still being stepped.
+fn still_running(lane: i64, episode_id: i64) -> PyErr {
+    PyValueError::new_err(format!(
+        "lane {lane} episode {episode_id} is still running: only lanes end_round returned as \
+         ended may be finished"
+    ))
+}
+
 /// `None`, or `value` checked as a positive int or float (not a bool), as the caps take it.
 fn optional_positive<'py>(
     value: Option<&Bound<'py, PyAny>>,
@@ -353,6 +366,19 @@ fn over_cap(steps: i64, max_steps: Option<i64>, elapsed_ns: i128, max_ns: Option
         return true;
     }
     max_ns.is_some_and(|max_ns| at_least(elapsed_ns, max_ns))
+}
+
+/// Whether `lane`'s episode, one step further at `now_ns`, reaches a cap. The steps and the
+/// start of the clock are the ledger's, so the caps and `duration_s` read one clock.
+fn cap_reached(
+    ledger: &RouteLedger,
+    lane: usize,
+    now_ns: i64,
+    max_steps: Option<i64>,
+    max_ns: Option<f64>,
+) -> bool {
+    let elapsed_ns = i128::from(now_ns) - i128::from(ledger.lane_started_ns(lane));
+    over_cap(ledger.lane_steps(lane) + 1, max_steps, elapsed_ns, max_ns)
 }
 
 /// `value >= threshold` exactly, as Python compares an int with a float: an integer is at
@@ -533,28 +559,62 @@ fn reshaped<'py>(
     array.call_method1("reshape", PyTuple::new(py, sizes)?)
 }
 
-/// The per-lane work of every round of one run.
+/// A keyword argument as it was given: `None` when it was left out, `Some` of whatever was
+/// passed (Python's `None` included), for an argument whose default is not `None`.
+struct Given<'py>(Option<Bound<'py, PyAny>>);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Given<'py> {
+    type Error = PyErr;
+
+    fn extract(value: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        Ok(Given(Some(value.to_owned())))
+    }
+}
+
+/// `overflow` checked: `"idle"` when left out, else `"idle"` or `"surplus"`.
+fn overflow_arg(overflow: Option<&Bound<'_, PyAny>>) -> PyResult<Overflow> {
+    let Some(value) = overflow else {
+        return Ok(Overflow::Idle);
+    };
+    match value.extract::<String>().ok().as_deref() {
+        Some("idle") => Ok(Overflow::Idle),
+        Some("surplus") => Ok(Overflow::Surplus),
+        _ => Err(PyValueError::new_err(format!(
+            "overflow must be 'idle' or 'surplus', got {}",
+            value.repr()?
+        ))),
+    }
+}
+
+/// Every per-lane part of one run: episode lifecycle, rounds, frame windows, chunk queues.
 ///
+/// ``RoundRunner(num_lanes, episodes, observation_plan, action_plan, *, execution_horizon=None,
+/// seeds=None, base_seed=0, trial_index_base=0, indices=None, overflow="idle",
+/// max_episode_steps=None, max_episode_seconds=None)`` builds and owns the run's ledger,
+/// observation assembler, action applier and (with an ``execution_horizon``) chunk queues.
 /// See ``rlmesh._pycore.rounds.RoundRunner`` for the full contract; both cores behave alike.
-/// The ledger, assembler, applier and queues must be the Rust core's.
 ///
 /// Example:
-///     >>> runner = RoundRunner(ledger, ObservationAssembler(plan.observation),
-///     ...                      ActionApplier(plan.action), max_episode_steps=500)
+///     >>> runner = RoundRunner(2, 10, plan.observation, plan.action, max_episode_steps=500)
+///     >>> starts = runner.start([0, 1], now_ns=time.perf_counter_ns())
+///     >>> runner.set_observations(starts.lanes, [envs[lane].reset(seed=seed)[0]
+///     ...     for lane, seed in zip(starts.lanes, starts.seeds)])
 ///     >>> ended, infos, rounds, lane_steps = runner.run_rounds(
-///     ...     policy, [env.step for env in envs], "CartPole-v1", until_ns=deadline,
+///     ...     model, [env.step for env in envs], "CartPole-v1", until_ns=deadline,
 ///     ...     stats=[predict_stats, step_stats, round_stats])
+///     >>> summaries, episode_ids, model_ends = runner.finish(ended, [None] * len(ended))
 #[pyclass(module = "rlmesh._core")]
 pub struct RoundRunner {
-    ledger: Py<RouteLedger>,
-    assembler: Py<ObservationAssembler>,
-    applier: Py<ActionApplier>,
-    queues: Option<Py<ChunkQueues>>,
+    ledger: RouteLedger,
+    assembler: ObservationAssembler,
+    applier: ActionApplier,
+    queues: Option<ChunkQueues>,
+    overflow: Overflow,
     max_steps: Option<i64>,
     max_ns: Option<f64>,
     observations: Vec<Option<Py<PyAny>>>,
-    episode_steps: Vec<i64>,
-    started_ns: Vec<i64>,
+    /// When each lane's episode took its last step: the end of its clock.
+    ended_ns: Vec<i64>,
     rounds: u64,
     // The open round: its running lanes, the lanes predicted for, each running lane's model
     // time.
@@ -568,7 +628,7 @@ pub struct RoundRunner {
 
 /// The phases of a round with their arguments already read.
 impl RoundRunner {
-    fn num_lanes(&self) -> usize {
+    fn lane_count(&self) -> usize {
         self.observations.len()
     }
 
@@ -576,7 +636,7 @@ impl RoundRunner {
     fn checked(&self, lanes: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
         let lanes = lanes_arg(lanes)?;
         let lanes = lanes.as_slice()?;
-        let num_lanes = self.num_lanes();
+        let num_lanes = self.lane_count();
         if let Some(lane) = lanes
             .iter()
             .find(|&&lane| lane < 0 || lane as u64 >= num_lanes as u64)
@@ -608,12 +668,11 @@ impl RoundRunner {
 
     /// Open a round: set its running and predicted lanes; the payload when some lane predicts.
     fn begin<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
-        let ledger = self.ledger.bind(py).clone();
-        let running = ledger.borrow().running();
+        let running = self.ledger.running();
         let mut predict_lanes = running.clone();
-        if let Some(queues) = &self.queues {
+        if let Some(queues) = &mut self.queues {
             if !running.is_empty() {
-                predict_lanes = queues.bind(py).borrow_mut().needing_predict(&running)?;
+                predict_lanes = queues.needing_predict(&running)?;
                 if predict_lanes.len() < running.len() {
                     self.mark(&predict_lanes, true);
                     let replaying: Vec<i64> = running
@@ -623,20 +682,16 @@ impl RoundRunner {
                         .collect();
                     self.mark(&predict_lanes, false);
                     let raw = self.raw_observations(py, &replaying);
-                    let ids = ledger.borrow().episode_ids_of(&replaying);
-                    self.assembler
-                        .bind(py)
-                        .borrow_mut()
-                        .push_frames(&raw, &ids)?;
+                    let ids = self.ledger.episode_ids_of(&replaying);
+                    self.assembler.push_frames(&raw, &ids)?;
                 }
             }
         }
         let mut payload = None;
         if !predict_lanes.is_empty() {
             let raw = self.raw_observations(py, &predict_lanes);
-            let ids = ledger.borrow().episode_ids_of(&predict_lanes);
-            let mut assembler = self.assembler.bind(py).borrow_mut();
-            payload = Some(assembler.assemble_frames(py, &raw, &ids)?);
+            let ids = self.ledger.episode_ids_of(&predict_lanes);
+            payload = Some(self.assembler.assemble_frames(py, &raw, &ids)?);
         }
         // Until `take` says otherwise (it is not called when no lane runs), no lane predicted.
         self.predict_ns.clear();
@@ -653,10 +708,9 @@ impl RoundRunner {
         output: &Bound<'py, PyAny>,
         predict_ns: i64,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let ledger = self.ledger.bind(py).clone();
         let predict_lanes = std::mem::take(&mut self.predict_lanes);
         if !predict_lanes.is_empty() {
-            let marked = ledger.borrow_mut().mark_predicted(&predict_lanes);
+            let marked = self.ledger.mark_predicted(&predict_lanes);
             if let Err(err) = marked {
                 self.predict_lanes = predict_lanes;
                 return Err(err.into());
@@ -677,16 +731,15 @@ impl RoundRunner {
             .collect();
         self.mark(&predict_lanes, false);
         self.predict_lanes = predict_lanes;
-        let applier = self.applier.bind(py).get();
-        let Some(queues) = &self.queues else {
+        let applier = &self.applier;
+        let Some(queues) = &mut self.queues else {
             return applier.apply(py, output, &self.running);
         };
-        let queues = queues.bind(py);
         let predict_lanes = &self.predict_lanes;
         if !predict_lanes.is_empty() {
             let count = predict_lanes.len();
             let (horizon, _) = chunk_leaves(output, Some(count as u64))?;
-            let limit = queues.borrow().horizon_limit();
+            let limit = queues.horizon_limit();
             let kept = (horizon as u64).min(limit) as usize;
             let slice = py.get_type::<PySlice>();
             let index = PyTuple::new(
@@ -704,20 +757,16 @@ impl RoundRunner {
                 .collect();
             let applied = applier.apply(py, &flat, &repeated)?;
             let chunks = map_leaves(&applied, &|leaf| reshaped(leaf, &[count, kept], leaf, 1))?;
-            let ids = ledger.borrow().episode_ids_of(predict_lanes);
-            queues
-                .borrow_mut()
-                .push_lanes(py, predict_lanes, &ids, &chunks)?;
+            let ids = self.ledger.episode_ids_of(predict_lanes);
+            queues.push_lanes(py, predict_lanes, &ids, &chunks)?;
         }
-        let ids = ledger.borrow().episode_ids_of(&self.running);
-        let popped = queues.borrow_mut().pop_lanes(py, &self.running, &ids);
-        popped
+        let ids = self.ledger.episode_ids_of(&self.running);
+        queues.pop_lanes(py, &self.running, &ids)
     }
 
     /// Record the env step of the open round's running lanes and close the round.
     fn end(
         &mut self,
-        py: Python<'_>,
         rewards: &[f64],
         terminated: &[bool],
         mut truncated: Vec<bool>,
@@ -737,14 +786,18 @@ impl RoundRunner {
             }
         }
         for (k, &lane) in self.running.iter().enumerate() {
-            let lane = lane as usize;
-            let elapsed = i128::from(now_ns) - i128::from(self.started_ns[lane]);
-            let steps = self.episode_steps[lane] + 1;
-            if !terminated[k] && over_cap(steps, self.max_steps, elapsed, self.max_ns) {
+            let capped = cap_reached(
+                &self.ledger,
+                lane as usize,
+                now_ns,
+                self.max_steps,
+                self.max_ns,
+            );
+            if !terminated[k] && capped {
                 truncated[k] = true;
             }
         }
-        let ended = self.ledger.bind(py).borrow_mut().record_step(
+        let ended = self.ledger.record_step(
             &self.running,
             rewards,
             terminated,
@@ -752,9 +805,9 @@ impl RoundRunner {
             &vec![step_ns; count],
             &self.predict_ns,
         )?;
-        // Counted once the ledger took the step: a refused round leaves the runner as it was.
-        for &lane in &self.running {
-            self.episode_steps[lane as usize] += 1;
+        // Set once the ledger took the step: a refused round leaves the runner as it was.
+        for &lane in &ended {
+            self.ended_ns[lane as usize] = now_ns;
         }
         self.rounds += 1;
         Ok((ended, truncated))
@@ -765,24 +818,41 @@ impl RoundRunner {
 impl RoundRunner {
     #[new]
     #[pyo3(signature = (
-        ledger, assembler, applier, queues=None, *, max_episode_steps=None,
-        max_episode_seconds=None
+        num_lanes, episodes, observation_plan, action_plan, *, execution_horizon=None,
+        seeds=None, base_seed=None, trial_index_base=None, indices=None, overflow=Given(None),
+        max_episode_steps=None, max_episode_seconds=None
     ))]
+    #[allow(clippy::too_many_arguments)]
     fn py_new(
         py: Python<'_>,
-        ledger: &Bound<'_, PyAny>,
-        assembler: &Bound<'_, PyAny>,
-        applier: &Bound<'_, PyAny>,
-        queues: Option<&Bound<'_, PyAny>>,
+        num_lanes: &Bound<'_, PyAny>,
+        episodes: &Bound<'_, PyAny>,
+        observation_plan: &Bound<'_, PyAny>,
+        action_plan: &Bound<'_, PyAny>,
+        execution_horizon: Option<&Bound<'_, PyAny>>,
+        seeds: Option<&Bound<'_, PyAny>>,
+        base_seed: Option<&Bound<'_, PyAny>>,
+        trial_index_base: Option<&Bound<'_, PyAny>>,
+        indices: Option<&Bound<'_, PyAny>>,
+        overflow: Given<'_>,
         max_episode_steps: Option<&Bound<'_, PyAny>>,
         max_episode_seconds: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        let ledger = same_core::<RouteLedger>(ledger, "ledger", "a RouteLedger")?;
-        let assembler =
-            same_core::<ObservationAssembler>(assembler, "assembler", "an ObservationAssembler")?;
-        let applier = same_core::<ActionApplier>(applier, "applier", "an ActionApplier")?;
-        let queues = queues
-            .map(|queues| same_core::<ChunkQueues>(queues, "queues", "None or a ChunkQueues"))
+        // Checked in the Python core's order, so a bad call fails alike in both.
+        let overflow = overflow_arg(overflow.0.as_ref())?;
+        let ledger = RouteLedger::py_new(
+            py,
+            num_lanes,
+            episodes,
+            seeds,
+            base_seed,
+            trial_index_base,
+            indices,
+        )?;
+        let assembler = ObservationAssembler::py_new(observation_plan)?;
+        let applier = ActionApplier::py_new(py, action_plan)?;
+        let queues = execution_horizon
+            .map(|horizon| ChunkQueues::py_new(num_lanes, horizon))
             .transpose()?;
         let max_steps = step_cap(max_episode_steps)?;
         let max_ns = match optional_positive(max_episode_seconds, "max_episode_seconds")? {
@@ -792,17 +862,17 @@ impl RoundRunner {
                 Some(seconds * NS_PER_S)
             }
         };
-        let num_lanes = ledger.borrow().lane_count();
+        let num_lanes = ledger.lane_count();
         Ok(RoundRunner {
-            ledger: ledger.unbind(),
-            assembler: assembler.unbind(),
-            applier: applier.unbind(),
-            queues: queues.map(Bound::unbind),
+            ledger,
+            assembler,
+            applier,
+            queues,
+            overflow,
             max_steps,
             max_ns,
             observations: (0..num_lanes).map(|_| None).collect(),
-            episode_steps: vec![0; num_lanes],
-            started_ns: vec![0; num_lanes],
+            ended_ns: vec![0; num_lanes],
             rounds: 0,
             running: Vec::new(),
             predict_lanes: Vec::new(),
@@ -812,21 +882,149 @@ impl RoundRunner {
         })
     }
 
+    #[getter]
+    fn num_lanes(&self) -> usize {
+        self.lane_count()
+    }
+
     /// Rounds recorded so far (``end_round`` calls, and the rounds of ``run_rounds``).
     #[getter]
     fn rounds(&self) -> u64 {
         self.rounds
     }
 
-    /// ``lanes`` (``[K]`` int) start a new episode at ``now_ns``: step counts restart.
-    #[pyo3(signature = (lanes, *, now_ns))]
-    fn start_lanes(&mut self, lanes: &Bound<'_, PyAny>, now_ns: &Bound<'_, PyAny>) -> PyResult<()> {
-        let now_ns = i64_arg(now_ns, "now_ns")?;
-        for lane in self.checked(lanes)? {
-            self.episode_steps[lane as usize] = 0;
-            self.started_ns[lane as usize] = now_ns;
+    /// True once every slot the run plays has been finished.
+    #[getter]
+    fn done(&self) -> bool {
+        self.ledger.done()
+    }
+
+    /// Lane-steps spent on surplus episodes.
+    #[getter]
+    fn wasted_steps(&self) -> u64 {
+        self.ledger.wasted_steps()
+    }
+
+    /// Every scored episode finished so far, in the order they finished.
+    fn summaries(&self) -> Vec<EpisodeSummary> {
+        self.ledger.summaries()
+    }
+
+    /// The run's observable state, for parity checks and debugging: the ledger's
+    /// (``RouteLedger.snapshot``), plus ``frame_windows``, how many episodes hold frame
+    /// windows, and ``queued``, each lane's count of queued actions (None without queues).
+    fn snapshot<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let snapshot = self.ledger.snapshot(py)?;
+        snapshot.set_item("frame_windows", self.assembler.window_count())?;
+        match &mut self.queues {
+            None => snapshot.set_item("queued", py.None())?,
+            Some(queues) => snapshot.set_item(
+                "queued",
+                queues.py_queued(py, None)?.call_method0("tolist")?,
+            )?,
         }
-        Ok(())
+        Ok(snapshot)
+    }
+
+    /// Start an episode on each vacant lane of ``lanes`` (``[K]``), claiming slots in order.
+    ///
+    /// Lanes past the last slot go idle or run surplus episodes (``overflow``). Each started
+    /// episode's clock starts at ``now_ns``: take it just before resetting the lanes.
+    #[pyo3(signature = (lanes, *, now_ns))]
+    fn start(
+        &mut self,
+        py: Python<'_>,
+        lanes: &Bound<'_, PyAny>,
+        now_ns: &Bound<'_, PyAny>,
+    ) -> PyResult<EpisodeStarts> {
+        let now_ns = i64_arg(now_ns, "now_ns")?;
+        let lanes = lanes_arg(lanes)?;
+        let starts = self
+            .ledger
+            .start_episodes(lanes.as_slice()?, now_ns, false, self.overflow)?;
+        Ok(EpisodeStarts::new(py, starts))
+    }
+
+    /// Start an episode on each lane an autoresetting vector restarted itself
+    /// (``RouteLedger.observe_rolls``); ``set_observations`` has its first observation.
+    #[pyo3(signature = (lanes, env_episode_ids, *, now_ns))]
+    fn observe_rolls(
+        &mut self,
+        py: Python<'_>,
+        lanes: &Bound<'_, PyAny>,
+        env_episode_ids: &Bound<'_, PyAny>,
+        now_ns: &Bound<'_, PyAny>,
+    ) -> PyResult<EpisodeStarts> {
+        self.ledger
+            .py_observe_rolls(py, lanes, env_episode_ids, now_ns)
+    }
+
+    /// Finish the episodes that ended on ``lanes`` (``[E]``, as ``end_round`` returned them).
+    ///
+    /// ``successes[k]``: what lane ``lanes[k]``'s final info said of success (None: nothing).
+    /// Returns ``(summaries, episode_ids [E], model_ends [F])``: the scored episodes'
+    /// summaries, every finished episode's id, and those whose end the model is owed, each
+    /// once. The episodes' frame windows and queued actions go. A refused call (a lane out of
+    /// range, given twice or still running, or not one success per lane) changes nothing.
+    fn finish<'py>(
+        &mut self,
+        py: Python<'py>,
+        lanes: &Bound<'py, PyAny>,
+        successes: &Bound<'py, PyAny>,
+    ) -> PyResult<Finished<'py>> {
+        let checked = self.checked(lanes)?;
+        let outcomes = successes
+            .try_iter()?
+            .map(|success| {
+                let success = success?;
+                Ok(if success.is_none() {
+                    None
+                } else {
+                    Some(success.is_truthy()?)
+                })
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        if outcomes.len() != checked.len() {
+            return Err(PyValueError::new_err(format!(
+                "successes has {} entries for {} lanes",
+                outcomes.len(),
+                checked.len()
+            )));
+        }
+        let episode_ids = self.ledger.checked_episode_ids(&checked)?;
+        for (&lane, &episode_id) in checked.iter().zip(&episode_ids) {
+            if self.ledger.lane_state(lane as usize) == LaneState::Running {
+                return Err(still_running(lane, episode_id));
+            }
+        }
+        let mut completed = Vec::new();
+        for ((&lane, &episode_id), &outcome) in checked.iter().zip(&episode_ids).zip(&outcomes) {
+            // Each lane at its own clock's end.
+            let ended_ns = self.ended_ns[lane as usize];
+            completed.extend(self.ledger.complete_episodes(
+                &[lane],
+                &[episode_id],
+                &[outcome],
+                ended_ns,
+            )?);
+        }
+        for &episode_id in &episode_ids {
+            self.assembler.evict(episode_id);
+            if let Some(queues) = &mut self.queues {
+                queues.drop_episode(episode_id);
+            }
+        }
+        let model_ends = self.ledger.take_model_ends(&episode_ids);
+        Ok((
+            completed,
+            PyArray1::from_vec(py, episode_ids),
+            PyArray1::from_vec(py, model_ends),
+        ))
+    }
+
+    /// At teardown: every episode the model predicted on and was not told the end of.
+    fn take_all_model_ends<'py>(&mut self, py: Python<'py>) -> Int64Array<'py> {
+        self.ledger.py_take_all_model_ends(py)
     }
 
     /// Lane ``lanes[k]``'s latest raw observation is ``observations[k]``.
@@ -859,18 +1057,42 @@ impl RoundRunner {
         PyList::new(py, self.raw_observations(py, &lanes))
     }
 
-    /// ``[K]`` int64: the steps each of ``lanes``' current episode has taken.
-    fn episode_steps<'py>(
-        &self,
+    /// ``[K]`` int64: the lanes whose episode (scored or surplus) is being stepped.
+    fn running_lanes<'py>(&self, py: Python<'py>) -> Int64Array<'py> {
+        self.ledger.running_lanes(py)
+    }
+
+    /// ``[K]`` int64: the episode each of ``lanes`` holds (-1 for none).
+    fn episode_ids<'py>(
+        &mut self,
         py: Python<'py>,
         lanes: &Bound<'py, PyAny>,
     ) -> PyResult<Int64Array<'py>> {
-        let steps = self
-            .checked(lanes)?
+        self.ledger.episode_ids(py, Some(lanes))
+    }
+
+    /// What each of ``lanes`` (``[K]``) holds: ``(indices [K], seeds, steps [K])``, the
+    /// episode's slot (-1 for a surplus episode or none), its seed and the steps it took.
+    fn lane_episodes<'py>(
+        &self,
+        py: Python<'py>,
+        lanes: &Bound<'py, PyAny>,
+    ) -> PyResult<LaneEpisodes<'py>> {
+        let checked = self.checked(lanes)?;
+        let ledger = &self.ledger;
+        let of = |read: fn(&RouteLedger, usize) -> i64| {
+            let values = checked.iter().map(|&lane| read(ledger, lane as usize));
+            PyArray1::from_vec(py, values.collect())
+        };
+        let seeds = checked
             .iter()
-            .map(|&lane| self.episode_steps[lane as usize])
+            .map(|&lane| ledger.lane_seed(lane as usize))
             .collect();
-        Ok(PyArray1::from_vec(py, steps))
+        Ok((
+            of(RouteLedger::lane_index),
+            seeds,
+            of(RouteLedger::lane_steps),
+        ))
     }
 
     /// Open a round over the running lanes: ``(running, predict_lanes, payload)``.
@@ -910,7 +1132,6 @@ impl RoundRunner {
         let terminated = vector::<bool>(terminated, Dtype::Bool, "terminated")?;
         let truncated = vector::<bool>(truncated, Dtype::Bool, "truncated")?;
         let (ended, truncated) = self.end(
-            py,
             rewards.as_slice()?,
             terminated.as_slice()?,
             truncated.as_slice()?.to_vec(),
@@ -921,25 +1142,6 @@ impl RoundRunner {
             PyArray1::from_vec(py, ended),
             PyArray1::from_vec(py, truncated),
         ))
-    }
-
-    /// Episodes that ended (``[E]`` int): their frame windows and queued actions go.
-    ///
-    /// Call it once the ledger completed them, before their lanes' next round.
-    fn forget_episodes(&mut self, py: Python<'_>, episode_ids: &Bound<'_, PyAny>) -> PyResult<()> {
-        let ids = vector::<i64>(episode_ids, Dtype::Int64, "episode_ids")?;
-        let ids = ids.as_slice()?;
-        let mut assembler = self.assembler.bind(py).borrow_mut();
-        for &episode_id in ids {
-            assembler.evict(episode_id);
-        }
-        if let Some(queues) = &self.queues {
-            let mut queues = queues.bind(py).borrow_mut();
-            for &episode_id in ids {
-                queues.drop_episode(episode_id);
-            }
-        }
-        Ok(())
     }
 
     /// Run whole rounds until an episode ends, no lane is running, or ``until_ns`` passed.
@@ -963,7 +1165,7 @@ impl RoundRunner {
         let [predict_stats, step_stats, round_stats] = unpack_stats(stats)?;
         let model = ModelCalls::new(model)?;
         // Each lane's `step`, looked up once per call, when the lane first steps.
-        let mut steps: Vec<Option<Bound<'py, PyAny>>> = vec![None; self.num_lanes()];
+        let mut steps: Vec<Option<Bound<'py, PyAny>>> = vec![None; self.lane_count()];
         let (mut rounds, mut lane_steps) = (0, 0);
         let mut ended = Vec::new();
         let infos = PyList::empty(py);
@@ -983,12 +1185,9 @@ impl RoundRunner {
             let (mut output, mut predict_ns) = (py.None().into_bound(py), 0);
             if let Some(payload) = payload {
                 let predict_start = Instant::now();
-                let episode_ids = model.wants_episode_ids.then(|| {
-                    self.ledger
-                        .bind(py)
-                        .borrow()
-                        .episode_ids_of(&self.predict_lanes)
-                });
+                let episode_ids = model
+                    .wants_episode_ids
+                    .then(|| self.ledger.episode_ids_of(&self.predict_lanes));
                 output =
                     model.predict(&payload, self.predict_lanes.len(), episode_ids, self.rounds)?;
                 let took = elapsed_ns(predict_start, Instant::now());
@@ -1038,7 +1237,6 @@ impl RoundRunner {
             let truncated_column = Column::new(&truncated, "bool", read_flag)?;
             let round_ended = self
                 .end(
-                    py,
                     &reward_column.into_vec(Dtype::Float64, "rewards")?,
                     &terminated_column.into_vec(Dtype::Bool, "terminated")?,
                     truncated_column.into_vec(Dtype::Bool, "truncated")?,
@@ -1074,7 +1272,7 @@ impl RoundRunner {
     fn __repr__(&self) -> String {
         format!(
             "RoundRunner(num_lanes={}, rounds={})",
-            self.num_lanes(),
+            self.lane_count(),
             self.rounds
         )
     }
@@ -1089,6 +1287,38 @@ mod tests {
         assert!(!over_cap(4, Some(5), 0, None));
         assert!(over_cap(5, Some(5), 0, None));
         assert!(!over_cap(1_000, None, 1 << 40, None));
+    }
+
+    #[test]
+    fn the_caps_read_each_episode_s_steps_and_clock_from_the_ledger() {
+        let mut ledger = RouteLedger::create(1, 2, Vec::new(), 0, 0, None);
+        ledger
+            .start_episodes(&[0], 1_000, false, Overflow::Idle)
+            .unwrap();
+        // The clock runs from the episode's start: 10 ms after it, not after 0.
+        assert!(!cap_reached(&ledger, 0, 10_000_999, None, Some(1e7)));
+        assert!(cap_reached(&ledger, 0, 10_001_000, None, Some(1e7)));
+        let step = |ledger: &mut RouteLedger, ends: bool| {
+            ledger
+                .record_step(&[0], &[1.0], &[ends], &[false], &[1], &[1])
+                .unwrap()
+        };
+        step(&mut ledger, false);
+        // One step taken: the next one is the second.
+        assert!(!cap_reached(&ledger, 0, 1_000, Some(3), None));
+        assert!(cap_reached(&ledger, 0, 1_000, Some(2), None));
+        step(&mut ledger, true);
+        let summaries = ledger
+            .complete_episodes(&[0], &[0], &[None], 10_001_000)
+            .unwrap();
+        assert_eq!(summaries[0].duration_s, 0.01);
+        // The next episode starts its own count and clock.
+        ledger
+            .start_episodes(&[0], 20_000_000, false, Overflow::Idle)
+            .unwrap();
+        assert!(!cap_reached(&ledger, 0, 20_000_000, Some(2), Some(1e7)));
+        assert!(cap_reached(&ledger, 0, 30_000_000, Some(2), Some(1e7)));
+        assert!(cap_reached(&ledger, 0, 20_000_000, Some(1), None));
     }
 
     #[test]

@@ -67,7 +67,7 @@ from .actions import ActionApplier
 from .args import i64_arg, vector
 from .assembly import ObservationAssembler
 from .chunks import ChunkQueues, split_chunk
-from .ledger import OVERFLOWS, EpisodeStarts, EpisodeSummary, RouteLedger
+from .ledger import OVERFLOWS, RUNNING, EpisodeStarts, EpisodeSummary, RouteLedger
 
 if TYPE_CHECKING:
     from ..model import RoundModel
@@ -192,8 +192,13 @@ class RoundRunner:
         return self._ledger.summaries()
 
     def snapshot(self) -> dict[str, Any]:
-        """The ledger's observable state (``RouteLedger.snapshot``), for parity checks."""
-        return self._ledger.snapshot()
+        """The run's observable state, for parity checks and debugging: the ledger's
+        (``RouteLedger.snapshot``), plus ``frame_windows``, how many episodes hold frame
+        windows, and ``queued``, each lane's count of queued actions (None without queues)."""
+        snapshot = self._ledger.snapshot()
+        snapshot["frame_windows"] = self._assembler.window_count
+        snapshot["queued"] = None if self._queues is None else self._queues.queued().tolist()
+        return snapshot
 
     # ------------------------------------------------------------------ episodes
 
@@ -219,7 +224,7 @@ class RoundRunner:
         """Finish the episodes that ended on ``lanes`` (``[E]``, as ``end_round`` returned them).
 
         ``successes[k]`` is what lane ``lanes[k]``'s final info said of success (None: nothing).
-        The episodes' frame windows and queued actions go.
+        The episodes' frame windows and queued actions go. A refused call changes nothing.
 
         Returns:
             ``(summaries, episode_ids, model_ends)``: the summaries of the scored episodes
@@ -228,18 +233,27 @@ class RoundRunner:
             predicted on), each owed only once.
 
         Raises:
-            ValueError: a lane out of range, or whose episode has not ended.
+            ValueError: a lane out of range or given twice, a lane whose episode is still
+                running, or not one success per lane.
         """
         ledger = self._ledger
         checked = self._checked(lanes)
+        outcomes = [None if success is None else bool(success) for success in successes]
+        if len(outcomes) != len(checked):
+            raise ValueError(f"successes has {len(outcomes)} entries for {len(checked)} lanes")
         episode_ids = ledger.episode_ids(np.array(checked, dtype=np.int64))
+        # Refused before any episode finishes, so a refused call leaves the run as it was.
+        for lane, episode_id in zip(checked, episode_ids.tolist(), strict=True):
+            if ledger._state[lane] == RUNNING:
+                raise ValueError(
+                    f"lane {lane} episode {episode_id} is still running: only lanes end_round "
+                    f"returned as ended may be finished"
+                )
         completed: list[EpisodeSummary] = []
         # Each lane at its own clock's end.
-        for lane, episode_id, success in zip(
-            checked, episode_ids.tolist(), list(successes), strict=True
-        ):
+        for lane, episode_id, outcome in zip(checked, episode_ids.tolist(), outcomes, strict=True):
             completed += ledger.complete_episodes(
-                [lane], [episode_id], [success], now_ns=self._ended_ns[lane]
+                [lane], [episode_id], [outcome], now_ns=self._ended_ns[lane]
             )
         for episode_id in episode_ids.tolist():
             self._assembler.evict(episode_id)
