@@ -14,7 +14,7 @@ from gymnasium.wrappers import FrameStackObservation
 from helpers import AUTORESET_MODES, CORES, AwaitEveryStep, cartpole_policy, comparable
 from rlmesh.adapters import ModelSpec, State
 from rlmesh.errors import EnvError, HookError, ModelOutputError, OperationTimeout
-from rlmesh.model import PROBE_ROUNDS
+from rlmesh.model import QUICK_PROBE_CALLS
 
 
 def acrobot_policy(obs):
@@ -137,8 +137,8 @@ def test_chunks_are_replayed_per_lane_and_never_cross_an_episode(core, horizon):
             core=core,
         )
         # The model is called ceil(steps / H) times per episode (plus the statefulness probe's
-        # calls when lanes share it).
-        probe_calls = 3 * PROBE_ROUNDS if num_envs > 1 else 0
+        # quick check, this model being deterministic, when lanes share it).
+        probe_calls = QUICK_PROBE_CALLS if num_envs > 1 else 0
         planned = sum(math.ceil(e.steps / horizon) for e in result.episodes)
         assert model.calls == planned + probe_calls
         # Step t of every episode plays offset t % H of the chunk planned at step H * (t // H):
@@ -252,8 +252,8 @@ def test_the_batched_corner_gets_only_the_lanes_that_need_an_action():
     result = rlmesh.run(model, "CartPole-v1", episodes=5, num_envs=3)
     # One call per round (after the probe's one-lane calls); never more lanes than are
     # running; fewer once lanes go idle.
-    assert model.batch_sizes[: 3 * PROBE_ROUNDS] == [1] * (3 * PROBE_ROUNDS)
-    assert sum(model.batch_sizes[3 * PROBE_ROUNDS :]) == result.total_steps
+    assert model.batch_sizes[:QUICK_PROBE_CALLS] == [1] * QUICK_PROBE_CALLS
+    assert sum(model.batch_sizes[QUICK_PROBE_CALLS:]) == result.total_steps
     assert max(model.batch_sizes) == 3 and min(model.batch_sizes) < 3
 
 

@@ -40,7 +40,7 @@ import gymnasium as gym
 import numpy as np
 
 from . import __version__, core_name, driver
-from .errors import ResultsFileError, RlmeshError
+from .errors import ModelDefinitionError, ResultsFileError, RlmeshError
 from .hooks import RunHooks, RuntimeHooks
 from .model import Model
 from .results import EpisodeResult, read_results, read_run, succeeded
@@ -364,6 +364,8 @@ def _eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
         )
     except ResultsFileError as exc:
         raise UsageError(str(exc)) from None
+    except ModelDefinitionError as exc:  # not a model: nothing ran
+        raise UsageError(f"policy {args.policy!r}: {exc}") from None
     except OSError as exc:
         if args.out is None or exc.filename != args.out:
             raise
@@ -432,6 +434,8 @@ def _report(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.file}: cannot read it ({exc.strerror})") from None
     except ResultsFileError as exc:
         raise UsageError(str(exc)) from None
+    except ModelDefinitionError as exc:  # not a model: nothing ran
+        raise UsageError(f"policy {args.policy!r}: {exc}") from None
     summary = summarize(result, core=header.get("core", "unknown"), elapsed_s=elapsed)
     _print_summary(summary, as_json=args.json)
     return EXIT_OK

@@ -386,6 +386,7 @@ class EvaluationRun:
         self.handler = ModelHandler(self.model, execution_horizon=settings.execution_horizon)
         self.lanes = make_lanes(self.env, num_envs=settings.num_envs)
         lanes = self.lanes
+        self.handler.fit_lanes(lanes.num_lanes)
         if lanes.autoreset != "driver" and (
             settings.max_episode_steps or settings.max_episode_seconds
         ):
