@@ -605,6 +605,17 @@ class CartPoleCounter(Model):
         return int(obs[2] + 0.3 * obs[3] > 0)
 
 
+@pytest.mark.parametrize("core", CORES)
+def test_the_probe_costs_a_run_five_calls_and_never_counts_in_telemetry(core):
+    model = CartPoleCounter()
+    result = run_counted(model, core, num_envs=3)
+    (predict,) = [row for row in result.telemetry if row.op == "model.predict"]
+    # Un-chunked, per-lane: one call per lane-step, and the probe's 5 on top, uncounted.
+    assert predict.count == result.total_steps == model.calls - 5
+    summary = rlmesh.stats.summarize(result, core=core)
+    assert summary["predicts_per_episode"] == result.total_steps / result.num_episodes
+
+
 class PromisedCartPole(CartPoleCounter):
     stateless = True
 

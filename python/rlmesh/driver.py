@@ -557,7 +557,8 @@ class EvaluationRun:
                 where=f"model.{self.handler.corner}",
             )
             predict_ns = time.perf_counter_ns() - predict_start
-            telemetry.record("model.predict", predict_ns)
+            calls = len(predict_lanes) if self.handler.calls_per_lane else 1
+            telemetry.record_shared("model.predict", predict_ns, calls)
         actions = None  # every lane of an autoresetting vector is between episodes this step
         if len(running):
             actions = runner.take_actions(output, predict_ns)
@@ -570,7 +571,7 @@ class EvaluationRun:
         batch = await self._guard("step", lanes.step, stepped, actions, where="env.step")
         now = time.perf_counter_ns()
         step_ns = now - step_start
-        telemetry.record("env.step", step_ns)
+        telemetry.record_shared("env.step", step_ns, len(stepped))
         runner.set_observations(stepped, batch.observations)
         rows = running if lanes.lockstep else slice(None)
         rewards, terminated = batch.rewards[rows], batch.terminated[rows]
