@@ -52,6 +52,7 @@ from test_bench_driver import (
     run_lockstep,
     run_null,
     run_one_lane,
+    run_one_lane_both_corners,
     run_sixteen_lanes,
     sync_vector_loop,
 )
@@ -279,6 +280,25 @@ def end_to_end_rows(settings: Settings) -> tuple[list[Row], dict]:
         0.7,
     )
 
+    assert run_one_lane_both_corners(seeds=seeds).total_steps == steps  # the same episodes
+    times = interleaved(
+        {
+            "loop": lambda: plain_loop(seeds),
+            "run": lambda: run_one_lane_both_corners(seeds=seeds),
+        },
+        settings.repeats,
+    )
+    both_corners = Row(
+        section,
+        f"CartPole, 1 lane, {len(seeds)} seeded episodes, model with predict and predict_batch",
+        "gymnasium loop",
+        steps / times["loop"],
+        "rlmesh.run",
+        steps / times["run"],
+        "steps/s",
+        0.8,
+    )
+
     lane_steps = run_sixteen_lanes(episodes=settings.vector_episodes).total_steps
     times = interleaved(
         {
@@ -357,7 +377,7 @@ def end_to_end_rows(settings: Settings) -> tuple[list[Row], dict]:
             f"({short_steps} lane-steps a run): rust {short_ratio:.2f}x python"
         ),
     )
-    rows = [one_lane, sixteen, lockstep, null]
+    rows = [one_lane, both_corners, sixteen, lockstep, null]
     return rows, {"one_lane": ours, "rows": (one_lane, sixteen)}
 
 

@@ -5,7 +5,8 @@ floor (``extra_info["floor"]``), so ``ratios.py`` reports rlmesh's throughput as
 it. Both sides do the same steps, so the time ratio is the steps/s ratio.
 
 - CartPole, 1 lane, a numpy policy: ``rlmesh.run`` vs an ``env.reset(seed)`` + ``env.step``
-  loop over the same seeds.
+  loop over the same seeds; and the same for a model that defines both ``predict`` and
+  ``predict_batch`` (one lane runs its per-lane corner).
 - CartPole, 16 lanes, a batched policy: ``rlmesh.run`` on 16 lanes vs a ``SyncVectorEnv``
   stepped by hand for the same number of lane-steps.
 - A null env and a null batched model at N = 256 lanes: what the driver and the core cost per
@@ -61,6 +62,35 @@ def test_run_cartpole_one_lane(benchmark, core):
 
 def test_plain_loop_cartpole_one_lane(benchmark):
     benchmark.group = "run, CartPole 1 lane (vs plain loop)"
+    benchmark.extra_info["floor"] = "a plain gymnasium loop, same policy and seeds"
+    assert benchmark.pedantic(plain_loop, rounds=ROUNDS) > 0
+
+
+class BothCorners(rlmesh.Model):
+    """The CartPole policy through both a per-lane and a batched corner (a model written for
+    any lane count)."""
+
+    def predict(self, obs):
+        return policy(obs)
+
+    def predict_batch(self, obs):
+        return batched_policy(obs)
+
+
+def run_one_lane_both_corners(core=None, seeds=SEEDS) -> rlmesh.RunResult:
+    """``rlmesh.run`` of ``BothCorners`` on one lane, same seeds as ``plain_loop``."""
+    return rlmesh.run(BothCorners(), ENV_ID, seeds=seeds, core=core)
+
+
+@pytest.mark.parametrize("core", CORE_NAMES)
+def test_run_cartpole_one_lane_both_corners(benchmark, core):
+    benchmark.group = "run, CartPole 1 lane, predict + predict_batch (vs plain loop)"
+    result = benchmark.pedantic(run_one_lane_both_corners, args=(core,), rounds=ROUNDS)
+    assert result.total_steps == plain_loop()
+
+
+def test_plain_loop_cartpole_one_lane_both_corners(benchmark):
+    benchmark.group = "run, CartPole 1 lane, predict + predict_batch (vs plain loop)"
     benchmark.extra_info["floor"] = "a plain gymnasium loop, same policy and seeds"
     assert benchmark.pedantic(plain_loop, rounds=ROUNDS) > 0
 

@@ -14,7 +14,7 @@ from gymnasium.wrappers import FrameStackObservation
 from helpers import AUTORESET_MODES, CORES, AwaitEveryStep, cartpole_policy, comparable
 from rlmesh.adapters import ModelSpec, State
 from rlmesh.errors import EnvError, HookError, ModelOutputError, OperationTimeout
-from rlmesh.model import PROBE_ROUNDS
+from rlmesh.model import QUICK_PROBE_CALLS
 
 
 def acrobot_policy(obs):
@@ -137,8 +137,8 @@ def test_chunks_are_replayed_per_lane_and_never_cross_an_episode(core, horizon):
             core=core,
         )
         # The model is called ceil(steps / H) times per episode (plus the statefulness probe's
-        # calls when lanes share it).
-        probe_calls = 3 * PROBE_ROUNDS if num_envs > 1 else 0
+        # quick check, this model being deterministic, when lanes share it).
+        probe_calls = QUICK_PROBE_CALLS if num_envs > 1 else 0
         planned = sum(math.ceil(e.steps / horizon) for e in result.episodes)
         assert model.calls == planned + probe_calls
         # Step t of every episode plays offset t % H of the chunk planned at step H * (t // H):
@@ -252,8 +252,8 @@ def test_the_batched_corner_gets_only_the_lanes_that_need_an_action():
     result = rlmesh.run(model, "CartPole-v1", episodes=5, num_envs=3)
     # One call per round (after the probe's one-lane calls); never more lanes than are
     # running; fewer once lanes go idle.
-    assert model.batch_sizes[: 3 * PROBE_ROUNDS] == [1] * (3 * PROBE_ROUNDS)
-    assert sum(model.batch_sizes[3 * PROBE_ROUNDS :]) == result.total_steps
+    assert model.batch_sizes[:QUICK_PROBE_CALLS] == [1] * QUICK_PROBE_CALLS
+    assert sum(model.batch_sizes[QUICK_PROBE_CALLS:]) == result.total_steps
     assert max(model.batch_sizes) == 3 and min(model.batch_sizes) < 3
 
 
@@ -524,8 +524,11 @@ def test_an_observer_that_raises_is_logged_and_the_run_goes_on(caplog):
         result = rlmesh.run(cartpole_policy, "CartPole-v1", episodes=2, hooks=stream)
     assert result.num_episodes == 2
     failures = [r for r in caplog.records if "Stream.action_received raised" in r.getMessage()]
-    assert len(failures) == stream.events.count("action_received") > 0
-    assert result.observer_errors == len(failures)
+    raises = stream.events.count("action_received")
+    # Every raise is counted; the first is logged with its traceback, the count at the end.
+    assert result.observer_errors == raises > 1
+    assert [r.exc_info is not None for r in failures] == [True, False]
+    assert f"raised {raises} times" in failures[1].getMessage()
 
 
 def test_a_failing_transform_stops_the_run():
@@ -829,13 +832,15 @@ def test_telemetry_counts_every_round_call_and_lane_step_in_windows_and_run(core
     rows = {(row.op, row.metric): row for row in result.telemetry}
     rounds = rows["driver.round", "latency"].count
     assert rounds == 40  # both lanes run their 40 steps side by side
-    assert rows["model.predict", "latency"].count == rows["env.step", "latency"].count == rounds
+    # A per-lane predict is called once per lane a round, and each lane steps once a round.
+    lane_steps = 2 * rounds
+    assert rows["model.predict", "latency"].count == rows["env.step", "latency"].count == lane_steps
     assert rows["env.reset", "latency"].count == 1  # both lanes reset in one call
     assert (rows["driver", "steps"].count, rows["driver", "lane-steps"].count) == (40, 80)
-    assert rows["model.predict", "latency"].p50 >= 1.0  # ms: two 1 ms predictions a round
+    assert rows["model.predict", "latency"].p50 >= 1.0  # ms: each call sleeps 1 ms
     assert len(snapshots.windows) >= 2
     # Each window holds only its own calls: together, no more than the run's.
     in_windows = sum(
         w["env.step", "latency"].count for w in snapshots.windows if ("env.step", "latency") in w
     )
-    assert 0 < in_windows <= rounds
+    assert 0 < in_windows <= lane_steps

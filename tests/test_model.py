@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import rlmesh
 import rlmesh.numpy
+import rlmesh.stats
+from helpers import CORES
 from rlmesh import Model, ModelOutputError, StatefulModelError
 from rlmesh.model import ModelHandler, defined_corners
 
@@ -500,3 +502,238 @@ def test_the_probe_accepts_noisy_pure_models(seed):
         return np.where(explore, np.random.randint(0, 3, greedy.shape), greedy)
 
     probe(epsilon_greedy)
+
+
+class CallCounter(Model):
+    """A deterministic pure policy that counts the calls it receives (its output never
+    depends on them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def predict(self, obs):
+        self.calls += 1
+        return np.tanh(obs) * 2
+
+
+class NoisyRemembersLast(Model):
+    """Recurrent and noisy: the action mixes in the previous observation, plus noise."""
+
+    last = None
+
+    def predict(self, obs):
+        previous = obs if self.last is None else self.last
+        self.last = obs
+        return obs + 0.5 * previous + np.random.normal(0, 0.05, obs.shape)
+
+
+def test_a_deterministic_pure_model_is_probed_in_at_most_five_calls():
+    model = CallCounter()
+    probe(model)
+    assert model.calls <= 5
+
+    class Batched(CallCounter):
+        def predict_batch(self, obs):
+            self.calls += 1
+            return obs * 3
+
+    batched = Batched()
+    probe(batched)
+    assert batched.calls <= 5
+
+
+def test_a_noisy_pure_model_gets_the_longer_check_and_passes():
+    np.random.seed(1)
+    calls = []
+
+    def noisy(obs):
+        calls.append(obs)
+        return obs + np.random.normal(0, 0.3, obs.shape)
+
+    probe(noisy)
+    assert len(calls) > 5  # its first calls disagree: the statistical check ran too
+
+
+@pytest.mark.parametrize(
+    "model", [Counter, RemembersLast, NoisyCounter, NoisyRemembersLast], ids=lambda m: m.__name__
+)
+def test_a_stateful_model_is_refused_deterministic_or_noisy(model):
+    np.random.seed(0)
+    with pytest.raises(StatefulModelError, match="keeps state across calls"):
+        probe(model(), execution_horizon=4 if model is NoisyCounter else 1)
+
+
+class Promised(CallCounter):
+    stateless = True
+
+
+class WithContext(CallCounter):
+    def predict(self, obs, context):
+        self.calls += 1
+        return np.tanh(obs) * 2
+
+
+@pytest.mark.parametrize("model_class", [Promised, WithContext])
+def test_stateless_true_and_a_context_corner_skip_the_probe(model_class):
+    model = model_class()
+    probe(model)
+    assert model.calls == 0
+
+
+def run_counted(model, core, num_envs, **kwargs):
+    return rlmesh.run(
+        model, "CartPole-v1", episodes=4, num_envs=num_envs, seed=3, core=core, **kwargs
+    )
+
+
+class CartPoleCounter(Model):
+    """A deterministic CartPole policy counting its calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def predict(self, obs):
+        self.calls += 1
+        return int(obs[2] + 0.3 * obs[3] > 0)
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_the_probe_costs_a_run_five_calls_and_never_counts_in_telemetry(core):
+    model = CartPoleCounter()
+    result = run_counted(model, core, num_envs=3)
+    (predict,) = [row for row in result.telemetry if row.op == "model.predict"]
+    # Un-chunked, per-lane: one call per lane-step, and the probe's 5 on top, uncounted.
+    assert predict.count == result.total_steps == model.calls - 5
+    summary = rlmesh.stats.summarize(result, core=core)
+    assert summary["predicts_per_episode"] == result.total_steps / result.num_episodes
+
+
+class PromisedCartPole(CartPoleCounter):
+    stateless = True
+
+
+class CartPoleWithContext(CartPoleCounter):
+    def predict(self, obs, context):
+        self.calls += 1
+        return int(obs[2] + 0.3 * obs[3] > 0)
+
+
+@pytest.mark.parametrize("model_class", [PromisedCartPole, CartPoleWithContext])
+@pytest.mark.parametrize("core", CORES)
+def test_a_run_skips_the_probe_of_a_stateless_or_context_model(core, model_class):
+    model = model_class()
+    result = run_counted(model, core, num_envs=3)
+    assert model.calls == result.total_steps  # not one call more
+
+
+class FailsOnFirstCall(Model):
+    def predict(self, obs):
+        raise ValueError(f"expected obs of shape (7,), got {obs.shape}")
+
+
+class TooManyRows(Model):
+    def predict_batch(self, obs):
+        return np.zeros(4, np.int64)  # always 4 rows, whatever the lanes
+
+
+@pytest.mark.parametrize(
+    ("model", "error", "said"),
+    [
+        (FailsOnFirstCall(), rlmesh.ModelError, "model.predict raised ValueError"),
+        (TooManyRows(), ModelOutputError, "predict_batch returned 4 rows for 1 lanes"),
+    ],
+    ids=["model raises", "wrong row count"],
+)
+@pytest.mark.parametrize("core", CORES)
+def test_an_error_during_the_probe_says_it_came_from_the_probe(core, model, error, said):
+    with pytest.raises(error) as caught:
+        run_counted(model, core, num_envs=4)
+    message = str(caught.value)
+    assert said in message
+    assert "during the statefulness probe (before the first round" in message
+    assert "stateless = True" in message
+
+
+# ----------------------------------------------------------------------------------------------
+# Choosing the corner for the lanes, and a model without one
+
+
+class BothCorners(Model):
+    """The same pure policy through both corners, counting which one is called."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = {"predict": 0, "predict_batch": 0}
+
+    def predict(self, obs):
+        self.calls["predict"] += 1
+        return int(obs[2] + 0.3 * obs[3] > 0)
+
+    def predict_batch(self, obs):
+        self.calls["predict_batch"] += 1
+        return (obs[:, 2] + 0.3 * obs[:, 3] > 0).astype(np.int64)
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_one_lane_runs_the_per_lane_corner_and_several_lanes_the_batched_one(core):
+    one, several = BothCorners(), BothCorners()
+    single = run_counted(one, core, num_envs=1)
+    shared = run_counted(several, core, num_envs=3)
+    assert one.calls == {"predict": single.total_steps, "predict_batch": 0}
+    assert several.calls["predict"] == 0 and several.calls["predict_batch"] > 0
+    # The same pure policy either way: the same episodes.
+    drop = {"env_index", "duration_s", "predict_ms", "step_ms"}
+    assert [{k: v for k, v in e.to_dict().items() if k not in drop} for e in single.episodes] == [
+        {k: v for k, v in e.to_dict().items() if k not in drop} for e in shared.episodes
+    ]
+
+
+def test_fit_lanes_picks_the_per_lane_corner_of_the_same_kind_for_one_lane():
+    class Chunks(Model):
+        def predict_chunk(self, obs, execution_horizon=None):
+            return np.stack([obs] * 3)
+
+        def predict_chunk_batch(self, obs, execution_horizon=None):
+            return np.stack([obs] * 3, axis=1)
+
+    chunked = ModelHandler(Chunks(), execution_horizon=3)
+    chunked.fit_lanes(4)
+    assert chunked.corner == "predict_chunk_batch"
+    chunked.fit_lanes(1)
+    assert chunked.corner == "predict_chunk"
+    assert asyncio.run(chunked.predict(np.ones((1, 2)), 1)).shape == (1, 3, 2)
+    only_batch = ModelHandler(OnlyBatch())
+    only_batch.fit_lanes(1)  # nothing else to pick
+    assert only_batch.corner == "predict_batch"
+
+
+class NoCorner(Model):
+    def act(self, obs):  # a name rlmesh does not call
+        return 0
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_a_model_without_a_corner_is_a_typed_error_naming_the_four_and_the_fix(core):
+    with pytest.raises(rlmesh.ModelDefinitionError) as caught:
+        run_counted(NoCorner(), core, num_envs=1)
+    assert isinstance(caught.value, rlmesh.RlmeshError) and isinstance(caught.value, TypeError)
+    message = str(caught.value)
+    assert "NoCorner defines none of the four predict corners" in message
+    assert "(predict, predict_batch, predict_chunk, predict_chunk_batch)" in message
+    assert "override at least one" in message and "Model(fn)" in message
+
+
+def test_the_command_line_refuses_a_model_without_a_corner_in_one_line(tmp_path, capsys):
+    from rlmesh.cli import main
+
+    policy = tmp_path / "no_corner.py"
+    policy.write_text("import rlmesh\n\nclass Policy(rlmesh.Model):\n    pass\n")
+    argv = ["eval", f"{policy}:Policy", "--env", "CartPole-v1", "--episodes", "2"]
+    assert main([*argv, "--no-progress"]) == 2
+    captured = capsys.readouterr()
+    (line,) = captured.err.strip().splitlines()
+    assert line.startswith("rlmesh: error: policy ")
+    assert "Policy defines none of the four predict corners" in line
+    assert "Traceback" not in captured.err and captured.out == ""

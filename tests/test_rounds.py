@@ -433,7 +433,9 @@ def test_both_cores_run_the_same_rounds(scenario):
     assert rust["returned"] == python["returned"]
     assert rust == python
     assert python["stats"][0] == len(python["payloads"])
-    assert python["stats"][1] == python["stats"][2] == python["rounds"]
+    # env.step is timed per lane-step, driver.round per round.
+    assert python["stats"][1] == sum(lane_steps for *_, lane_steps in python["returned"])
+    assert python["stats"][2] == python["rounds"]
 
 
 def test_odd_scalars_are_read_as_numpy_reads_them(core):
@@ -588,7 +590,8 @@ def test_run_rounds_replays_chunks_and_predicts_only_when_a_queue_runs_dry(core)
     run.by_run_rounds(predict)
     lengths = [len(actions) for env in run.envs for actions in env.received if actions]
     assert sum(calls) == sum(math.ceil(length / 2) for length in lengths)
-    assert run.stats[0].count == len(calls) < run.stats[1].count == run.runner.rounds
+    assert run.stats[0].count == len(calls) < run.stats[2].count == run.runner.rounds
+    assert run.stats[1].count == sum(lengths)  # env.step: one per lane-step
     for env in run.envs:
         for actions in env.received:
             assert [int(action) for action in actions] == expected_actions(len(actions), 2)
@@ -678,7 +681,9 @@ def test_run_rounds_runs_one_round_when_the_deadline_has_passed(core):
         )
         assert (ended.tolist(), infos, rounds, lane_steps) == ([], [], 1, 3)
         assert run.runner.rounds == expected_rounds
-        assert [stats.count for stats in run.stats] == [expected_rounds] * 3
+        # model.predict and driver.round once a round, env.step once a lane-step.
+        counts = [stats.count for stats in run.stats]
+        assert counts == [expected_rounds, 3 * expected_rounds, expected_rounds]
     assert run.runner.lane_episodes([0, 1, 2])[2].tolist() == [3, 3, 3]
     assert [obs.tolist() for obs in run.runner.observations([2, 0])] == [[3.0], [3.0]]
 
@@ -741,7 +746,7 @@ def test_run_rounds_returns_the_lanes_that_ended_and_their_final_infos_in_order(
     assert (ended.tolist(), rounds, lane_steps) == ([0, 2], 3, 12)
     assert infos == [{"t": 3, "tag": 0}, {"t": 3, "tag": 2}]
     assert calls == [4, 4, 4]
-    assert [stats.count for stats in run.stats] == [3, 3, 3]
+    assert [stats.count for stats in run.stats] == [3, 12, 3]  # env.step once a lane-step
     assert run.stats[0].max_ns > 0 and run.stats[2].max_ns >= run.stats[1].max_ns
 
 
@@ -759,7 +764,8 @@ def test_run_rounds_with_no_running_lane_does_nothing(core):
     assert (ended.dtype, ended.tolist(), infos, ran, lane_steps) == (np.int64, [], [], 0, 0)
     assert run.runner.rounds == rounds
     assert run.runner.begin_round()[0].tolist() == []
-    assert [stats.count for stats in run.stats] == [rounds] * 3
+    lane_steps = sum(summary.steps for summary in run.runner.summaries())
+    assert [stats.count for stats in run.stats] == [rounds, lane_steps, rounds]
 
 
 def test_begin_round_returns_int64_lanes_and_the_payload_of_the_predicted_lanes(core):

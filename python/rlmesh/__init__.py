@@ -14,6 +14,7 @@ from .driver import arun, run
 from .errors import (
     EnvError,
     HookError,
+    ModelDefinitionError,
     ModelError,
     ModelOutputError,
     ObservationError,
@@ -44,6 +45,7 @@ __all__ = [
     "HookError",
     "Image",
     "Model",
+    "ModelDefinitionError",
     "ModelError",
     "ModelOutputError",
     "ModelSpec",

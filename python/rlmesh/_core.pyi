@@ -292,8 +292,10 @@ class RoundRunner:
     ) -> tuple[Int64Array, list[dict[str, Any]], int, int]:
         """``(ended, infos, rounds, lane_steps)``. ``model``: ``predict_now(payload, P)``,
         ``lane_corner`` (a per-lane function or None), ``wants_episode_ids`` (then
-        ``predict_now(payload, P, episode_ids)``), ``combine(outputs, P)`` and
-        ``failure(error, rounds)``, as ``rlmesh.model.ModelHandler`` has them; an error calling
-        the model is raised as what ``failure`` returns. A lane's ``step`` that raises becomes
-        an ``rlmesh.EnvError`` naming the lane and the env, the error chained as
+        ``predict_now(payload, P, episode_ids)``), ``combine(outputs, P)``, ``failure(error,
+        rounds)`` and optionally ``calls_per_lane`` (then a prediction for P lanes is recorded
+        as P model calls, each an equal share of its time), as ``rlmesh.model.ModelHandler``
+        has them; an error calling the model is raised as what ``failure`` returns. Each
+        lane's env step is timed and recorded on its own. A lane's ``step`` that raises
+        becomes an ``rlmesh.EnvError`` naming the lane and the env, the error chained as
         ``__cause__``."""

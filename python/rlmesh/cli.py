@@ -49,7 +49,7 @@ import numpy as np
 
 from . import __version__, core_name, driver
 from .adapters import Action, Custom, ModelSpec
-from .errors import ResultsFileError, RlmeshError
+from .errors import ModelDefinitionError, ResultsFileError, RlmeshError
 from .hooks import RunHooks, RuntimeHooks
 from .model import Model
 from .results import LOCK_SUFFIX, EpisodeResult, read_results, read_run, succeeded
@@ -474,6 +474,8 @@ def _eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
         )
     except ResultsFileError as exc:
         raise UsageError(str(exc)) from None
+    except ModelDefinitionError as exc:  # not a model: nothing ran
+        raise UsageError(f"policy {args.policy!r}: {exc}") from None
     except OSError as exc:
         # The results file, or the writer's lock file next to it.
         if args.out is None or exc.filename not in (args.out, args.out + LOCK_SUFFIX):
@@ -543,6 +545,8 @@ def _report(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.file}: cannot read it ({exc.strerror})") from None
     except ResultsFileError as exc:
         raise UsageError(str(exc)) from None
+    except ModelDefinitionError as exc:  # not a model: nothing ran
+        raise UsageError(f"policy {args.policy!r}: {exc}") from None
     summary = summarize(result, core=header.get("core", "unknown"), elapsed_s=elapsed)
     _print_summary(summary, as_json=args.json)
     return EXIT_OK

@@ -394,6 +394,7 @@ class EvaluationRun:
             self.model, execution_horizon=settings.execution_horizon
         )
         self.lanes = lanes = make_lanes(self.env, num_envs=settings.num_envs)
+        handler.fit_lanes(lanes.num_lanes)
         if lanes.resets_itself and (settings.max_episode_steps or settings.max_episode_seconds):
             raise ValueError(
                 "max_episode_steps and max_episode_seconds need lanes rlmesh resets itself; "
@@ -541,7 +542,7 @@ class EvaluationRun:
         batch = await self._guard("step", self.lanes.step, running, actions, where="env.step")
         now = time.perf_counter_ns()
         step_ns = now - step_start
-        telemetry.record("env.step", step_ns)
+        telemetry.record_shared("env.step", step_ns, len(batch.stepped))
         runner.set_observations(batch.stepped, batch.observations)
         ended, truncated = runner.end_round(
             batch.rewards, batch.terminated, batch.truncated, step_ns, now
@@ -575,7 +576,8 @@ class EvaluationRun:
             where=f"model.{handler.corner}",
         )
         predict_ns = time.perf_counter_ns() - started
-        self.telemetry.record("model.predict", predict_ns)
+        calls = len(predict_lanes) if handler.calls_per_lane else 1
+        self.telemetry.record_shared("model.predict", predict_ns, calls)
         return output, predict_ns
 
     def _context(self) -> dict[str, Any]:

@@ -48,6 +48,16 @@ class ObservationError(RlmeshError, ValueError):
     """
 
 
+class ModelDefinitionError(RlmeshError, TypeError):
+    """The object given as the model cannot be called as one.
+
+    Raised when the run is configured, before any env is made: the model defines none of the
+    four corners (``predict``, ``predict_batch``, ``predict_chunk``, ``predict_chunk_batch``),
+    is a class rather than an instance, or is neither a ``Model`` nor a callable. The message
+    names the model and how to fix it.
+    """
+
+
 class ModelError(RlmeshError):
     """The model raised while loading, predicting or handling an episode's end.
 

@@ -1,10 +1,12 @@
 """Hooks: the user's callbacks (``RunHooks``) and the runtime event stream (``RuntimeHooks``).
 
 ``RunHooks`` are part of the run: a callback that raises stops it with a ``HookError``.
-``RuntimeHooks`` observe it: an observer that raises is logged and counted
-(``HookDispatcher.observer_errors``) and the run goes on, except for the two transform hooks,
-which change what the model sees or does and so stop the run when they fail. Any hook method
-may be a coroutine function.
+``RuntimeHooks`` observe it: an observer that raises is counted
+(``HookDispatcher.observer_errors``, then ``RunResult.observer_errors``) and the run goes on,
+except for the two transform hooks, which change what the model sees or does and so stop the
+run when they fail. Each failing observer method is logged once, with the traceback of its
+first raise, and at the end of the run with how many times it raised, so an observer that
+fails on every step does not flood the log. Any hook method may be a coroutine function.
 
 Example:
     >>> import rlmesh
@@ -139,6 +141,8 @@ class HookDispatcher:
         self.run_hooks = [hook for hook in given if isinstance(hook, RunHooks)]
         self.runtime_hooks = [hook for hook in given if isinstance(hook, RuntimeHooks)]
         self.observer_errors = 0
+        # Raises per observer method, keyed by (position in runtime_hooks, method name).
+        self._observer_raises: dict[tuple[int, str], int] = {}
         self.listening = bool(self.run_hooks or self.runtime_hooks)
         self.wants_steps = any(_overrides(h, RunHooks, "on_step") for h in self.run_hooks) or any(
             _overrides(h, RuntimeHooks, "step_completed") for h in self.runtime_hooks
@@ -175,13 +179,39 @@ class HookDispatcher:
         if not self.runtime_hooks:
             return
         started = time.perf_counter_ns()
-        for hook in self.runtime_hooks:
+        for position, hook in enumerate(self.runtime_hooks):
             try:
                 await _settle(getattr(hook, name)(*args, **kwargs))
             except Exception:
-                self.observer_errors += 1
-                logger.exception("rlmesh: %s.%s raised; the run goes on", type(hook).__name__, name)
+                self._observer_raised(position, hook, name)
         self._timed(started)
+
+    def _observer_raised(self, position: int, hook: RuntimeHooks, name: str) -> None:
+        """Count an observer's raise; log the traceback of its first one only."""
+        self.observer_errors += 1
+        key = (position, name)
+        raises = self._observer_raises.get(key, 0) + 1
+        self._observer_raises[key] = raises
+        if raises == 1:
+            logger.exception(
+                "rlmesh: observer %s.%s raised; the run goes on (further raises of it are "
+                "counted, and their number logged at the end of the run)",
+                type(hook).__name__,
+                name,
+            )
+
+    def _log_observer_raises(self) -> None:
+        """At the end of the run: how many times each observer that raised more than once
+        raised (its first traceback was logged when it happened)."""
+        for (position, name), raises in self._observer_raises.items():
+            if raises > 1:
+                logger.error(
+                    "rlmesh: observer %s.%s raised %d times in this run (the traceback of the "
+                    "first was logged)",
+                    type(self.runtime_hooks[position]).__name__,
+                    name,
+                    raises,
+                )
 
     async def _transform(self, name: str, value: Any) -> Any:
         if not self.runtime_hooks:
@@ -232,4 +262,5 @@ class HookDispatcher:
             await self._notify("session_ended", result)
         else:
             await self._notify("session_failed", error, result)
+        self._log_observer_raises()
         await self._call_run_hooks("on_run_end", result)

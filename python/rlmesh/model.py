@@ -48,7 +48,14 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from .contexts import CONTEXT_PARAMETER, EpisodeContexts, accepts_context
-from .errors import ModelOutputError, StatefulModelError, call_failure
+from .errors import (
+    ModelDefinitionError,
+    ModelError,
+    ModelOutputError,
+    RlmeshError,
+    StatefulModelError,
+    call_failure,
+)
 from .utils import path_text
 
 if TYPE_CHECKING:
@@ -66,14 +73,21 @@ POSITIONAL = (
     inspect.Parameter.VAR_POSITIONAL,
 )
 
-# The stateful-model probe (see ``ModelHandler.check_stateless``): rounds of (b, a, a), and how
-# strongly the outputs for ``a`` must line up with call order or with what came before to count
-# as state. For outputs that are pure noise, a rank correlation of 0.9 over 32 outputs has odds
-# of about 1e-12 (t-distribution, 30 degrees of freedom), so even thousands of output elements
-# tested at once leave false alarms negligible; a state that grows with every call, or that
-# remembers the last input, reaches 1.
+# The stateful-model probe's statistical check (see ``ModelHandler.check_stateless``): rounds of
+# (b, a, a), and how strongly the outputs for ``a`` must line up with call order, or split by
+# what came before, to count as state. For outputs that are pure noise, a rank correlation with
+# the call count of 0.9 over 32 outputs has odds of about 1e-12 (t-distribution, 30 degrees of
+# freedom); a rank-biserial correlation of 0.99 between the 16 outputs after ``b`` and the 16
+# after ``a`` (both groups apart but for at most one swapped pair) has odds of 4 in
+# C(32, 16) = 6e8, about 7e-9. So even thousands of output elements tested at once leave false
+# alarms negligible; a state that grows with every call, or that remembers the last input
+# more than the noise blurs it, reaches 1.
 PROBE_ROUNDS = 16
 PROBE_THRESHOLD = 0.9
+PROBE_SPLIT_THRESHOLD = 0.99
+# The quick check that comes first: a, a, then a, b, a. A deterministic pure model is done
+# after these; only outputs for `a` that differ lead to the statistical check.
+QUICK_PROBE_CALLS = 5
 
 
 class Model:
@@ -87,6 +101,11 @@ class Model:
         spec: a ``ModelSpec`` saying what the model consumes and emits, or None for the raw
             observation in, an action cast into the action space out. A class attribute a
             subclass may set.
+        stateless: set ``stateless = True`` on a subclass to promise that its output depends
+            only on its input, never on earlier calls: a run with several lanes then skips
+            the statefulness probe (``ModelHandler.check_stateless``) and its model calls.
+            For a remote or paid model, or one too slow to call a few extra times. Default
+            False: the probe runs.
 
     The lifecycle methods are no-ops here; override those you need. The driver calls
     ``load()`` once before the first prediction, ``on_episode_end(episode_id)`` (or
@@ -106,6 +125,7 @@ class Model:
     """
 
     spec: ModelSpec | None = None
+    stateless: bool = False
     # Set by Model(fn). A class attribute too, so a subclass whose __init__ skips
     # super().__init__() still works.
     _fn: Callable[[Any], Any] | None = None
@@ -197,10 +217,13 @@ class RoundModel(Protocol):
             when the model must be called through ``predict_now``.
         wants_episode_ids: when true, ``predict_now`` takes the predict lanes' episode ids
             (``[P]``), and ``lane_corner`` is not used.
+        calls_per_lane: a prediction for ``P`` lanes is ``P`` calls of a per-lane corner (for
+            the telemetry's count of model calls).
     """
 
     lane_corner: Callable[[Any], Any] | None
     wants_episode_ids: bool
+    calls_per_lane: bool
 
     def predict_now(
         self, payload: Any, num_lanes: int, episode_ids: Sequence[int] | None = None
@@ -235,21 +258,24 @@ class ModelHandler:
         corner: the corner ``predict`` calls.
 
     Raises:
-        TypeError: ``model`` is a class, not an instance, or defines no corner.
+        ModelDefinitionError: ``model`` is a class, not an instance, or defines no corner (a
+            ``TypeError`` too).
     """
 
     def __init__(self, model: Any, *, execution_horizon: int = 1) -> None:
         self.model = _as_model(model)
         self.spec: ModelSpec | None = getattr(self.model, "spec", None)
 
-        defined = defined_corners(self.model)
-        if not defined:
-            raise TypeError(
-                f"{type(self.model).__name__} defines none of the corners {', '.join(CORNERS)}; "
-                f"override at least one, or pass a callable: Model(fn)"
+        self._defined = defined_corners(self.model)
+        if not self._defined:
+            raise ModelDefinitionError(
+                f"{type(self.model).__name__} defines none of the four predict corners "
+                f"({', '.join(CORNERS)}): override at least one in the Model subclass (e.g. "
+                f"`def predict(self, obs): return action`), or pass a function fn(obs) -> "
+                f"action, or Model(fn)"
             )
         wants_chunks = execution_horizon > 1
-        self.chunked = wants_chunks and any(corner in defined for corner in CHUNKED_ORDER)
+        self.chunked = wants_chunks and any(corner in self._defined for corner in CHUNKED_ORDER)
         if wants_chunks and not self.chunked:
             warnings.warn(
                 f"execution_horizon={execution_horizon} but {type(self.model).__name__} has no "
@@ -258,21 +284,9 @@ class ModelHandler:
                 UserWarning,
                 stacklevel=2,
             )
+        self._horizon_asked = execution_horizon if self.chunked else 1
         order = CHUNKED_ORDER if self.chunked else UNCHUNKED_ORDER
-        self.corner = next(corner for corner in order if corner in defined)
-        self._batched = self.corner.endswith("_batch")
-        # A chunk corner in an un-chunked run is asked for one action and cut to its first.
-        self._first_action_only = "chunk" in self.corner and not self.chunked
-        horizon = execution_horizon if self.chunked else 1
-        method = getattr(self.model, self.corner)
-        if self.corner == "predict" and type(self.model).predict is Model.predict:
-            # Model(fn) (or a subclass that leaves predict alone): call fn itself, so its own
-            # signature says whether it takes a context.
-            method = self.model._fn or method
-        self._call = _corner_call(method, self.corner, horizon)
-        self._synchronous = not _is_async(method)
-        # The running episodes' contexts, when the corner declares a `context` parameter.
-        self.contexts = EpisodeContexts() if accepts_context(method) else None
+        self._use_corner(next(corner for corner in order if corner in self._defined))
         self._end_takes_id = _takes_an_argument(self.model.on_episode_end)
         self._loaded = False
         self._closed = False
@@ -282,6 +296,47 @@ class ModelHandler:
             getattr(type(self.model), name) is not getattr(Model, name) or name in vars(self.model)
             for name in ("on_episode_end", "reset")
         )
+
+    def _use_corner(self, corner: str) -> None:
+        """Call the model through ``corner`` from now on."""
+        self.corner = corner
+        self._batched = corner.endswith("_batch")
+        # A chunk corner in an un-chunked run is asked for one action and cut to its first.
+        self._first_action_only = "chunk" in corner and not self.chunked
+        method = getattr(self.model, corner)
+        if corner == "predict" and type(self.model).predict is Model.predict:
+            # Model(fn) (or a subclass that leaves predict alone): call fn itself, so its own
+            # signature says whether it takes a context.
+            method = self.model._fn or method
+        self._call = _corner_call(method, corner, self._horizon_asked)
+        self._synchronous = not _is_async(method)
+        # The running episodes' contexts, when the corner declares a `context` parameter.
+        self.contexts = EpisodeContexts() if accepts_context(method) else None
+
+    def fit_lanes(self, num_lanes: int) -> None:
+        """Pick the cheapest corner for a run of ``num_lanes`` lanes, before its first call.
+
+        On one lane a batched corner only wraps each observation in a batch of one and unwraps
+        the action again, so a model that also defines the per-lane corner of the same kind
+        (``predict`` beside ``predict_batch``, ``predict_chunk`` beside
+        ``predict_chunk_batch``) is called through that one; its actions are the same for a
+        pure model. On several lanes the batched corner stays.
+
+        Example:
+            >>> class Both(Model):
+            ...     def predict(self, obs):
+            ...         return obs * 2
+            ...     def predict_batch(self, obs):
+            ...         return obs * 2
+            >>> handler = ModelHandler(Both())
+            >>> handler.corner, handler.fit_lanes(1), handler.corner
+            ('predict_batch', None, 'predict')
+        """
+        if num_lanes != 1 or not self._batched:
+            return
+        per_lane = self.corner.removesuffix("_batch")
+        if per_lane in self._defined:
+            self._use_corner(per_lane)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -380,6 +435,12 @@ class ModelHandler:
         caller may call it once per lane row itself and stack the outputs with ``combine``:
         what ``predict_now`` does on an array payload."""
         return self._call if self.corner == "predict" and self.contexts is None else None
+
+    @property
+    def calls_per_lane(self) -> bool:
+        """Whether a prediction for P lanes is P calls of the corner (a per-lane corner)
+        rather than one (a batched corner): what telemetry counts as model calls."""
+        return not self._batched
 
     @property
     def wants_episode_ids(self) -> bool:
@@ -487,6 +548,13 @@ class ModelHandler:
 
     # ------------------------------------------------------------------ the stateful-model probe
 
+    @property
+    def needs_probe(self) -> bool:
+        """Whether ``check_stateless`` calls the model at all: not for a model that declares
+        ``stateless = True``, nor for a corner that takes a ``context`` (its memory lives in
+        each episode's context by design)."""
+        return not getattr(self.model, "stateless", False) and self.contexts is None
+
     async def check_stateless(self, sample_a: Any, sample_b: Any) -> None:
         """Refuse a model whose output depends on earlier calls: lanes cannot share it.
 
@@ -494,18 +562,26 @@ class ModelHandler:
         calls (a step counter, a recurrent state, a remembered observation) would mix the lanes'
         histories. The probe cannot see state directly; it looks for its effect on outputs.
 
-        The rule: call the corner ``PROBE_ROUNDS`` times on the sequence ``b, a, a``, keeping
-        the 32 outputs for ``a`` in call order; each of them follows either ``b`` or ``a``. For
-        a pure model they are draws of one distribution (identical for a deterministic model),
-        so their order says nothing: that spread is the model's own noise. *Drift* is order
-        that the noise cannot explain: for each output element, the rank correlation of the
-        ``a`` outputs with the call count (state that grows, like a counter or running
-        statistics) and with "followed ``b``" (state that remembers recent inputs). Either
-        reaching ``PROBE_THRESHOLD`` = 0.9 in any element fails the probe. Pure noise gets
-        there with odds of about 1e-12 per element, so a noisy pure model passes; a
-        deterministic model passes only if every ``a`` output is identical. A state that
-        changes the output once, or cycles with the call count, can slip through. The probe
-        costs ``3 * PROBE_ROUNDS`` = 48 one-lane calls, once per run.
+        The quick check, ``QUICK_PROBE_CALLS`` = 5 one-lane calls: ``a, a`` (the noise floor:
+        a deterministic model answers twice the same), then ``a, b, a`` (drift: a model that
+        counts its calls or remembers its last input answers the last ``a`` differently). If
+        all four outputs for ``a`` are identical, the model passes. Otherwise the outputs
+        cannot tell noise from state, and the statistical check decides, with
+        ``3 * PROBE_ROUNDS`` = 48 more calls on the sequence ``b, a, a``: the 32 outputs for
+        ``a`` are, for a pure model, draws of one distribution, so their order says nothing.
+        *Drift* is order that the noise cannot explain, in any output element: the rank
+        correlation of the ``a`` outputs with the call count reaching ``PROBE_THRESHOLD`` =
+        0.9 (state that grows, like a counter or running statistics), or the rank-biserial
+        correlation between those that followed ``b`` and those that followed ``a`` reaching
+        ``PROBE_SPLIT_THRESHOLD`` = 0.99 (state that remembers recent inputs: the two groups
+        do not overlap). Pure noise gets there with odds below 1e-8 per element, so a noisy
+        pure model passes. A state that changes the output once, cycles with the call count,
+        or hides under much larger noise, can slip through.
+
+        No call is made when ``needs_probe`` is false. The probe's calls are not the run's:
+        they count in no telemetry and in no episode. An error the model raises here (or an
+        output of the wrong kind) is raised as an ``RlmeshError`` that says it came from the
+        probe.
 
         Args:
             sample_a, sample_b: two one-lane payloads, batched with K = 1 as ``predict`` takes
@@ -513,7 +589,33 @@ class ModelHandler:
 
         Raises:
             StatefulModelError: drift found; the message says what was seen and what to do.
+            ModelOutputError, ModelError: the model failed on a probe call.
+
+        Example:
+            >>> import asyncio
+            >>> calls = []
+            >>> handler = ModelHandler(lambda obs: calls.append(obs) or obs * 2)
+            >>> asyncio.run(handler.check_stateless(np.zeros((1, 2)), np.ones((1, 2))))
+            >>> len(calls)  # a deterministic model: the quick check alone
+            5
         """
+        if not self.needs_probe:
+            return
+        try:
+            outputs = [
+                _numbers(await self._probe_call(sample))
+                for sample in (sample_a, sample_a, sample_a, sample_b, sample_a)
+            ]
+            outputs_a = outputs[:3] + outputs[4:]
+            if all(_identical(outputs_a[0], output) for output in outputs_a[1:]):
+                return
+            await self._statistical_check(sample_a, sample_b)
+        except StatefulModelError:
+            raise
+        except Exception as err:
+            raise self._probe_failure(err) from err
+
+    async def _statistical_check(self, sample_a: Any, sample_b: Any) -> None:
         outputs_a: list[np.ndarray] = []
         follows_b: list[bool] = []
         for _ in range(PROBE_ROUNDS):
@@ -524,27 +626,57 @@ class ModelHandler:
         # Chunks may change length between calls: compare the elements every output has.
         size = min(output.size for output in outputs_a)
         table = np.stack([output[:size] for output in outputs_a])  # [calls, elements]
-        for name, pattern in (
-            ("the number of earlier calls", np.arange(len(outputs_a), dtype=np.float64)),
-            ("which input came just before it", np.array(follows_b, dtype=np.float64)),
+        calls = np.arange(len(outputs_a), dtype=np.float64)
+        after_b = np.array(follows_b)
+        for name, statistic, correlation_of, threshold in (
+            (
+                "the number of earlier calls",
+                "rank correlation",
+                lambda values: _rank_correlation(values, calls),
+                PROBE_THRESHOLD,
+            ),
+            (
+                "which input came just before it",
+                "rank-biserial correlation",
+                lambda values: _rank_biserial(values, after_b),
+                PROBE_SPLIT_THRESHOLD,
+            ),
         ):
             for element in range(size):
-                correlation = _rank_correlation(table[:, element], pattern)
-                if abs(correlation) >= PROBE_THRESHOLD:
-                    raise StatefulModelError(self._stateful_message(name, element, correlation))
+                correlation = correlation_of(table[:, element])
+                if abs(correlation) >= threshold:
+                    raise StatefulModelError(
+                        self._stateful_message(name, element, statistic, correlation, threshold)
+                    )
 
     async def _probe_call(self, sample: Any) -> Any:
         if self._synchronous and self._loaded:
             return self.predict_now(sample, 1)
         return await self.predict(sample, 1)
 
-    def _stateful_message(self, name: str, element: int, correlation: float) -> str:
+    def _probe_failure(self, err: Exception) -> RlmeshError:
+        """``err``, raised by a probe call, as the error of the same kind saying so."""
+        where = (
+            f"during the statefulness probe (before the first round: {type(self.model).__name__}"
+            f".{self.corner} was called on one lane's observation, K = 1, to check that lanes "
+            f"can share it; set `stateless = True` on the model class to skip the probe)"
+        )
+        if isinstance(err, RlmeshError):
+            try:
+                return type(err)(f"{err} {where}")
+            except TypeError:  # an error class of the user's, built otherwise
+                pass
+        return ModelError(f"model.{self.corner} raised {err!r} {where}")
+
+    def _stateful_message(
+        self, name: str, element: int, statistic: str, correlation: float, threshold: float
+    ) -> str:
         return (
             f"{type(self.model).__name__}.{self.corner} keeps state across calls, so lanes "
             f"cannot share it (num_envs > 1): called {2 * PROBE_ROUNDS} times on one fixed "
             f"observation with another one in between, element {element} of its output tracked "
-            f"{name} (rank correlation {correlation:+.2f}; outputs that vary by noise alone stay "
-            f"below {PROBE_THRESHOLD}). Keep what the model remembers per episode: declare a "
+            f"{name} ({statistic} {correlation:+.2f}; outputs that vary by noise alone stay "
+            f"below {threshold}). Keep what the model remembers per episode: declare a "
             f"`context` parameter on {self.corner} and keep it in context['state'] (one "
             f"dict per episode), or carry history in the observation (stack= in the "
             f"ModelSpec); or run with num_envs=1, where one lane owns the model"
@@ -557,14 +689,14 @@ class ModelHandler:
 
 def _as_model(model: Any) -> Model:
     if isinstance(model, type):
-        raise TypeError(
+        raise ModelDefinitionError(
             f"model is the class {model.__name__}, not an instance: pass {model.__name__}()"
         )
     if isinstance(model, Model):
         return model
     if callable(model):
         return Model(model)
-    raise TypeError(
+    raise ModelDefinitionError(
         f"model must be a rlmesh.Model instance or a callable fn(obs) -> action, got "
         f"{type(model).__name__}, which defines none of {', '.join(CORNERS)}"
     )
@@ -660,11 +792,28 @@ def _numbers(output: Any) -> np.ndarray:
     return np.concatenate(parts)
 
 
+def _identical(first: np.ndarray, other: np.ndarray) -> bool:
+    """The same elements, nan equal to nan (a deterministic model may answer nan)."""
+    return first.shape == other.shape and bool(np.array_equal(first, other, equal_nan=True))
+
+
 def _ranks(values: np.ndarray) -> np.ndarray:
     """Ranks 1..n, ties sharing their average rank."""
     _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
     ends = np.cumsum(counts)
     return (ends - (counts - 1) / 2)[inverse.ravel()]
+
+
+def _rank_biserial(values: np.ndarray, in_group: np.ndarray) -> float:
+    """The rank-biserial correlation of ``values`` between ``in_group`` and the rest: twice
+    the difference of their mean ranks over the count; +1 when every value in the group lies
+    above every other one, 0 when either group is empty or all values tie."""
+    n = len(values)
+    inside = int(in_group.sum())
+    if inside in (0, n):
+        return 0.0
+    ranks = _ranks(values)
+    return float(2 * (ranks[in_group].mean() - ranks[~in_group].mean()) / n)
 
 
 def _rank_correlation(values: np.ndarray, pattern: np.ndarray) -> float:
@@ -677,4 +826,11 @@ def _rank_correlation(values: np.ndarray, pattern: np.ndarray) -> float:
     return float(x @ y / scale) if scale > 0 else 0.0
 
 
-__all__ = ["CORNERS", "Model", "ModelHandler", "RoundModel", "defined_corners"]
+__all__ = [
+    "CORNERS",
+    "QUICK_PROBE_CALLS",
+    "Model",
+    "ModelHandler",
+    "RoundModel",
+    "defined_corners",
+]

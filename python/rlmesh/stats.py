@@ -123,8 +123,12 @@ def summarize(result: RunResult, *, core: str, elapsed_s: float | None = None) -
     the env reported, else ``terminated``); ``success_reported`` says for how many episodes
     the env reported success itself, so a reader knows when ``terminated`` stood in (for
     CartPole it means the pole fell). ``steps_per_s`` is the driver's lane-steps per second
-    (telemetry); ``predicts_per_episode`` counts model calls (a batched call counts once) per
-    scored episode. ``elapsed_s`` is the caller's wall clock, reported as given.
+    (telemetry). The figures mean the same at any number of lanes (``rlmesh.telemetry`` says
+    what one sample is): ``predict_ms`` is per model call and ``predicts_per_episode`` counts
+    model calls per scored episode (a per-lane corner is called once per lane that needs an
+    action, a batched corner once for all of them; the statefulness probe's calls are not
+    counted); ``env_step_ms`` is per lane-step, one env's transition. ``elapsed_s`` is the
+    caller's wall clock, reported as given.
 
     Example:
         >>> from rlmesh.results import EpisodeResult
@@ -211,9 +215,9 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
             ),
         ),
         ("lane-steps/s", _fmt(summary["steps_per_s"], ",.0f")),
-        ("predict ms p50 / p95 / p99", _percentiles(summary["predict_ms"])),
-        ("env step ms p50 / p95 / p99", _percentiles(summary["env_step_ms"])),
-        ("predicts per episode", _fmt(summary["predicts_per_episode"], ".1f")),
+        ("predict ms per call p50 / p95 / p99", _percentiles(summary["predict_ms"])),
+        ("env step ms per lane-step p50 / p95 / p99", _percentiles(summary["env_step_ms"])),
+        ("model calls per episode", _fmt(summary["predicts_per_episode"], ".1f")),
         ("wasted steps", str(summary["wasted_steps"])),
         ("base seed", str(summary["base_seed"])),
         ("core", str(summary["core"])),
@@ -224,8 +228,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     """The summary as a plain aligned two-column table (what ``rlmesh`` prints).
 
     Example:
-        >>> print(format_summary(summarize(RunResult((), base_seed=3), core="rust"))[:34])
-        episodes                         0
+        >>> print(format_summary(summarize(RunResult((), base_seed=3), core="rust")).split()[:2])
+        ['episodes', '0']
     """
     rows = summary_rows(summary)
     width = max(len(label) for label, _ in rows)

@@ -8,8 +8,17 @@ at the end (``RunResult.telemetry``).
 
 Rows (``rlmesh.results.TelemetryRow``) come in the order ops were first recorded: one latency
 row per op recorded in the span (``metric="latency"``, ``unit="ms"``), then two throughput
-rows, ``op="driver"`` with ``metric`` ``"steps"`` (env step calls: a vector steps all its
-lanes in one call) and ``"lane-steps"`` (lane transitions), ``unit="1/s"``.
+rows, ``op="driver"`` with ``metric`` ``"steps"`` (rounds: each steps every running lane once)
+and ``"lane-steps"`` (lane transitions), ``unit="1/s"``.
+
+What one latency sample is, so that a figure means the same at any number of lanes:
+
+- ``model.predict``: one call of the model's corner. A batched corner is called once for the
+  P lanes of a round; a per-lane corner P times, and each of those calls is one sample (the
+  round's model time shared among them), so the count is the number of model calls.
+- ``env.step``: one lane-step, one env's transition. Lanes rlmesh steps one by one are timed
+  one by one; a vector stepped in one call shares that call's time among its lanes.
+- ``env.reset``, ``hooks``: one call, whatever it covers; ``driver.round``: one round.
 
 Example:
     >>> telemetry = Telemetry(window_s=1.0, started_ns=0)
@@ -28,6 +37,8 @@ import math
 from types import ModuleType
 from typing import Any
 
+import numpy as np
+
 from . import core as _core_selection
 from .results import TelemetryRow
 
@@ -35,6 +46,15 @@ from .results import TelemetryRow
 OPS = ("model.predict", "env.step", "env.reset", "driver.round", "hooks")
 NS_PER_MS = 1e6
 NS_PER_S = 1e9
+
+
+def shares(ns: int, count: int) -> np.ndarray:
+    """``[count]`` int64 durations adding up to ``ns``: equal shares, the first ``ns % count``
+    one nanosecond longer."""
+    share, remainder = divmod(int(ns), count)
+    durations = np.full(count, share, dtype=np.int64)
+    durations[:remainder] += 1
+    return durations
 
 
 def _latency_row(op: str, stats: Any) -> TelemetryRow:
@@ -111,6 +131,23 @@ class Telemetry:
     def record_many(self, op: str, ns: Any) -> None:
         """Calls of ``op`` took ``ns`` nanoseconds each: a ``[K]`` integer array."""
         self._stats(op).record_many(ns)
+
+    def record_shared(self, op: str, ns: int, count: int) -> None:
+        """``count`` calls of ``op`` took ``ns`` nanoseconds together (one timing spans them,
+        as a vector's step spans its lanes): ``count`` durations of an equal share, the
+        remainder spread one nanosecond at a time so they add up to ``ns``.
+
+        Example:
+            >>> telemetry = Telemetry(window_s=1.0, started_ns=0)
+            >>> telemetry.record_shared("env.step", 8_000_003, 4)  # 4 lane-steps in 8 ms
+            >>> stats = telemetry.window_stats("env.step")
+            >>> stats.count, stats.total_ns, stats.max_ns
+            (4, 8000003, 2000001)
+        """
+        if count == 1:
+            self._stats(op).record(ns)
+        elif count > 1:
+            self._stats(op).record_many(shares(ns, count))
 
     def count_steps(self, steps: int, lane_steps: int) -> None:
         """The driver made ``steps`` env step calls, stepping ``lane_steps`` lanes in all."""

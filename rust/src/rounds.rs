@@ -163,6 +163,8 @@ struct ModelCalls<'py> {
     predict_now: Bound<'py, PyAny>,
     lane_corner: Option<Bound<'py, PyAny>>,
     wants_episode_ids: bool,
+    /// A prediction for P lanes is P calls of a per-lane corner (optional, default false).
+    calls_per_lane: bool,
     combine: Bound<'py, PyAny>,
     failure: Bound<'py, PyAny>,
 }
@@ -174,6 +176,10 @@ impl<'py> ModelCalls<'py> {
             predict_now: model.getattr("predict_now")?,
             lane_corner: (!lane_corner.is_none()).then_some(lane_corner),
             wants_episode_ids: model.getattr("wants_episode_ids")?.is_truthy()?,
+            calls_per_lane: match model.getattr_opt("calls_per_lane")? {
+                Some(value) => value.is_truthy()?,
+                None => false,
+            },
             combine: model.getattr("combine")?,
             failure: model.getattr("failure")?,
         })
@@ -246,6 +252,18 @@ impl<'py> ModelCalls<'py> {
             return Ok(PyArray1::from_vec(py, values).into_any());
         }
         self.combine.call1((PyList::new(py, outputs)?, count))
+    }
+}
+
+/// `count` calls that one timing of `ns` spans, into `stats`: `count` equal shares, the first
+/// `ns % count` one nanosecond longer, so they add up to `ns`.
+fn record_shared(stats: &mut LatencyStats, ns: u64, count: u64) {
+    if count == 0 {
+        return;
+    }
+    let (share, remainder) = (ns / count, ns % count);
+    for call in 0..count {
+        stats.add(share + u64::from(call < remainder));
     }
 }
 
@@ -1174,6 +1192,8 @@ impl RoundRunner {
         let mut terminated = Vec::new();
         let mut truncated = Vec::new();
         let mut step_infos = Vec::new();
+        // Each lane's env step, timed on its own: `env.step` telemetry is per lane-step.
+        let mut lane_ns = Vec::new();
         loop {
             py.check_signals()?;
             let round_start = Instant::now();
@@ -1191,12 +1211,19 @@ impl RoundRunner {
                 output =
                     model.predict(&payload, self.predict_lanes.len(), episode_ids, self.rounds)?;
                 let took = elapsed_ns(predict_start, Instant::now());
-                predict_stats.borrow_mut().add(took);
+                let calls = if model.calls_per_lane {
+                    self.predict_lanes.len() as u64
+                } else {
+                    1
+                };
+                record_shared(&mut predict_stats.borrow_mut(), took, calls);
                 predict_ns = took as i64;
             }
             let actions = self.take(py, &output, predict_ns)?;
             let actions = lane_actions(&actions, count, &mut Vec::new())?;
             let step_start = Instant::now();
+            let mut lane_start = step_start;
+            lane_ns.clear();
             observations.clear();
             rewards.clear();
             terminated.clear();
@@ -1219,15 +1246,23 @@ impl RoundRunner {
                     }
                     Err(err) => return Err(err),
                 };
+                let lane_end = Instant::now();
+                lane_ns.push(elapsed_ns(lane_start, lane_end));
+                lane_start = lane_end;
                 observations.push(observation);
                 rewards.push(reward);
                 terminated.push(term);
                 truncated.push(trunc);
                 step_infos.push(info);
             }
-            let now = Instant::now();
+            let now = lane_start;
             let step_ns = elapsed_ns(step_start, now);
-            step_stats.borrow_mut().add(step_ns);
+            {
+                let mut step_stats = step_stats.borrow_mut();
+                for &ns in &lane_ns {
+                    step_stats.add(ns);
+                }
+            }
             for (&lane, observation) in self.running.iter().zip(observations.drain(..)) {
                 self.observations[lane as usize] = Some(observation.unbind());
             }

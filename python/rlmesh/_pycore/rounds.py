@@ -75,6 +75,13 @@ if TYPE_CHECKING:
 NS_PER_S = 1e9
 
 
+def record_shared(stats: Any, ns: int, count: int) -> None:
+    """``count`` calls that one timing of ``ns`` spans, into ``stats``: ``count`` equal shares,
+    the first ``ns % count`` one nanosecond longer, so they add up to ``ns``."""
+    share, remainder = divmod(ns, count)
+    stats.record_many(np.array([share + 1] * remainder + [share] * (count - remainder), np.int64))
+
+
 def _first_actions(leaf: Any, kept: int) -> np.ndarray:
     """Each lane's first ``kept`` actions of a chunk leaf ``[K, H, ...]``: ``[K * kept, ...]``."""
     leaf = np.asarray(leaf)
@@ -457,14 +464,18 @@ class RoundRunner:
                 ``lane_corner``, when given, is called on each row of an array payload in lane
                 order and ``combine(outputs, P)`` makes the batch; with ``wants_episode_ids``,
                 ``predict_now(payload, P, episode_ids)``; ``failure(error, rounds)`` is what to
-                raise when any of these raised ``error``.
+                raise when any of these raised ``error``; with
+                ``calls_per_lane`` (optional, default false), a prediction for P lanes is P
+                calls of a per-lane corner, each recorded in ``stats`` with an equal share of
+                the prediction's time.
             env_steps: per lane, its env's ``step``: ``step(action)`` -> ``(observation,
                 reward, terminated, truncated, info)``.
             env_name: how errors name the env.
             until_ns: no further round starts once a round ends at or after this
                 ``time.perf_counter_ns()`` reading (an integer).
             stats: the ``LatencyStats`` of ``model.predict``, ``env.step`` and
-                ``driver.round``, in that order; each call and round is recorded there.
+                ``driver.round``, in that order: each model call, each lane's env step (timed
+                on its own) and each round is recorded there.
 
         Returns:
             ``(ended, infos, rounds, lane_steps)``: the lanes whose episode ended in the last
@@ -484,6 +495,7 @@ class RoundRunner:
         predict_stats, step_stats, round_stats = stats
         lane_corner = model.lane_corner
         wants_episode_ids = model.wants_episode_ids
+        calls_per_lane = bool(getattr(model, "calls_per_lane", False))
         rounds = lane_steps = 0
         ended = np.zeros(0, dtype=np.int64)
         infos: list[dict[str, Any]] = []
@@ -500,22 +512,27 @@ class RoundRunner:
                     model, lane_corner, payload, predict_lanes if wants_episode_ids else None
                 )
                 predict_ns = time.perf_counter_ns() - predict_start
-                predict_stats.record(predict_ns)
+                calls = len(predict_lanes) if calls_per_lane else 1
+                record_shared(predict_stats, predict_ns, calls)
             actions = lane_actions(self.take_actions(output, predict_ns), count)
             step_start = time.perf_counter_ns()
             observations, rewards, terminated, truncated, step_infos = [], [], [], [], []
+            lane_ns, lane_start = [], step_start
             for k, lane in enumerate(self._running):
                 try:
                     observation, reward, term, trunc, info = env_steps[lane](actions[k])
                 except Exception as err:
                     raise env_failure(env_name, "step", err, lane) from err
+                lane_end = time.perf_counter_ns()
+                lane_ns.append(lane_end - lane_start)
+                lane_start = lane_end
                 observations.append(observation)
                 rewards.append(reward)
                 terminated.append(term)
                 truncated.append(trunc)
                 step_infos.append(info)
-            now = time.perf_counter_ns()
-            step_stats.record(now - step_start)
+            now = lane_start
+            step_stats.record_many(np.array(lane_ns, dtype=np.int64))
             self.set_observations(running, observations)
             ended, _ = self.end_round(
                 np.array(rewards, dtype=np.float64),
