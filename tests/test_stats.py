@@ -11,6 +11,7 @@ from rlmesh.stats import (
     format_summary,
     interquartile_mean,
     summarize,
+    summary_rows,
     wilson_interval,
 )
 
@@ -114,15 +115,17 @@ def test_summarize_has_every_field():
     assert "75.0%" in text and "[0.000, 3.000]" not in text
 
 
-def test_without_a_report_from_the_env_terminated_stands_in_and_says_so():
-    # Episode 0 terminated, episode 1 was truncated; the env reported success for neither.
+def test_without_a_verdict_success_is_not_available_and_never_terminated():
+    # Episode 0 terminated, episode 1 was truncated; nothing judged either.
     truncated = EpisodeResult(1, 1, 1, 0, 10, 2.0, False, True, None, 0.1, 0.1, 0.1)
     result = RunResult([_episode(0, 1.0), truncated], base_seed=0)
     summary = summarize(result, core="rust")
-    assert summary["success_rate"] == result.success_rate == 0.5
-    assert summary["success_ci95"] == list(wilson_interval(1, 2))
+    assert summary["success_rate"] is None and result.success_rate is None
+    assert summary["success_ci95"] == [None, None]
     assert summary["success_reported"] == 0
-    assert "env reported 0 of 2; else terminated" in format_summary(summary)
+    assert summary["success_rule"] == "not available"
+    rows = dict(summary_rows(summary))
+    assert rows["success rate"] == "n/a" and rows["success rule"] == "not available"
 
 
 def test_summarize_of_no_episodes_is_strict_json():

@@ -15,7 +15,7 @@ Example:
     >>> main(["eval", "random", "--env", "CartPole-v1", "--episodes", "0"])  # a one-line error
     2
     >>> main(["demo", "--episodes", "2", "--no-progress", "--json"])  # doctest: +ELLIPSIS
-    {"episodes": 2, "total_steps": 1000, "mean_reward": 500.0, ...}
+    {"episodes": 2, ..., "mean_reward": 500.0, ..., "success_rate": 1.0, ...}
     0
 """
 
@@ -25,11 +25,11 @@ import argparse
 import importlib
 import importlib.util
 import json
+import math
 import shlex
 import signal
 import sys
 import threading
-import time
 import warnings
 import zlib
 from collections.abc import Callable, Sequence
@@ -43,8 +43,9 @@ from . import __version__, core_name, driver
 from .errors import ResultsFileError, RlmeshError
 from .hooks import RunHooks, RuntimeHooks
 from .model import Model
-from .results import EpisodeResult, read_results, read_run, succeeded
+from .results import EpisodeResult, dumps, read_columns, read_results, read_run
 from .stats import format_summary, summarize
+from .success import rule_for
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -167,6 +168,16 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _reward_threshold(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if math.isnan(value):
+        raise argparse.ArgumentTypeError(f"must be a number such as 475, got {text!r}")
+    return value
+
+
 def _json_object(text: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
@@ -229,14 +240,14 @@ class _Progress:
         self.bar = None
         self.total = total
         self.rewards: list[float] = []
-        self.successes: list[bool] = []
+        self.successes: list[bool] = []  # the episodes with a verdict (success available)
         self.enabled = enabled
         self.lane_steps_per_s: float | None = None
 
     def start(self, done: Sequence[EpisodeResult]) -> None:
         """Show the bar, counting the episodes a resumed results file already holds."""
         self.rewards = [episode.reward for episode in done]
-        self.successes = [succeeded(episode) for episode in done]
+        self.successes = [episode.success for episode in done if episode.success is not None]
         if not self.enabled:
             return
         from rich.console import Console
@@ -265,21 +276,26 @@ class _Progress:
 
     def episode(self, episode: EpisodeResult) -> None:
         self.rewards.append(episode.reward)
-        self.successes.append(succeeded(episode))
+        if episode.success is not None:
+            self.successes.append(episode.success)
         self._update(advance=1)
 
     def throughput(self, lane_steps_per_s: float) -> None:
         self.lane_steps_per_s = lane_steps_per_s
         self._update(advance=0)
 
+    def status(self) -> str:
+        """The bar's text: throughput, mean reward, and the success rate (n/a when success is
+        not available)."""
+        rate = "-" if self.lane_steps_per_s is None else f"{self.lane_steps_per_s:,.0f}"
+        reward = f"{np.mean(self.rewards):.2f}" if self.rewards else "-"
+        success = f"{np.mean(self.successes):.1%}" if self.successes else "n/a"
+        return f"{rate} lane-steps/s  reward {reward}  success {success}"
+
     def _update(self, advance: int) -> None:
         if self.bar is None:
             return
-        rate = "-" if self.lane_steps_per_s is None else f"{self.lane_steps_per_s:,.0f}"
-        reward = f"{np.mean(self.rewards):.2f}" if self.rewards else "-"
-        success = f"{np.mean(self.successes):.1%}" if self.successes else "-"
-        status = f"{rate} lane-steps/s  reward {reward}  success {success}"
-        self.bar.update(self.task, advance=advance, status=status)
+        self.bar.update(self.task, advance=advance, status=self.status())
 
     def stop(self) -> None:
         if self.bar is not None:
@@ -342,7 +358,6 @@ def _eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
         if not args.env_kwargs
         else (lambda: gym.make(args.env, **args.env_kwargs))  # one env per lane
     )
-    started = time.perf_counter()
     status, result = EXIT_OK, None
     try:
         result = _interruptible(
@@ -359,6 +374,8 @@ def _eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
             core=core,
             results_path=args.out,
             resume=args.resume,
+            # From the id: with --env-kwargs the env is a factory, whose spec comes late.
+            success=rule_for(args.success_reward, args.env),
             # The results file's header records these too, and a resume must match them.
             run_info={"env": args.env, "policy": args.policy, "env_kwargs": args.env_kwargs},
         )
@@ -375,15 +392,14 @@ def _eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
         print(f"rlmesh: error: {exc}", file=sys.stderr)
     finally:
         progress.stop()
-    elapsed = time.perf_counter() - started
     if status == EXIT_INTERRUPTED:
         _interrupted(args, argv)
         return status
     if args.out is not None:
-        _, result, elapsed = read_run(args.out)
+        _, result, _ = read_run(args.out)
     elif result is None:
         return status
-    _print_summary(summarize(result, core=core, elapsed_s=elapsed), as_json=args.json)
+    _print_summary(result.summary(), as_json=args.json)
     return status
 
 
@@ -427,18 +443,18 @@ def _interrupted(args: argparse.Namespace, argv: Sequence[str]) -> None:
 
 def _report(args: argparse.Namespace) -> int:
     try:
-        header, result, elapsed = read_run(args.file)
+        _, columns = read_columns(args.file)
     except OSError as exc:
         raise UsageError(f"{args.file}: cannot read it ({exc.strerror})") from None
     except ResultsFileError as exc:
         raise UsageError(str(exc)) from None
-    summary = summarize(result, core=header.get("core", "unknown"), elapsed_s=elapsed)
-    _print_summary(summary, as_json=args.json)
+    # An unfinished file (a crash, an interrupt) says so: "6 of 10, incomplete".
+    _print_summary(summarize(columns), as_json=args.json)
     return EXIT_OK
 
 
 def _print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
-    print(json.dumps(summary) if as_json else format_summary(summary))
+    print(dumps(summary) if as_json else format_summary(summary))
 
 
 # ---------------------------------------------------------------------------- the parser
@@ -506,6 +522,13 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "--max-episode-steps", type=_positive_int, help="truncate episodes at this many steps"
     )
+    evaluate.add_argument(
+        "--success-reward",
+        type=_reward_threshold,
+        metavar="R",
+        help="an episode whose env reports no is_success/success succeeds iff its reward >= R "
+        "(default: the env spec's reward_threshold, else success is n/a)",
+    )
     evaluate.add_argument("--out", metavar="FILE", help="write results, one JSON line each")
     evaluate.add_argument(
         "--resume", action="store_true", help="continue the run in --out, adding missing episodes"
@@ -545,6 +568,7 @@ def _demo_args(args: argparse.Namespace) -> argparse.Namespace:
         seeds=None,
         horizon=1,
         max_episode_steps=None,
+        success_reward=None,
         out=None,
         resume=False,
     )
