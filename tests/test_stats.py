@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from rlmesh.results import EpisodeResult, RunResult, TelemetryRow
 from rlmesh.stats import (
+    BOOTSTRAP_EXACT_MAX,
     bootstrap_mean_ci,
     format_summary,
     interquartile_mean,
@@ -134,3 +136,45 @@ def test_summarize_of_no_episodes_is_strict_json():
     summary = summarize(RunResult((), base_seed=0), core="rust")
     json.dumps(summary, allow_nan=False)
     assert summary["mean_reward"] is None
+
+
+def _plain_bootstrap(values, resamples, seed=0, confidence=0.95):
+    """The textbook percentile bootstrap in plain numpy: every resample at once."""
+    data = np.asarray(values, dtype=np.float64)
+    picks = np.random.default_rng(seed).integers(0, data.size, size=(resamples, data.size))
+    tail = (1 - confidence) / 2
+    return tuple(np.quantile(data[picks].mean(axis=1), [tail, 1 - tail]))
+
+
+@pytest.mark.parametrize("n", [2, 17, 300, BOOTSTRAP_EXACT_MAX])
+def test_the_blocked_bootstrap_equals_the_plain_one(n):
+    values = np.random.default_rng(n).exponential(3.0, n)
+    assert bootstrap_mean_ci(values, resamples=2_500, seed=4) == _plain_bootstrap(values, 2_500, 4)
+
+
+def test_above_the_exact_size_the_interval_is_the_bootstraps_normal_limit():
+    values = np.random.default_rng(1).exponential(3.0, BOOTSTRAP_EXACT_MAX + 904)  # skewed
+    lo, hi = bootstrap_mean_ci(values)
+    ref_lo, ref_hi = _plain_bootstrap(values, 4_000)
+    standard_error = values.std() / math.sqrt(values.size)
+    # Within the reference's own resampling noise (about 0.06 standard errors at 4000).
+    assert lo == pytest.approx(ref_lo, abs=0.2 * standard_error)
+    assert hi == pytest.approx(ref_hi, abs=0.2 * standard_error)
+    big = np.concatenate([values, [math.inf]])  # one inf: about e^-1 of resamples miss it
+    lo_inf, hi_inf = bootstrap_mean_ci(big)
+    assert math.isfinite(lo_inf) and hi_inf == math.inf
+    assert bootstrap_mean_ci(np.concatenate([values, [math.inf] * 10])) == (math.inf, math.inf)
+
+
+@pytest.mark.parametrize(("n", "limit_mb"), [(BOOTSTRAP_EXACT_MAX, 80), (1_000_000, 40)])
+def test_the_bootstrap_runs_in_bounded_memory(n, limit_mb):
+    import tracemalloc
+
+    values = np.random.default_rng(0).normal(size=n)
+    tracemalloc.start()
+    try:
+        bootstrap_mean_ci(values)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < limit_mb * 2**20

@@ -623,9 +623,10 @@ def _config(header: dict[str, Any]) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------- reading columns
 
-# read_columns reads a file in blocks of this many bytes, so its memory is this plus the
-# columns (34 bytes an episode), however long the file.
-READ_BLOCK_BYTES = 1 << 24
+# read_columns reads a file in blocks of this many bytes, so its memory is a few times this
+# plus the columns (34 bytes an episode), however long the file. A block that fits in the CPU's
+# cache is scanned about twice as fast as a 16 MB one.
+READ_BLOCK_BYTES = 1 << 20
 
 # An episode line as ResultsFile writes it (json.dumps of EpisodeResult.to_dict()): each field
 # is this literal then its value, and the line ends with "}". read_columns parses such lines
@@ -702,6 +703,24 @@ def _numbers(text: bytes, dtype: Any, count: int) -> np.ndarray | None:
     return values if values.size == count else None
 
 
+def _digits(data: np.ndarray, start: np.ndarray, stop: np.ndarray) -> np.ndarray | None:
+    """The non-negative integers written in ``data[start[i] : stop[i]]``, or None if any is
+    not 1 to 18 decimal digits (a sign, a point, an exponent: left to json)."""
+    length = stop - start
+    if length.size == 0:
+        return np.empty(0, dtype=np.int64)
+    if length.min() < 1 or length.max() > 18:
+        return None
+    value = np.zeros(length.size, dtype=np.int64)
+    for j in range(int(length.max())):
+        live = j < length
+        digit = (data[np.where(live, start + j, start)] - ord("0")).astype(np.int64)
+        if np.any(live & ((digit < 0) | (digit > 9))):
+            return None
+        value = np.where(live, value * 10 + digit, value)
+    return value
+
+
 def _word_keyword(data: np.ndarray, start: np.ndarray, stop: np.ndarray) -> np.ndarray | None:
     """Per value: 1 ``true``, 0 ``false``, -1 ``null``; None if any value is something else."""
     first, last, length = data[start], data[stop - 1], stop - start
@@ -753,9 +772,13 @@ def _fast_episodes(
         k = _FIELD[name]
         return _word_keyword(data, value_start[:, k], value_stop[:, k])
 
+    def integers(name: str) -> np.ndarray | None:
+        k = _FIELD[name]
+        return _digits(data, value_start[:, k], value_stop[:, k])
+
     columns = {
-        "index": numbers("index", np.int64),
-        "steps": numbers("steps", np.int64),
+        "index": integers("index"),
+        "steps": integers("steps"),
         "reward": numbers("reward", np.float64),
         "success": keyword("success"),
         "success_reported": keyword("success_reported"),

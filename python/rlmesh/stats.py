@@ -80,7 +80,8 @@ def bootstrap_mean_ci(
     for start in range(0, resamples, BOOTSTRAP_BLOCK):
         count = min(BOOTSTRAP_BLOCK, resamples - start)
         picks = rng.integers(0, data.size, size=(count, data.size))
-        means[start : start + count] = data[picks].mean(axis=1)
+        with np.errstate(invalid="ignore"):  # +inf with -inf: a nan mean, handled below
+            means[start : start + count] = data[picks].mean(axis=1)
     if np.isfinite(means).all():
         lo, hi = np.quantile(means, [tail, 1.0 - tail])
         return (float(lo), float(hi))
@@ -148,7 +149,8 @@ def interquartile_mean(values: Sequence[float]) -> float:
     if data.size == 0:
         return math.nan
     cut = data.size // 4
-    return float(data[cut : data.size - cut].mean())
+    with np.errstate(invalid="ignore"):  # +inf with -inf in the middle: nan, no mean
+        return float(data[cut : data.size - cut].mean())
 
 
 def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
