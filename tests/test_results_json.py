@@ -97,3 +97,20 @@ def test_dumps_is_strict_and_decode_float_reverses_it():
 def test_eval_json_output_is_strict(capsys):
     assert main(["demo", "--episodes", "2", "--no-progress", "--json"]) == 0
     strict_loads(capsys.readouterr().out)
+
+
+def test_telemetry_with_non_finite_figures_round_trips(tmp_path):
+    from rlmesh.results import ResultsFile, RunResult, TelemetryRow
+
+    path = tmp_path / "telemetry.jsonl"
+    nan = math.nan
+    rows = (
+        TelemetryRow("env.step", "latency", "ms", 3, math.inf, 1.0, 2.0, 3.0, math.inf),
+        TelemetryRow("driver", "lane-steps", "1/s", 9, 100.0, nan, nan, nan, nan),
+    )
+    with ResultsFile.open(path, {"episodes": 0}, resume=False) as out:
+        out.append_run(RunResult((), base_seed=0, telemetry=rows))
+    for line in path.read_text().splitlines():
+        strict_loads(line)
+    _, result, _ = read_run(path)
+    assert repr(result.telemetry) == repr(rows)  # nan == nan only as text

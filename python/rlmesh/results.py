@@ -391,19 +391,19 @@ def _telemetry_to_json(rows: Iterable[TelemetryRow]) -> list[dict[str, Any]]:
 
 
 def _telemetry_from_json(rows: Iterable[dict[str, Any]]) -> tuple[TelemetryRow, ...]:
+    def figure(value: Any) -> Any:
+        if value is None:  # a percentile that does not exist
+            return math.nan
+        return NONFINITE_TOKENS.get(value, value) if isinstance(value, str) else value
+
     return tuple(
-        TelemetryRow(
-            **{
-                key: math.nan
-                if v is None
-                else NONFINITE_TOKENS.get(v, v)
-                if isinstance(v, str) and key not in ("op", "metric", "unit")
-                else v
-                for key, v in row.items()
-            }
-        )
+        TelemetryRow(row["op"], row["metric"], row["unit"], *map(figure, _telemetry_numbers(row)))
         for row in rows
     )
+
+
+def _telemetry_numbers(row: dict[str, Any]) -> list[Any]:
+    return [row[name] for name in _COLUMNS[_TEXT_COLUMNS:]]
 
 
 def merge_telemetry(segments: list[tuple[TelemetryRow, ...]]) -> tuple[TelemetryRow, ...]:
