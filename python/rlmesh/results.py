@@ -855,8 +855,9 @@ def read_columns(path: str | os.PathLike[str]) -> tuple[dict[str, Any], RunColum
     if header is None:
         raise ResultsFileError(f"{name} is empty: it holds no results header")
     index = parts.joined("index", np.int64)
-    order = np.argsort(index, kind="stable")
-    if np.any(index[order][1:] == index[order][:-1]):
+    # A run of one lane writes its episodes in index order: then nothing needs reordering.
+    order = None if np.all(index[1:] > index[:-1]) else np.argsort(index, kind="stable")
+    if order is not None and np.any(index[order][1:] == index[order][:-1]):
         # As json reading finds it: the first line, in file order, that repeats an index.
         lines = parts.joined("line", np.int64)
         by_line = np.lexsort((lines, index))
@@ -866,15 +867,19 @@ def read_columns(path: str | os.PathLike[str]) -> tuple[dict[str, Any], RunColum
             f"{name}, line {int(lines[by_line][first])} repeats episode index "
             f"{int(index[by_line][first])}"
         )
-    index = index[order]
-    success = parts.joined("success", np.int8)[order]
-    reported = parts.joined("success_reported", bool)[order]
+
+    def column(name: str, dtype: Any) -> np.ndarray:
+        joined = parts.joined(name, dtype)
+        return joined if order is None else joined[order]
+
+    success = column("success", np.int8)
+    reported = column("success_reported", bool)
     if not _judged_by_rule(header):
         reported = success >= 0
     columns = RunColumns(
-        index=index,
-        steps=parts.joined("steps", np.int64)[order],
-        reward=parts.joined("reward", np.float64)[order],
+        index=column("index", np.int64),
+        steps=column("steps", np.int64),
+        reward=column("reward", np.float64),
         success=success,
         success_reported=reported,
         **_file_fields(header, runs),
