@@ -10,7 +10,8 @@ so drift on a shared machine hits both sides alike. A micro-benchmark sample tim
 calls long enough to dwarf the timer.
 
 Sections: the core micro-benchmarks (Rust vs Python core), end to end (``rlmesh.run`` vs a
-hand-written loop of the same policy and seeds), chunked runs, and with ``--peer`` the
+hand-written loop of the same policy and seeds), chunked runs, the summary of a 1M-episode
+results file against its time and memory budget, and with ``--peer`` the
 published ``rlmesh==0.1.0`` (run in its own virtual environment, see ``peer.py``). Each row
 gives its workload, both figures, the ratio (how many times better rlmesh's side is) and the
 target from the issues, and says MISSED where the ratio falls short. Targets are reported,
@@ -57,8 +58,11 @@ from test_bench_driver import (
     sync_vector_loop,
 )
 from test_bench_ledger import EPISODE_STEPS, LANE_COUNTS, LedgerStepLoop
+from test_bench_summary import REPORT_EPISODES, results_file, summary_in_subprocess
 
 PEER_VERSION = "0.1.0"
+LOWER_IS_BETTER = ("s", "MB")
+SUMMARY_BUDGET_S, SUMMARY_BUDGET_MB = 3.0, 300.0  # issue 10: a 1M-episode summary
 HERE = Path(__file__).resolve().parent
 
 
@@ -71,6 +75,7 @@ class Settings:
     one_lane_seeds: list[int]
     vector_episodes: int
     null_episodes: int
+    summary_samples: int  # fresh processes summarizing the 1M-episode file
 
 
 FULL = Settings(
@@ -79,9 +84,15 @@ FULL = Settings(
     one_lane_seeds=SEEDS,
     vector_episodes=VECTOR_EPISODES,
     null_episodes=NULL_EPISODES_PER_LANE * NULL_LANES,
+    summary_samples=5,
 )
 QUICK = Settings(
-    repeats=3, sample_s=0.01, one_lane_seeds=SEEDS[:5], vector_episodes=16, null_episodes=256
+    repeats=3,
+    sample_s=0.01,
+    one_lane_seeds=SEEDS[:5],
+    vector_episodes=16,
+    null_episodes=256,
+    summary_samples=1,
 )
 
 
@@ -89,8 +100,9 @@ QUICK = Settings(
 class Row:
     """One line of the table: a baseline and rlmesh's side (the subject) of one workload.
 
-    ``unit`` is ``"s"`` (time per call, lower is better) or a rate such as ``"steps/s"``
-    (higher is better); ``ratio`` is always "how many times better the subject is". A row
+    ``unit`` is ``"s"`` (time per call) or ``"MB"`` (memory), lower is better, or a rate such
+    as ``"steps/s"`` (higher is better); ``ratio`` is always "how many times better the subject
+    is". A budget row's baseline is the budget itself, with a target of 1x. A row
     with no figures (``baseline_value`` None) was skipped; ``note`` says why.
     """
 
@@ -108,7 +120,7 @@ class Row:
     def ratio(self) -> float | None:
         if not self.baseline_value or not self.subject_value:
             return None
-        if self.unit == "s":
+        if self.unit in LOWER_IS_BETTER:
             return self.baseline_value / self.subject_value
         return self.subject_value / self.baseline_value
 
@@ -129,6 +141,8 @@ def format_value(value: float | None, unit: str) -> str:
         return "n/a"
     if unit == "s":
         return format_time(value)
+    if unit == "MB":
+        return f"{value:,.0f} MB"
     return f"{value / 1e3:,.1f}k {unit}" if value >= 1e4 else f"{value:,.0f} {unit}"
 
 
@@ -412,6 +426,24 @@ def chunked_rows(settings: Settings) -> list[Row]:
     return rows
 
 
+def summary_rows(settings: Settings) -> list[Row]:
+    """``rlmesh report`` of a 1M-episode results file (read + summary) in a fresh process each
+    time, against the issue's budget: seconds (median) and peak resident memory (largest)."""
+    section = "the summary of a 1M-episode results file (rlmesh report), against its budget"
+    path = results_file(REPORT_EPISODES)
+    samples = [summary_in_subprocess(path) for _ in range(settings.summary_samples)]
+    seconds = statistics.median(sample["seconds"] for sample in samples)
+    cpu = statistics.median(sample["cpu_s"] for sample in samples)
+    peak = max(sample["peak_mb"] for sample in samples)
+    workload = f"read + summarize {REPORT_EPISODES:,} episodes ({path.stat().st_size / 1e6:.0f} MB)"
+    return [
+        Row(section, workload + ", wall time", "budget", SUMMARY_BUDGET_S, "rlmesh", seconds,
+            "s", 1.0, note=f"CPU time {cpu:.2f} s (the wall time includes waiting for a core)"),
+        Row(section, workload + ", peak memory", "budget", SUMMARY_BUDGET_MB, "rlmesh", peak,
+            "MB", 1.0, note="peak resident set of the whole process, interpreter included"),
+    ]  # fmt: skip
+
+
 def peer_python() -> Path:
     """The peer venv's Python: ``<tmp>/rlmesh-peer-0.1.0``, created and installed on first use.
 
@@ -534,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     rows = core_rows(settings)
     driver, ours = end_to_end_rows(settings)
-    rows += driver + chunked_rows(settings)
+    rows += driver + chunked_rows(settings) + summary_rows(settings)
     if args.peer:
         rows += peer_rows(settings, ours)
     elapsed = time.perf_counter() - started

@@ -35,6 +35,7 @@ POLICIES = {
 def plain_gymnasium_loop(env_id, policy, seeds, max_episode_steps=None):
     """The reference: reset with each seed, step to done, in a plain loop."""
     env = gym.make(env_id, max_episode_steps=max_episode_steps)
+    threshold = gym.spec(env_id).reward_threshold
     episodes = []
     for index, seed in enumerate(seeds):
         obs, _ = env.reset(seed=seed)
@@ -51,7 +52,9 @@ def plain_gymnasium_loop(env_id, policy, seeds, max_episode_steps=None):
                 "reward": reward,
                 "terminated": bool(terminated),
                 "truncated": bool(truncated),
-                "success": None,
+                # No env here reports success: the spec's reward_threshold judges, if any.
+                "success": None if threshold is None else reward >= threshold,
+                "success_reported": False,
             }
         )
     env.close()

@@ -57,11 +57,14 @@ def test_from_summary_copies_every_field_but_the_episode_id(core):
         duration_s=2.0,
         predict_ms=7 / 1e6,
         step_ms=20 / 1e6,
+        success_reported=True,  # the core's summary held the env's verdict
     )
     assert results[1].index == 0 and results[1].success is None and results[1].truncated
+    assert not results[1].success_reported
     for summary, result in zip(summaries, results, strict=True):
         expected = summary.to_dict()
         del expected["episode_id"]
+        expected["success_reported"] = summary.success is not None
         assert result.to_dict() == expected
         assert list(result.to_dict()) == list(expected)  # the same field order
 
@@ -100,23 +103,25 @@ def test_run_properties():
     assert run.wasted_steps == 3
 
 
-def test_success_uses_the_reported_outcome_else_termination():
+def test_the_success_rate_counts_verdicts_and_never_termination():
     run = RunResult(
         (
-            episode(0, success=True, terminated=False),  # reported: a success
-            episode(1, success=False, terminated=True),  # reported: a failure, though terminal
-            episode(2, success=None, terminated=True),  # not reported: terminal counts
-            episode(3, success=None, terminated=False, truncated=True),  # a time-out
+            episode(0, success=True, terminated=False),
+            episode(1, success=False, terminated=True),
+            episode(2, success=None, terminated=True),  # no verdict: not counted either way
+            episode(3, success=None, terminated=False, truncated=True),
         ),
         base_seed=0,
     )
     assert run.success_rate == 0.5
+    unjudged = RunResult((episode(0, terminated=True), episode(1)), base_seed=0)
+    assert unjudged.success_rate is None
 
 
 def test_an_empty_run_has_no_mean_reward_or_success_rate():
     run = RunResult((), base_seed=0)
     assert run.num_episodes == run.total_steps == 0
-    assert math.isnan(run.mean_reward) and math.isnan(run.success_rate)
+    assert math.isnan(run.mean_reward) and run.success_rate is None
 
 
 def test_format_telemetry_aligns_every_row_and_shows_nan_as_a_dash():

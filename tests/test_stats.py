@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from rlmesh.results import EpisodeResult, RunResult, TelemetryRow
 from rlmesh.stats import (
+    BOOTSTRAP_EXACT_MAX,
     bootstrap_mean_ci,
     format_summary,
     interquartile_mean,
     summarize,
+    summary_rows,
     wilson_interval,
 )
 
@@ -114,15 +117,17 @@ def test_summarize_has_every_field():
     assert "75.0%" in text and "[0.000, 3.000]" not in text
 
 
-def test_without_a_report_from_the_env_terminated_stands_in_and_says_so():
-    # Episode 0 terminated, episode 1 was truncated; the env reported success for neither.
+def test_without_a_verdict_success_is_not_available_and_never_terminated():
+    # Episode 0 terminated, episode 1 was truncated; nothing judged either.
     truncated = EpisodeResult(1, 1, 1, 0, 10, 2.0, False, True, None, 0.1, 0.1, 0.1)
     result = RunResult([_episode(0, 1.0), truncated], base_seed=0)
     summary = summarize(result, core="rust")
-    assert summary["success_rate"] == result.success_rate == 0.5
-    assert summary["success_ci95"] == list(wilson_interval(1, 2))
+    assert summary["success_rate"] is None and result.success_rate is None
+    assert summary["success_ci95"] == [None, None]
     assert summary["success_reported"] == 0
-    assert "env reported 0 of 2; else terminated" in format_summary(summary)
+    assert summary["success_rule"] == "not available"
+    rows = dict(summary_rows(summary))
+    assert rows["success rate"] == "n/a" and rows["success rule"] == "not available"
 
 
 def test_summarize_of_no_episodes_is_strict_json():
@@ -131,3 +136,45 @@ def test_summarize_of_no_episodes_is_strict_json():
     summary = summarize(RunResult((), base_seed=0), core="rust")
     json.dumps(summary, allow_nan=False)
     assert summary["mean_reward"] is None
+
+
+def _plain_bootstrap(values, resamples, seed=0, confidence=0.95):
+    """The textbook percentile bootstrap in plain numpy: every resample at once."""
+    data = np.asarray(values, dtype=np.float64)
+    picks = np.random.default_rng(seed).integers(0, data.size, size=(resamples, data.size))
+    tail = (1 - confidence) / 2
+    return tuple(np.quantile(data[picks].mean(axis=1), [tail, 1 - tail]))
+
+
+@pytest.mark.parametrize("n", [2, 17, 300, BOOTSTRAP_EXACT_MAX])
+def test_the_blocked_bootstrap_equals_the_plain_one(n):
+    values = np.random.default_rng(n).exponential(3.0, n)
+    assert bootstrap_mean_ci(values, resamples=2_500, seed=4) == _plain_bootstrap(values, 2_500, 4)
+
+
+def test_above_the_exact_size_the_interval_is_the_bootstraps_normal_limit():
+    values = np.random.default_rng(1).exponential(3.0, BOOTSTRAP_EXACT_MAX + 904)  # skewed
+    lo, hi = bootstrap_mean_ci(values)
+    ref_lo, ref_hi = _plain_bootstrap(values, 4_000)
+    standard_error = values.std() / math.sqrt(values.size)
+    # Within the reference's own resampling noise (about 0.06 standard errors at 4000).
+    assert lo == pytest.approx(ref_lo, abs=0.2 * standard_error)
+    assert hi == pytest.approx(ref_hi, abs=0.2 * standard_error)
+    big = np.concatenate([values, [math.inf]])  # one inf: about e^-1 of resamples miss it
+    lo_inf, hi_inf = bootstrap_mean_ci(big)
+    assert math.isfinite(lo_inf) and hi_inf == math.inf
+    assert bootstrap_mean_ci(np.concatenate([values, [math.inf] * 10])) == (math.inf, math.inf)
+
+
+@pytest.mark.parametrize(("n", "limit_mb"), [(BOOTSTRAP_EXACT_MAX, 80), (1_000_000, 40)])
+def test_the_bootstrap_runs_in_bounded_memory(n, limit_mb):
+    import tracemalloc
+
+    values = np.random.default_rng(0).normal(size=n)
+    tracemalloc.start()
+    try:
+        bootstrap_mean_ci(values)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < limit_mb * 2**20

@@ -19,7 +19,7 @@ Example:
     >>> main(["eval", "random", "--env", "CartPole-v1", "--episodes", "0"])  # a one-line error
     2
     >>> main(["demo", "--episodes", "2", "--no-progress", "--json"])  # doctest: +ELLIPSIS
-    {"episodes": 2, "total_steps": 1000, "mean_reward": 500.0, ...}
+    {"episodes": 2, ..., "mean_reward": 500.0, ..., "success_rate": 1.0, ...}
     0
 """
 
@@ -37,7 +37,6 @@ import shlex
 import signal
 import sys
 import threading
-import time
 import warnings
 import zlib
 from collections.abc import Callable, Iterator, Sequence
@@ -52,8 +51,9 @@ from .adapters import Action, Custom, ModelSpec
 from .errors import ModelDefinitionError, ResultsFileError, RlmeshError
 from .hooks import RunHooks, RuntimeHooks
 from .model import Model
-from .results import LOCK_SUFFIX, EpisodeResult, read_results, read_run, succeeded
+from .results import LOCK_SUFFIX, EpisodeResult, dumps, read_columns, read_results, read_run
 from .stats import format_summary, summarize
+from .success import rule_for
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE if hasattr(signal, "SIGPIPE") else 1  # as `cat` ends
@@ -252,6 +252,16 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def _reward_threshold(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if math.isnan(value):
+        raise argparse.ArgumentTypeError(f"must be a number such as 475, got {text!r}")
+    return value
+
+
 def _json_object(text: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
@@ -321,14 +331,14 @@ class _Progress:
         self.bar = None
         self.total = total
         self.rewards: list[float] = []
-        self.successes: list[bool] = []
+        self.successes: list[bool] = []  # the episodes with a verdict (success available)
         self.enabled = enabled
         self.lane_steps_per_s: float | None = None
 
     def start(self, done: Sequence[EpisodeResult]) -> None:
         """Show the bar, counting the episodes a resumed results file already holds."""
         self.rewards = [episode.reward for episode in done]
-        self.successes = [succeeded(episode) for episode in done]
+        self.successes = [episode.success for episode in done if episode.success is not None]
         if not self.enabled:
             return
         from rich.console import Console
@@ -357,21 +367,26 @@ class _Progress:
 
     def episode(self, episode: EpisodeResult) -> None:
         self.rewards.append(episode.reward)
-        self.successes.append(succeeded(episode))
+        if episode.success is not None:
+            self.successes.append(episode.success)
         self._update(advance=1)
 
     def throughput(self, lane_steps_per_s: float) -> None:
         self.lane_steps_per_s = lane_steps_per_s
         self._update(advance=0)
 
+    def status(self) -> str:
+        """The bar's text: throughput, mean reward, and the success rate (n/a when success is
+        not available)."""
+        rate = "-" if self.lane_steps_per_s is None else f"{self.lane_steps_per_s:,.0f}"
+        reward = f"{np.mean(self.rewards):.2f}" if self.rewards else "-"
+        success = f"{np.mean(self.successes):.1%}" if self.successes else "n/a"
+        return f"{rate} lane-steps/s  reward {reward}  success {success}"
+
     def _update(self, advance: int) -> None:
         if self.bar is None:
             return
-        rate = "-" if self.lane_steps_per_s is None else f"{self.lane_steps_per_s:,.0f}"
-        reward = f"{np.mean(self.rewards):.2f}" if self.rewards else "-"
-        success = f"{np.mean(self.successes):.1%}" if self.successes else "-"
-        status = f"{rate} lane-steps/s  reward {reward}  success {success}"
-        self.bar.update(self.task, advance=advance, status=status)
+        self.bar.update(self.task, advance=advance, status=self.status())
 
     def stop(self) -> None:
         if self.bar is not None:
@@ -444,7 +459,6 @@ def _eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
         if not args.env_kwargs
         else (lambda: gym.make(args.env, **args.env_kwargs))  # one env per lane
     )
-    started = time.perf_counter()
     status, result = EXIT_OK, None
     try:
         result = _interruptible(
@@ -464,6 +478,8 @@ def _eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
             results_path=args.out,
             resume=args.resume,
             allow_changed_policy=args.allow_changed_policy,
+            # From the id: with --env-kwargs the env is a factory, whose spec comes late.
+            success=rule_for(args.success_reward, args.env),
             # The results file's header records these too, and a resume must match them.
             run_info={
                 "env": args.env,
@@ -488,15 +504,14 @@ def _eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
         print(f"rlmesh: error: {exc}", file=sys.stderr)
     finally:
         progress.stop()
-    elapsed = time.perf_counter() - started
     if status == EXIT_INTERRUPTED:
         _interrupted(args, argv)
         return status
     if args.out is not None:
-        _, result, elapsed = read_run(args.out)
+        _, result, _ = read_run(args.out)
     elif result is None:
         return status
-    _print_summary(summarize(result, core=core, elapsed_s=elapsed), as_json=args.json)
+    _print_summary(result.summary(), as_json=args.json)
     return status
 
 
@@ -540,20 +555,18 @@ def _interrupted(args: argparse.Namespace, argv: Sequence[str]) -> None:
 
 def _report(args: argparse.Namespace) -> int:
     try:
-        header, result, elapsed = read_run(args.file)
+        _, columns = read_columns(args.file)
     except OSError as exc:
         raise UsageError(f"{args.file}: cannot read it ({exc.strerror})") from None
     except ResultsFileError as exc:
         raise UsageError(str(exc)) from None
-    except ModelDefinitionError as exc:  # not a model: nothing ran
-        raise UsageError(f"policy {args.policy!r}: {exc}") from None
-    summary = summarize(result, core=header.get("core", "unknown"), elapsed_s=elapsed)
-    _print_summary(summary, as_json=args.json)
+    # An unfinished file (a crash, an interrupt) says so: "6 of 10, incomplete".
+    _print_summary(summarize(columns), as_json=args.json)
     return EXIT_OK
 
 
 def _print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
-    print(json.dumps(summary) if as_json else format_summary(summary))
+    print(dumps(summary) if as_json else format_summary(summary))
 
 
 # ---------------------------------------------------------------------------- the parser
@@ -634,6 +647,13 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="S",
             help=f"fail the run (exit 1) when one {what} takes longer than S seconds",
         )
+    evaluate.add_argument(
+        "--success-reward",
+        type=_reward_threshold,
+        metavar="R",
+        help="an episode whose env reports no is_success/success succeeds iff its reward >= R "
+        "(default: the env spec's reward_threshold, else success is n/a)",
+    )
     evaluate.add_argument("--out", metavar="FILE", help="write results, one JSON line each")
     evaluate.add_argument(
         "--resume", action="store_true", help="continue the run in --out, adding missing episodes"
@@ -682,6 +702,7 @@ def _demo_args(args: argparse.Namespace) -> argparse.Namespace:
         timeout_reset=None,
         timeout_step=None,
         timeout_predict=None,
+        success_reward=None,
         out=None,
         resume=False,
         allow_changed_policy=False,

@@ -30,7 +30,7 @@ import asyncio
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import gymnasium as gym
@@ -44,6 +44,7 @@ from .hooks import HookDispatcher, StepEvent
 from .lanes import Lanes, StepBatch, make_lanes
 from .model import ModelHandler
 from .results import EpisodeResult, ResultsFile, RunResult
+from .success import SuccessRule, rule_for
 from .telemetry import Telemetry
 from .utils import env_label, map_leaves, positive_int, positive_seconds
 
@@ -185,6 +186,7 @@ async def arun(
     resume: bool = False,
     run_info: dict[str, Any] | None = None,
     allow_changed_policy: bool = False,
+    success: Any = None,
 ) -> RunResult:
     """Evaluate ``model`` on ``env``: the coroutine behind ``rlmesh.run``.
 
@@ -224,6 +226,11 @@ async def arun(
         run_info: extra header fields (e.g. the policy's name), checked on resume too.
         allow_changed_policy: on resume, accept a ``run_info["policy_sha256"]`` other than
             the file's (with a warning; the new one is recorded) instead of refusing it.
+        success: how an episode whose env's final info reports no ``is_success`` /
+            ``success`` is judged (``rlmesh.success``): a callable ``fn(EpisodeResult) ->
+            bool``, or a number R (success iff the episode's reward >= R). Default: reward
+            >= the env spec's ``reward_threshold``, else success is not available (None).
+            Recorded in the results file header, checked on resume.
 
     Returns:
         The ``RunResult``: M episodes sorted by index (with ``results_path``, every episode in
@@ -247,14 +254,18 @@ async def arun(
         close_env=close_env,
         indices=indices,
     )
+    success_rule = rule_for(success, env)
     results = None
     if results_path is not None:
         header = _results_header(env, settings, core, run_info)
+        header["success_rule"] = success_rule.to_json()
         results = ResultsFile.open(
             results_path, header, resume=resume, allow_changed_policy=allow_changed_policy
         )
     try:
-        run = EvaluationRun(model, env, settings, hooks=hooks, core=core, results=results)
+        run = EvaluationRun(
+            model, env, settings, hooks=hooks, core=core, results=results, success_rule=success_rule
+        )
     except BaseException:
         if results is not None:
             results.close()  # releases the file's writer lock
@@ -310,8 +321,10 @@ class EvaluationRun:
         hooks: Any,
         core: str | None,
         results: ResultsFile | None = None,
+        success_rule: SuccessRule | None = None,
     ) -> None:
         self.settings = settings
+        self.success_rule = rule_for(None, env) if success_rule is None else success_rule
         self.hooks_argument = hooks
         self.results = results
         self.core = active if core is None else load_core(core)
@@ -337,9 +350,10 @@ class EvaluationRun:
             await self._evaluate()
         except BaseException as exc:  # every failure closes the run the same way
             error = exc
-        result = self._result()
+        elapsed_s = time.perf_counter() - started
+        result = replace(self._result(), elapsed_s=elapsed_s)
         error = await self._teardown(result, error)
-        result = self._close_results(result, time.perf_counter() - started)
+        result = self._close_results(result, elapsed_s)
         if error is not None:
             if isinstance(error, Exception):
                 error.partial_result = result  # type: ignore[attr-defined]
@@ -395,6 +409,7 @@ class EvaluationRun:
         )
         self.lanes = lanes = make_lanes(self.env, num_envs=settings.num_envs)
         handler.fit_lanes(lanes.num_lanes)
+        self.success_rule = self.success_rule.for_lanes(lanes)  # an env factory's spec
         if lanes.resets_itself and (settings.max_episode_steps or settings.max_episode_seconds):
             raise ValueError(
                 "max_episode_steps and max_episode_seconds need lanes rlmesh resets itself; "
@@ -467,12 +482,18 @@ class EvaluationRun:
         telemetry = (
             () if self.telemetry is None else self.telemetry.cumulative_rows(time.perf_counter_ns())
         )
+        rule, settings = self.success_rule, self.settings
         return RunResult(
-            episodes=tuple(EpisodeResult.from_summary(summary) for summary in summaries),
-            base_seed=self.settings.base_seed,
+            episodes=tuple(EpisodeResult.from_summary(summary, rule) for summary in summaries),
+            base_seed=settings.base_seed,
             wasted_steps=0 if runner is None else runner.wasted_steps,
             telemetry=telemetry,
             observer_errors=0 if self.hooks is None else self.hooks.observer_errors,
+            core="python" if self.core is load_core("python") else "rust",
+            success_rule=rule,
+            episodes_requested=(
+                settings.episodes if settings.indices is None else len(settings.indices)
+            ),
         )
 
     # -------------------------------------------------------------------- the loop
@@ -701,10 +722,12 @@ class EvaluationRun:
             model_ends.tolist(),
             where="model.on_episode_end",
         )
-        if self.results is None and not self.hooks.listening:
+        rule = self.success_rule
+        if self.results is None and not self.hooks.listening and not rule.calls_user_code:
             return
         for summary in summaries:
-            episode = EpisodeResult.from_summary(summary)
+            # A user's success rule runs here, once per episode, so its errors stop the run.
+            episode = EpisodeResult.from_summary(summary, rule)
             if self.results is not None:
                 self.results.append(episode)  # on disk before anyone hears of it
             await self.hooks.episode_end(episode)

@@ -5,7 +5,16 @@ The formulas, for n episode values x_1..x_n:
 - ``bootstrap_mean_ci``: the percentile bootstrap. Draw ``resamples`` samples of size n with
   replacement (numpy ``default_rng(seed)``, so the interval is reproducible), take each one's
   mean, and return the ``(1-c)/2`` and ``(1+c)/2`` quantiles of those means (numpy's default
-  linear interpolation). One value gives ``(x, x)``; none gives ``(nan, nan)``.
+  linear interpolation). One value gives ``(x, x)``; none gives ``(nan, nan)``. The resamples
+  are drawn ``BOOTSTRAP_BLOCK`` at a time, so memory stays bounded. Above
+  ``BOOTSTRAP_EXACT_MAX`` values the resampled means are not drawn: their distribution is, to
+  well within the resampling noise, the normal limit ``N(mean, s^2/n)`` (``s`` the standard
+  deviation with divisor n, as the bootstrap's), and its quantiles are returned; drawing
+  ``resamples * n`` indices would cost seconds per 100k values.
+  Non-finite values: a nan, or +inf with -inf, gives ``(nan, nan)``; with m values at +inf
+  (or -inf), a resampled mean is infinite unless it drew none of them, so the bounds are
+  infinite where that share of resamples reaches them (``[1, 2, inf]`` gives a finite lower
+  bound and an upper bound of inf).
 - ``interquartile_mean``: the mean of the middle half, as in Agarwal et al. (2021), "Deep RL at
   the edge of the statistical precipice": sort, drop ``floor(n/4)`` values from each end, and
   average the rest (``scipy.stats.trim_mean(x, 0.25)``). Fewer than 4 values drop nothing.
@@ -14,16 +23,19 @@ The formulas, for n episode values x_1..x_n:
   ``(p + z^2/2n -/+ z * sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n)``. Unlike ``p -/+ z*se`` it
   stays inside [0, 1] and is not degenerate at p = 0 or 1.
 
-``summarize`` turns a ``RunResult`` into the JSON-ready dict the ``rlmesh`` command prints
-(``--json``) or renders as a table (``format_summary``). A value that does not exist (no
-episodes, an env that reports no success, a latency never measured) is None, never nan, so the
-JSON is strict.
+``summarize`` turns a ``RunResult`` (or the ``RunColumns`` of a results file) into the
+JSON-ready dict the ``rlmesh`` command prints (``--json``, through ``results.dumps``) or renders
+as a table (``format_summary``). A value that does not exist (no episodes, success that is not
+available, a latency never measured) is None, never nan; an infinite one stays a float, which
+``results.dumps`` writes as ``"Infinity"`` / ``"-Infinity"``, so the JSON is strict.
 
 Example:
     >>> wilson_interval(8, 10)
     (0.4901624..., 0.9433178...)
     >>> interquartile_mean([1, 2, 3, 4, 5, 6, 7, 100])
     4.5
+    >>> bootstrap_mean_ci([1, 2, float("inf")])
+    (1.0, inf)
 """
 
 from __future__ import annotations
@@ -35,11 +47,14 @@ from typing import Any
 
 import numpy as np
 
-from .results import RunResult, TelemetryRow, succeeded
+from .results import RunColumns, RunResult, TelemetryRow, mean
+from .success import describe
 
-# Resampled means are computed this many resamples at a time, so memory stays at
-# BOOTSTRAP_BLOCK * n indices however many resamples are asked for.
+# Resampled means are computed this many resamples at a time: memory stays at
+# BOOTSTRAP_BLOCK * n indices (at most 32 MB), however many resamples are asked for.
 BOOTSTRAP_BLOCK = 1_000
+# Up to this many values the bootstrap draws its resamples; above, it uses their normal limit.
+BOOTSTRAP_EXACT_MAX = 4_096
 
 
 def bootstrap_mean_ci(
@@ -55,17 +70,72 @@ def bootstrap_mean_ci(
         True
     """
     data = np.asarray(values, dtype=np.float64)
-    if data.size == 0:
+    if data.size == 0 or np.isnan(data).any():
         return (math.nan, math.nan)
+    tail = (1.0 - confidence) / 2.0
+    if data.size > BOOTSTRAP_EXACT_MAX:
+        return _normal_limit_ci(data, tail)
     rng = np.random.default_rng(seed)
     means = np.empty(resamples, dtype=np.float64)
     for start in range(0, resamples, BOOTSTRAP_BLOCK):
         count = min(BOOTSTRAP_BLOCK, resamples - start)
         picks = rng.integers(0, data.size, size=(count, data.size))
-        means[start : start + count] = data[picks].mean(axis=1)
-    tail = (1.0 - confidence) / 2.0
-    lo, hi = np.quantile(means, [tail, 1.0 - tail])
-    return (float(lo), float(hi))
+        with np.errstate(invalid="ignore"):  # +inf with -inf: a nan mean, handled below
+            means[start : start + count] = data[picks].mean(axis=1)
+    if np.isfinite(means).all():
+        lo, hi = np.quantile(means, [tail, 1.0 - tail])
+        return (float(lo), float(hi))
+    return (_quantile(np.sort(means), tail), _quantile(np.sort(means), 1.0 - tail))
+
+
+def _quantile(ordered: np.ndarray, q: float) -> float:
+    """numpy's linear-interpolation quantile of sorted values, exact where they are infinite
+    (numpy interpolates inf with a finite neighbour to nan)."""
+    if np.isnan(ordered).any():
+        return math.nan
+    position = q * (ordered.size - 1)
+    below = math.floor(position)
+    above = min(below + 1, ordered.size - 1)
+    low, high = float(ordered[below]), float(ordered[above])
+    fraction = position - below
+    if fraction == 0 or low == high:
+        return low
+    if math.isinf(low):
+        return low
+    if math.isinf(high):
+        return high
+    return float(np.quantile(ordered[below : above + 1], fraction))
+
+
+def _normal_limit_ci(data: np.ndarray, tail: float) -> tuple[float, float]:
+    """The percentile bootstrap's interval in its large-n limit (see the module docstring)."""
+    n = data.size
+    finite = data[np.isfinite(data)]
+    infinite = data[~np.isfinite(data)]
+    if infinite.size and (infinite.min() < 0 < infinite.max()):
+        return (math.nan, math.nan)  # some resamples draw both: their mean is nan
+    z = NormalDist()
+    # A resample is finite iff it drew none of the m infinite values: probability (1-m/n)^n;
+    # given that, its draws are uniform over the finite values.
+    finite_share = math.exp(n * math.log1p(-infinite.size / n)) if infinite.size else 1.0
+    center = float(finite.mean()) if finite.size else math.nan
+    spread = float(finite.std()) / math.sqrt(n) if finite.size else math.nan
+
+    def finite_quantile(q: float) -> float:
+        if spread == 0:
+            return center
+        return center + spread * z.inv_cdf(min(max(q, 1e-300), 1 - 1e-16))
+
+    sign = 1.0 if not infinite.size else float(np.sign(infinite[0]))
+    # With +inf among the values the infinite resamples sort last, with -inf first.
+    bounds = []
+    for q in (tail, 1.0 - tail):
+        if sign > 0:
+            bounds.append(finite_quantile(q / finite_share) if q < finite_share else math.inf)
+        else:
+            share = 1.0 - finite_share
+            bounds.append(-math.inf if q <= share else finite_quantile((q - share) / finite_share))
+    return (bounds[0], bounds[1])
 
 
 def interquartile_mean(values: Sequence[float]) -> float:
@@ -79,7 +149,8 @@ def interquartile_mean(values: Sequence[float]) -> float:
     if data.size == 0:
         return math.nan
     cut = data.size // 4
-    return float(data[cut : data.size - cut].mean())
+    with np.errstate(invalid="ignore"):  # +inf with -inf in the middle: nan, no mean
+        return float(data[cut : data.size - cut].mean())
 
 
 def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -116,60 +187,70 @@ def _latency(telemetry: Sequence[TelemetryRow], op: str) -> dict[str, float | No
     return {q: None if row is None else _number(getattr(row, q)) for q in ("p50", "p95", "p99")}
 
 
-def summarize(result: RunResult, *, core: str, elapsed_s: float | None = None) -> dict[str, Any]:
-    """Every figure of the summary table, as a JSON-ready dict.
+def summarize(
+    result: RunResult | RunColumns, *, core: str | None = None, elapsed_s: float | None = None
+) -> dict[str, Any]:
+    """Every figure of the summary table, as a JSON-ready dict (``RunResult.summary()``).
 
-    ``success_rate`` is ``RunResult.success_rate``: each episode by ``results.succeeded`` (what
-    the env reported, else ``terminated``); ``success_reported`` says for how many episodes
-    the env reported success itself, so a reader knows when ``terminated`` stood in (for
-    CartPole it means the pole fell). ``steps_per_s`` is the driver's lane-steps per second
-    (telemetry). The figures mean the same at any number of lanes (``rlmesh.telemetry`` says
-    what one sample is): ``predict_ms`` is per model call and ``predicts_per_episode`` counts
-    model calls per scored episode (a per-lane corner is called once per lane that needs an
-    action, a batched corner once for all of them; the statefulness probe's calls are not
-    counted); ``env_step_ms`` is per lane-step, one env's transition. ``elapsed_s`` is the
-    caller's wall clock, reported as given.
+    ``success_rate`` counts the episodes with a verdict (``rlmesh.success``: the env's info,
+    else the run's rule); it is None, and so is its interval, when no episode has one.
+    ``success_rule`` names the rule used, ``success_reported`` for how many episodes the env
+    reported success itself. ``episodes_requested`` is what the run asked for and
+    ``complete`` whether every one of them is there (None when not known). ``steps_per_s`` is
+    the driver's lane-steps per second (telemetry). The figures mean the same at any number of
+    lanes (``rlmesh.telemetry`` says what one sample is): ``predict_ms`` is per model call and
+    ``predicts_per_episode`` counts model calls per scored episode (a per-lane corner is called
+    once per lane that needs an action, a batched corner once for all of them; the
+    statefulness probe's calls are not counted); ``env_step_ms`` is per lane-step, one env's
+    transition. ``core`` and ``elapsed_s`` default to the result's own.
 
     Example:
         >>> from rlmesh.results import EpisodeResult
         >>> episodes = [EpisodeResult(k, k, k, 0, 10 + k, float(k), True, False, k % 2 == 0,
-        ...                           0.1, 0.1, 0.1) for k in range(4)]
+        ...                           0.1, 0.1, 0.1, True) for k in range(4)]
         >>> summary = summarize(RunResult(episodes, base_seed=0), core="python")
         >>> summary["episodes"], summary["mean_reward"], summary["success_rate"]
         (4, 1.5, 0.5)
+        >>> summary["success_rule"]
+        'env info'
     """
-    episodes = result.episodes
-    rewards = [episode.reward for episode in episodes]
-    lengths = [episode.steps for episode in episodes]
-    successes = sum(map(succeeded, episodes))
-    reported = [episode for episode in episodes if episode.success is not None]
-    telemetry = result.telemetry
+    run = result.columns() if isinstance(result, RunResult) else result
+    rewards, lengths = run.reward, run.steps
+    n = int(rewards.size)
+    judged = run.success >= 0
+    judged_count = int(np.count_nonzero(judged))
+    successes = int(np.count_nonzero(run.success == 1))
+    reported = int(np.count_nonzero(run.success_reported & judged))
+    telemetry = run.telemetry
     predict = _row(telemetry, "model.predict", "latency")
     lane_steps = _row(telemetry, "driver", "lane-steps")
     reward_lo, reward_hi = bootstrap_mean_ci(rewards)
-    success_lo, success_hi = wilson_interval(successes, len(episodes))
+    success_lo, success_hi = wilson_interval(successes, judged_count)
+    requested = run.episodes_requested
+    elapsed = run.elapsed_s if elapsed_s is None else elapsed_s
     return {
-        "episodes": len(episodes),
-        "total_steps": result.total_steps,
-        "mean_reward": _number(result.mean_reward),
+        "episodes": n,
+        "episodes_requested": requested,
+        "complete": None if requested is None else n >= requested,
+        "total_steps": int(lengths.sum()),
+        "mean_reward": _number(mean(rewards)),
         "mean_reward_ci95": [_number(reward_lo), _number(reward_hi)],
         "iqm_reward": _number(interquartile_mean(rewards)),
-        "success_rate": _number(result.success_rate) if episodes else None,
+        "success_rate": successes / judged_count if judged_count else None,
         "success_ci95": [_number(success_lo), _number(success_hi)],
-        "success_reported": len(reported),
-        "episode_length_mean": _number(float(np.mean(lengths))) if lengths else None,
-        "episode_length_min": min(lengths, default=None),
-        "episode_length_max": max(lengths, default=None),
+        "success_rule": describe(run.success_rule, episodes=n, reported=reported),
+        "success_reported": reported,
+        "episode_length_mean": _number(float(lengths.mean())) if n else None,
+        "episode_length_min": int(lengths.min()) if n else None,
+        "episode_length_max": int(lengths.max()) if n else None,
         "steps_per_s": None if lane_steps is None else _number(lane_steps.avg),
         "predict_ms": _latency(telemetry, "model.predict"),
         "env_step_ms": _latency(telemetry, "env.step"),
-        "predicts_per_episode": (
-            predict.count / len(episodes) if predict is not None and episodes else None
-        ),
-        "wasted_steps": result.wasted_steps,
-        "base_seed": result.base_seed,
-        "core": core,
-        "elapsed_s": _number(elapsed_s),
+        "predicts_per_episode": (predict.count / n if predict is not None and n else None),
+        "wasted_steps": run.wasted_steps,
+        "base_seed": run.base_seed,
+        "core": core or run.core or "unknown",
+        "elapsed_s": _number(elapsed),
     }
 
 
@@ -187,16 +268,16 @@ def _percentiles(latency: dict[str, float | None]) -> str:
 
 def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     """The summary as (label, text) rows, in table order."""
+    episodes = str(summary["episodes"])
+    if summary.get("complete") is False:
+        episodes = f"{summary['episodes']} of {summary['episodes_requested']}, incomplete"
     success = (
-        "-"
+        "n/a"
         if summary["success_rate"] is None
-        else f"{summary['success_rate']:.1%}  95% CI "
-        + _interval(summary["success_ci95"], ".1%")
-        + f"  (env reported {summary['success_reported']} of {summary['episodes']}; "
-        + "else terminated)"
+        else f"{summary['success_rate']:.1%}  95% CI " + _interval(summary["success_ci95"], ".1%")
     )
     return [
-        ("episodes", str(summary["episodes"])),
+        ("episodes", episodes),
         ("total steps", str(summary["total_steps"])),
         (
             "mean reward",
@@ -204,6 +285,7 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
         ),
         ("IQM reward", _fmt(summary["iqm_reward"])),
         ("success rate", success),
+        ("success rule", summary["success_rule"]),
         (
             "episode length mean / min / max",
             " / ".join(
