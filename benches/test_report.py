@@ -25,6 +25,6 @@ def test_quick_report_runs_and_writes_every_row(tmp_path, capsys):
     out = tmp_path / "report.json"
     assert report.main(["--quick", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
-    assert len(rows) == 15  # 8 core, 4 end to end, 3 chunked
+    assert len(rows) == 17  # 10 core, 4 end to end, 3 chunked
     assert all(row["ratio"] > 0 for row in rows)
     assert "miss their target" in capsys.readouterr().out
