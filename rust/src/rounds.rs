@@ -152,6 +152,27 @@ fn env_failure(
     Ok(failure)
 }
 
+/// How an error names a lane's episode at a step: `lane 2 (episode index 7, step 12)`, or
+/// `lane 2 (surplus episode, step 12)` for an episode that is never scored (index -1). `step`
+/// is the steps the episode took before the action in question (0: its first action).
+fn lane_text(lane: i64, index: i64, step: i64) -> String {
+    if index < 0 {
+        return format!("lane {lane} (surplus episode, step {step})");
+    }
+    format!("lane {lane} (episode index {index}, step {step})")
+}
+
+/// The index of the episode `lane` holds, from the ledger's snapshot: read only on the way to
+/// an error, so no round pays for it.
+fn episode_index(ledger: &Bound<'_, RouteLedger>, lane: i64) -> PyResult<i64> {
+    ledger
+        .call_method0("snapshot")?
+        .get_item("lanes")?
+        .get_item(lane)?
+        .get_item("index")?
+        .extract()
+}
+
 /// The run's model as `run_rounds` calls it: `rlmesh.model.ModelHandler`'s `predict_now`,
 /// `lane_corner`, `combine` and `failure`, looked up once per call of `run_rounds`.
 struct ModelCalls<'py> {
@@ -599,6 +620,25 @@ impl RoundRunner {
             .collect()
     }
 
+    /// How the applier names row `k` of an output for `lanes` with `kept` rows per lane (its
+    /// next `kept` actions): the lane, its episode's index and the step of that row's action.
+    fn row_text<'a>(
+        &'a self,
+        ledger: &'a Bound<'_, RouteLedger>,
+        lanes: &'a [i64],
+        kept: usize,
+    ) -> impl Fn(usize) -> String + 'a {
+        move |row| {
+            let lane = lanes[row / kept];
+            let step = self.episode_steps[lane as usize] + (row % kept) as i64;
+            match episode_index(ledger, lane) {
+                Ok(index) => lane_text(lane, index, step),
+                // A snapshot that failed: the message still names the lane.
+                Err(_) => format!("lane {lane}"),
+            }
+        }
+    }
+
     /// Mark `lanes` in the `predicted` scratch (`true`), or clear them again (`false`).
     fn mark(&mut self, lanes: &[i64], value: bool) {
         for &lane in lanes {
@@ -679,7 +719,8 @@ impl RoundRunner {
         self.predict_lanes = predict_lanes;
         let applier = self.applier.bind(py).get();
         let Some(queues) = &self.queues else {
-            return applier.apply(py, output, &self.running);
+            let lane_text = self.row_text(&ledger, &self.running, 1);
+            return applier.apply(py, output, &self.running, &lane_text);
         };
         let queues = queues.bind(py);
         let predict_lanes = &self.predict_lanes;
@@ -702,7 +743,8 @@ impl RoundRunner {
                 .iter()
                 .flat_map(|&lane| std::iter::repeat_n(lane, kept))
                 .collect();
-            let applied = applier.apply(py, &flat, &repeated)?;
+            let lane_text = self.row_text(&ledger, predict_lanes, kept);
+            let applied = applier.apply(py, &flat, &repeated, &lane_text)?;
             let chunks = map_leaves(&applied, &|leaf| reshaped(leaf, &[count, kept], leaf, 1))?;
             let ids = ledger.borrow().episode_ids_of(predict_lanes);
             queues
