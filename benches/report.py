@@ -42,7 +42,7 @@ from cartpole import SEEDS, VECTOR_EPISODES
 from ratios import format_time
 from rlmesh.core import load_core
 from test_bench_actions import actions_workload
-from test_bench_assembly import CopyFloor, FrameStackRound
+from test_bench_assembly import IMAGE_LANES, CopyFloor, FrameStackRound, ImageRound
 from test_bench_chunks import ChunkRound
 from test_bench_driver import (
     NULL_EPISODES_PER_LANE,
@@ -251,6 +251,27 @@ def core_rows(settings: Settings) -> list[Row]:
             note="ratio = the Rust core's throughput as a fraction of the copy floor's",
         )
     )
+
+    layouts = {
+        f"{name} {layout}": ImageRound(core, layout).round
+        for name, core in (("python", python), ("rust", rust))
+        for layout in ("hwc", "chw")
+    }
+    times = per_call(layouts, settings)
+    rate = {name: IMAGE_LANES / seconds for name, seconds in times.items()}
+    for layout, target in (("hwc", None), ("chw", 2.0)):
+        python_time, rust_time = times[f"python {layout}"], times[f"rust {layout}"]
+        note = ""
+        if layout == "chw":
+            note = (
+                f"rust: chw {rate['rust chw']:,.0f} vs hwc {rate['rust hwc']:,.0f} lane-frames/s "
+                f"(chw takes {rust_time / times['rust hwc']:.1f}x the hwc time); python: chw "
+                f"{rate['python chw']:,.0f}, hwc {rate['python hwc']:,.0f}"
+            )
+        workload = f"Image {layout}, {IMAGE_LANES} x 210x160x3 uint8"
+        rows.append(
+            Row(section, workload, "python", python_time, "rust", rust_time, "s", target, note)
+        )
 
     plan, model_output, lanes = actions_workload()
     appliers = {

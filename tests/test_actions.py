@@ -79,13 +79,41 @@ def test_box_casts_any_numeric_input_and_returns_a_new_array(core):
     assert copied[0, 0] == 1.5  # the action does not alias the model's array
 
 
-def test_box_rows_are_reshaped_to_the_action_shape(core):
-    box = applier(core, spaces.Box(-1.0, 1.0, (2, 3), np.float32))
-    flat = np.arange(12, dtype=np.float32).reshape(2, 6) / 20
-    for output in (flat, flat.reshape(2, 1, 6), flat.reshape(2, 3, 2)):
-        action = box.apply_actions(output, [4, 1])
-        assert action.shape == (2, 2, 3)
-        np.testing.assert_array_equal(action, flat.reshape(2, 2, 3))
+def test_a_row_of_another_shape_is_refused_not_reshaped(core):
+    """Six values are not an action of Box[2,3] unless they come as [2,3], as in Gymnasium."""
+    space = spaces.Box(-1.0, 1.0, (2, 3), np.float32)
+    box = applier(core, space)
+    actions = np.arange(12, dtype=np.float32).reshape(2, 2, 3) / 20
+    assert_applied(box.apply_actions(actions, [4, 1]), actions.tolist(), "float32")
+    for row_shape in [(6,), (1, 6), (3, 2), (2, 3, 1), (1, 2, 3)]:
+        with raises(
+            f"lane 4: action: expected shape [2,3] per lane for Box float32[2,3], got "
+            f"[{','.join(map(str, row_shape))}]"
+        ):
+            box.apply_actions(actions.reshape(2, *row_shape), [4, 1])
+        assert not space.contains(actions[0].reshape(row_shape))  # Gymnasium refuses it too
+
+
+@pytest.mark.parametrize(
+    "space",
+    [
+        spaces.Box(-1.0, 1.0, (1,), np.float32),
+        spaces.Box(-1.0, 1.0, (), np.float32),
+        spaces.Discrete(3),
+        spaces.MultiBinary(1),
+        spaces.MultiDiscrete([3]),
+    ],
+    ids=["Box[1]", "Box[]", "Discrete", "MultiBinary[1]", "MultiDiscrete[1]"],
+)
+def test_a_leaf_of_one_value_takes_a_scalar_or_a_one_element_vector(core, space):
+    one_value = applier(core, space)
+    expected = np.array([1, 0], dtype=space.dtype).reshape(2, *space.shape)
+    for output in ([1, 0], [[1], [0]], np.array([1, 0], np.int64), np.array([[1.0], [0.0]])):
+        assert_applied(one_value.apply_actions(output, [0, 1]), expected.tolist(), space.dtype)
+    for wrong, got in (([[1, 0], [0, 1]], "[2]"), ([[[1]], [[0]]], "[1,1]")):
+        refusal = r"expected shape \[\] or \[1\] per lane for .+, got "
+        with pytest.raises(ModelOutputError, match=f"^lane 5: action: {refusal}{re.escape(got)}$"):
+            one_value.apply_actions(wrong, [5, 6])
 
 
 def test_box_reads_non_contiguous_arrays(core):
@@ -166,14 +194,15 @@ def test_the_row_count_must_be_the_lane_count(core):
 
 def test_each_row_must_hold_one_action(core):
     box = applier(core, spaces.Box(-1.0, 1.0, (3,), np.float32))
-    with raises(
-        "lane 6: action: expected 3 values per row for Box float32[3], got 4 (row shape [4])"
-    ):
+    with raises("lane 6: action: expected shape [3] per lane for Box float32[3], got [4]"):
         box.apply_actions(np.zeros((2, 4)), [6, 2])
-    with raises(
-        "lane 6: action: expected 3 values per row for Box float32[3], got 1 (row shape [])"
-    ):
+    with raises("lane 6: action: expected shape [3] per lane for Box float32[3], got []"):
         box.apply_actions(np.zeros(2), [6, 2])
+    grip = applier(core, spaces.Dict({"grip": spaces.Box(0.0, 1.0, (2,), np.float32)}))
+    with raises(
+        'lane 6: action["grip"]: expected shape [2] per lane for Box float32[2], got [1,2]'
+    ):
+        grip.apply_actions({"grip": np.zeros((2, 1, 2))}, [6, 2])
 
 
 @pytest.mark.parametrize(
@@ -256,12 +285,16 @@ def test_multi_discrete_checks_each_element_against_its_start_and_nvec(core):
 def test_multi_discrete_of_rank_two_keeps_its_shape_and_dtype(core):
     space = spaces.MultiDiscrete(np.array([[2, 3], [4, 5]]), dtype=np.int32)
     multi = applier(core, space)
-    action = multi.apply_actions(np.array([[1, 2, 3, 4]]), [0])
+    action = multi.apply_actions(np.array([[[1, 2], [3, 4]]]), [0])
     assert_applied(action, [[[1, 2], [3, 4]]], "int32")
     with raises(
         "lane 0: action[1, 1] is 5; expected an integer in 0..4 for MultiDiscrete int32[2,2]"
     ):
-        multi.apply_actions(np.array([[1, 2, 3, 5]]), [0])
+        multi.apply_actions(np.array([[[1, 2], [3, 5]]]), [0])
+    with raises(
+        "lane 0: action: expected shape [2,2] per lane for MultiDiscrete int32[2,2], got [4]"
+    ):
+        multi.apply_actions(np.array([[1, 2, 3, 4]]), [0])  # flat: not reshaped
 
 
 def test_multi_binary_takes_zeros_and_ones_as_int8(core):

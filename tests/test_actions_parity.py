@@ -3,7 +3,8 @@
 Hypothesis draws action spaces (Box of several dtypes, with or without bounds, rescale and clip;
 Discrete and MultiDiscrete with a start; MultiBinary; Dicts of them, nested) and model outputs
 that are mostly valid, often subtly not (a NaN, a fraction, one past the range, a value the
-dtype cannot hold) and sometimes structurally wrong (a row too many, a missing key, strings).
+dtype cannot hold) and sometimes structurally wrong (a row too many, a row of another shape,
+a missing key, strings).
 """
 
 from __future__ import annotations
@@ -101,12 +102,18 @@ def action_plans(draw):
 def leaf_output(draw, leaf, count):
     """One leaf's model output for ``count`` lanes: valid, subtly bad, or malformed."""
     size = math.prod(leaf.shape)
-    modes = ["valid"] * 2 + ["mixed"] * 3 + ["special", "rows", "size", "strings"]
+    modes = ["valid"] * 2 + ["mixed"] * 3 + ["special", "rows", "size", "reshaped", "strings"]
     mode = draw(st.sampled_from(modes))
     rows = count + draw(st.sampled_from([-1, 1])) if mode == "rows" and count else count
-    row_shape = (size + draw(st.sampled_from([-1, 1])),) if mode == "size" else (size,)
-    if mode == "size" and row_shape == (0,):
-        row_shape = (2,)
+    row_shape = tuple(leaf.shape)
+    if mode == "size":
+        row_shape = (size + draw(st.sampled_from([-1, 1])),)
+        if row_shape == (0,):
+            row_shape = (2,)
+    elif mode == "reshaped":  # the right number of values in another shape
+        row_shape = draw(st.sampled_from([(*leaf.shape, 1), (1, *leaf.shape), (size,)]))
+    elif size == 1 and len(row_shape) <= 1 and draw(st.booleans()):
+        row_shape = (1,) if row_shape == () else ()  # a leaf of one value takes either
     if mode == "strings":
         return np.full((rows, *row_shape), "a")
     total = rows * math.prod(row_shape)
@@ -125,8 +132,6 @@ def leaf_output(draw, leaf, count):
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
         array = np.array(values, dtype=np.float64).astype(dtype).reshape(rows, *row_shape)
-    if mode == "valid" and leaf.kind == "discrete" and draw(st.booleans()):
-        array = array.reshape(rows)  # a Discrete takes [K] as well as [K, 1]
     layout = draw(st.sampled_from(["c", "fortran", "list", "strided"]))
     if layout == "fortran":
         return np.asfortranarray(array)
@@ -243,7 +248,7 @@ def test_the_strategies_reach_both_successes_and_every_kind_of_error():
                 "0 or 1",
                 "holds",
                 "rows",
-                "per row",
+                "per lane",
                 "dtype",
                 "missing key",
                 "unexpected key",
@@ -259,7 +264,7 @@ def test_the_strategies_reach_both_successes_and_every_kind_of_error():
         "an integer in",
         "0 or 1",
         "rows",
-        "per row",
+        "per lane",
         "dtype",
         "missing key",
         "unexpected key",

@@ -7,6 +7,7 @@ run on the same environments and seeds as the assembler.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 
 import gymnasium as gym
@@ -118,6 +119,75 @@ def test_image_stack_matches_gymnasium_frame_stack_in_chw(core):
         transform=lambda frames: frames.transpose(0, 3, 1, 2),
     )
     assert compared > 20
+
+
+# Sizes that are not a multiple of the Rust core's 32-item copy tiles, 1 to 4 channels, and
+# Atari's frame.
+CHW_SHAPES = [(37, 53, 3), (33, 63, 4), (5, 3, 2), (9, 7, 1), (210, 160, 3)]
+
+
+@pytest.mark.parametrize("shape", CHW_SHAPES)
+@pytest.mark.parametrize(
+    "image",
+    [
+        Image(layout="chw", stack=3),
+        Image(layout="chw", dtype="float32", normalize=(-1, 1), stack=2),
+        Image(layout="chw", dtype="float32"),
+    ],
+    ids=["uint8-stack3", "float32-normalized-stack2", "float32"],
+)
+def test_chw_is_numpys_transpose_with_windows_oldest_first(core, shape, image):
+    space = gym.spaces.Box(0, 255, shape, np.uint8)
+    assembler = core.ObservationAssembler(stacked_plan_for(space, image))
+    rng = np.random.default_rng(sum(shape))
+    scale = np.float32((image.normalize[1] - image.normalize[0]) / 255) if image.normalize else 1
+    offset = np.float32(image.normalize[0]) if image.normalize else 0
+
+    def model_frame(frame):
+        chw = frame.transpose(2, 0, 1).astype(image.dtype)
+        return chw * scale + offset if image.normalize else chw
+
+    history = {7: [], 8: []}
+    for _ in range(4):
+        frames = [rng.integers(0, 256, shape, dtype=np.uint8) for _ in history]
+        payload = assembler.assemble(frames, list(history))
+        for row, (episode, frame) in enumerate(zip(history, frames, strict=True)):
+            history[episode].append(frame)
+            window = (history[episode][:1] * image.stack + history[episode])[-image.stack :]
+            expected = np.stack([model_frame(f) for f in window])
+            if image.stack == 1:
+                expected = expected[0]
+            assert payload.dtype == np.dtype(image.dtype)
+            np.testing.assert_array_equal(payload[row], expected)
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int16", "float32", "float64", "complex128"])
+@pytest.mark.parametrize("axes", [(2, 0, 1), (1, 0, 2), (1, 2, 0), (0, 2, 1)])
+def test_any_transpose_of_any_dtype_is_numpys(core, dtype, axes):
+    """Plans from a spec only ask for HWC -> CHW in uint8 or float32; the cores take any
+    permutation of any dtype's items."""
+    shape = (35, 3, 41)
+    space = gym.spaces.Box(0, 100, shape, np.float64)
+    (leaf,) = stacked_plan_for(space, Image(stack=2))
+    frame_shape = tuple(shape[axis] for axis in axes)
+    plan = dataclasses.replace(leaf, dtype=dtype, transpose=axes, frame_shape=frame_shape)
+    assembler = core.ObservationAssembler([plan])
+    frames = np.random.default_rng(1).uniform(0, 100, (2, *shape)).round(1)
+    payload = assembler.assemble(list(frames), [0, 1])
+    expected = frames.astype(dtype).transpose(0, *(axis + 1 for axis in axes))
+    assert (payload.dtype, payload.shape) == (np.dtype(dtype), (2, 2, *frame_shape))
+    np.testing.assert_array_equal(payload[:, 0], expected)
+    np.testing.assert_array_equal(payload[:, 1], expected)
+
+
+def test_a_transpose_that_is_not_a_permutation_is_refused(core):
+    space = gym.spaces.Box(0, 255, (4, 3, 2), np.uint8)
+    (leaf,) = stacked_plan_for(space, Image(layout="chw"))
+    for axes in [(2, 0), (2, 0, 0), (0, 1, 3)]:
+        broken = dataclasses.replace(leaf, transpose=axes)
+        message = f"Image(key=None): transpose {axes} is not a permutation of the source's 3 axes"
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            core.ObservationAssembler([broken])
 
 
 def test_push_keeps_stacks_consecutive_between_payloads(core):

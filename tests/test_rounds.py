@@ -611,8 +611,10 @@ def test_actions_past_the_execution_horizon_are_never_applied(core):
     run = Run(core, CountEnv, 2, 4, horizon=3)
     with pytest.raises(ModelOutputError) as raised:
         run.by_run_rounds(predict)
+    # The third action of the chunk planned at step 0 is the one for step 2.
     assert str(raised.value) == (
-        "lane 0: action is 5000; expected an integer in 0..999 for Discrete int64[]"
+        "lane 0 (episode index 0, step 2): action is 5000; expected an integer in 0..999 for "
+        "Discrete int64[]"
     )
 
 

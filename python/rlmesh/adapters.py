@@ -210,7 +210,11 @@ class Image(_SpecNode):
         dtype: ``"uint8"`` or ``"float32"``.
         normalize: False, True (map uint8 [0, 255] onto [0, 1]) or a range ``(lo, hi)``; needs
             ``dtype="float32"`` and a uint8 image. Stored as False or ``(lo, hi)``.
-        stack: frames stacked along a new leading axis, oldest first (1 = none, at most 64).
+        stack: frames stacked along a new leading axis, oldest first (1 = none, at most 64):
+            ``[stack, C, H, W]`` per lane for ``"chw"``, ``[stack, H, W, C]`` for ``"hwc"``.
+            The first frame of an episode fills the whole window, as Gymnasium's
+            ``FrameStackObservation(padding_type="reset")`` does; windows are kept per episode
+            and never span two.
 
     Example:
         >>> import gymnasium as gym
@@ -265,7 +269,10 @@ class State(_SpecNode):
     Args:
         key: the observation key (None = the whole observation, a tuple = a nested path).
         dtype: ``"float32"``, ``"float64"`` or ``"int64"``.
-        stack: frames stacked along a new leading axis, oldest first (1 = none, at most 64).
+        stack: frames stacked along a new leading axis, oldest first (1 = none, at most 64):
+            ``[stack, size]`` per lane. The first frame of an episode fills the whole window, as
+            Gymnasium's ``FrameStackObservation(padding_type="reset")`` does; windows are kept
+            per episode and never span two.
 
     Example:
         >>> import gymnasium as gym
@@ -274,6 +281,17 @@ class State(_SpecNode):
         >>> plan = ModelSpec(input=State("joints")).compile(space, gym.spaces.Discrete(2))
         >>> plan.observation[0].frame_shape
         (6,)
+
+        With ``stack=3``, an episode's first observation fills the window, then each step
+        pushes the oldest frame out:
+
+        >>> from rlmesh.core import load_core
+        >>> space = gym.spaces.Box(-9, 9, (1,), np.float32)
+        >>> plan = ModelSpec(input=State(stack=3)).compile(space, gym.spaces.Discrete(2))
+        >>> assembler = load_core("python").ObservationAssembler(plan.observation)
+        >>> [assembler.assemble([np.array([t], np.float32)], [0])[0].ravel().tolist()
+        ...  for t in (1, 2, 3, 4)]
+        [[1.0, 1.0, 1.0], [1.0, 1.0, 2.0], [1.0, 2.0, 3.0], [2.0, 3.0, 4.0]]
     """
 
     key: Key = None
@@ -500,6 +518,16 @@ def _input_leaves(tree: object, slot: KeyPath = ()) -> Iterator[tuple[KeyPath, L
 @dataclass(frozen=True)
 class ModelSpec:
     """What a model consumes (``input``) and emits (``output``); declared as ``Model.spec``.
+
+    A leaf with ``stack=k`` gives the model the episode's last ``k`` observations along a new
+    leading axis, oldest first. Its first observation fills all ``k`` places (``[f0, f0, f0]``,
+    then ``[f0, f0, f1]``, ...), as Gymnasium's ``FrameStackObservation(padding_type="reset")``
+    does; the windows are kept per episode, so a lane's next episode starts afresh. With
+    action chunks the window still moves every env step.
+
+    The model's action must have the action space's shape per lane (a leaf of one value, such
+    as ``Box(1,)`` or ``Discrete``, takes a scalar or a one-element vector); nothing is reshaped,
+    and any other shape is a ``ModelOutputError`` naming the lane, episode index and step.
 
     Args:
         input: one leaf (the payload is that leaf's value), a dict of leaves (the payload is a

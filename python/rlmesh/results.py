@@ -240,7 +240,7 @@ class RunResult:
         >>> result.success_rate is None, result.summary()["episodes_requested"]
         (True, 2)
         >>> print(result.format_summary().splitlines()[0])
-        episodes                         1 of 2, incomplete
+        episodes                                   1 of 2, incomplete
     """
 
     episodes: tuple[EpisodeResult, ...]

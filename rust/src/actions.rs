@@ -18,6 +18,10 @@ use crate::args::{path_text, type_name, vector, ArgError, Dtype};
 
 pyo3::import_exception!(rlmesh.errors, ModelOutputError);
 
+/// How a message names the lane of row `k` of the model's output: "lane 3", or from the round
+/// runner "lane 3 (episode index 7, step 12)".
+pub type LaneText<'a> = &'a dyn Fn(usize) -> String;
+
 /// A model returned a bad action: becomes a `rlmesh.errors.ModelOutputError` with this message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutputError(pub String);
@@ -160,6 +164,18 @@ fn count_text(count: usize, noun: &str) -> String {
     }
 }
 
+/// Whether one row of the model's output is one action of `shape`: the same shape, or for a
+/// leaf of one value, a scalar or a one-element vector either way.
+fn row_shape_fits(row_shape: &[usize], shape: &[usize]) -> bool {
+    if row_shape == shape {
+        return true;
+    }
+    shape.len() <= 1
+        && row_shape.len() <= 1
+        && shape.iter().product::<usize>() == 1
+        && row_shape.iter().product::<usize>() == 1
+}
+
 /// Element `element` (row-major) of an action of `shape`: `[3]`, `[1, 2]`, `""`.
 fn index_text(element: usize, shape: &[usize]) -> String {
     if shape.is_empty() {
@@ -222,22 +238,30 @@ pub struct Leaf {
 impl Leaf {
     #[cold]
     #[inline(never)]
-    fn fail(&self, lane: i64, element: usize, shown: String, expected: &str) -> OutputError {
+    fn fail(
+        &self,
+        lane_text: LaneText<'_>,
+        row: usize,
+        element: usize,
+        shown: String,
+        expected: &str,
+    ) -> OutputError {
         OutputError(format!(
-            "lane {lane}: {}{} is {shown}; expected {expected} for {}",
+            "{}: {}{} is {shown}; expected {expected} for {}",
+            lane_text(row),
             self.r#where,
             index_text(element, &self.shape),
             self.label
         ))
     }
 
-    /// Check and convert `values` (`[K, size]` float64, row-major) for `lanes` (`[K]`) into
-    /// `out` (`[K, size]`). The first bad element in row-major order is reported with the
-    /// first rule it breaks, as in the Python core.
+    /// Check and convert `values` (`[K, size]` float64, row-major) into `out` (`[K, size]`).
+    /// The first bad element in row-major order is reported with the first rule it breaks, as
+    /// in the Python core, its row's lane named by `lane_text`.
     pub fn convert<T: FromF64>(
         &self,
         values: &[f64],
-        lanes: &[i64],
+        lane_text: LaneText<'_>,
         integral_input: bool,
         out: &mut [T],
     ) -> Result<(), OutputError> {
@@ -248,11 +272,11 @@ impl Leaf {
             Kind::Box => {
                 let rule = self.box_rule.as_ref().expect("a box leaf has a box rule");
                 if self.integer {
-                    return self.convert_integer_box(rule, values, lanes, integral_input, out);
+                    return self.convert_integer_box(rule, values, lane_text, integral_input, out);
                 }
                 self.check_each(
                     values,
-                    lanes,
+                    lane_text,
                     integral_input,
                     |_, x| x.is_finite(),
                     |_| "a finite number".to_string(),
@@ -274,7 +298,7 @@ impl Leaf {
                 let (lowest, stop_f) = (self.start as f64, stop as f64);
                 self.check_each(
                     values,
-                    lanes,
+                    lane_text,
                     integral_input,
                     |_, x| integer_in(x, lowest, stop_f),
                     |_| format!("an integer in {}..{}", self.start, stop - 1),
@@ -284,7 +308,7 @@ impl Leaf {
                 let ok = |element: usize, x: f64| {
                     integer_in(x, self.lowest[element] as f64, self.stop[element] as f64)
                 };
-                self.check_each(values, lanes, integral_input, ok, |element| {
+                self.check_each(values, lane_text, integral_input, ok, |element| {
                     let (lowest, stop) = (self.lowest[element], self.stop[element] as i128);
                     format!("an integer in {lowest}..{}", stop - 1)
                 })?;
@@ -292,7 +316,7 @@ impl Leaf {
             Kind::MultiBinary => {
                 self.check_each(
                     values,
-                    lanes,
+                    lane_text,
                     integral_input,
                     |_, x| x == 0.0 || x == 1.0,
                     |_| "0 or 1".to_string(),
@@ -311,16 +335,16 @@ impl Leaf {
     fn check_each(
         &self,
         values: &[f64],
-        lanes: &[i64],
+        lane_text: LaneText<'_>,
         integral_input: bool,
         ok: impl Fn(usize, f64) -> bool,
         expected: impl Fn(usize) -> String,
     ) -> Result<(), OutputError> {
-        for (row, &lane) in values.chunks_exact(self.size).zip(lanes) {
-            for (element, &x) in row.iter().enumerate() {
+        for (row, items) in values.chunks_exact(self.size).enumerate() {
+            for (element, &x) in items.iter().enumerate() {
                 if !ok(element, x) {
                     let shown = value_text(x, integral_input);
-                    return Err(self.fail(lane, element, shown, &expected(element)));
+                    return Err(self.fail(lane_text, row, element, shown, &expected(element)));
                 }
             }
         }
@@ -333,7 +357,7 @@ impl Leaf {
         &self,
         rule: &BoxRule,
         values: &[f64],
-        lanes: &[i64],
+        lane_text: LaneText<'_>,
         integral_input: bool,
         out: &mut [T],
     ) -> Result<(), OutputError> {
@@ -341,17 +365,17 @@ impl Leaf {
         let rows = values
             .chunks_exact(self.size)
             .zip(out.chunks_exact_mut(self.size));
-        for ((row, out), &lane) in rows.zip(lanes) {
-            for (element, (&x, out)) in row.iter().zip(out).enumerate() {
+        for (row, (items, out)) in rows.enumerate() {
+            for (element, (&x, out)) in items.iter().zip(out).enumerate() {
                 if !x.is_finite() {
                     let shown = value_text(x, integral_input);
-                    return Err(self.fail(lane, element, shown, "a finite number"));
+                    return Err(self.fail(lane_text, row, element, shown, "a finite number"));
                 }
                 let (low, high) = (rule.low[element], rule.high[element]);
                 let y = rule.map(x, low, high, rule.span[element], true);
                 if y != y.floor() {
                     let shown = value_text(x, integral_input);
-                    return Err(self.fail(lane, element, shown, "an integer"));
+                    return Err(self.fail(lane_text, row, element, shown, "an integer"));
                 }
                 if y < dtype_min || y >= dtype_stop {
                     let mut shown = value_text(x, integral_input);
@@ -362,7 +386,7 @@ impl Leaf {
                         "an integer {} holds ({}..{})",
                         self.dtype, self.dtype_min, self.dtype_max
                     );
-                    return Err(self.fail(lane, element, shown, &held));
+                    return Err(self.fail(lane_text, row, element, shown, &held));
                 }
                 *out = T::from_f64(y);
             }
@@ -671,13 +695,16 @@ pub struct ActionApplier {
 
 impl ActionApplier {
     /// `apply_actions` with the lanes already read: one array per leaf, nested like the space.
+    /// Messages name row `k`'s lane as `lane_text(k)` (the round runner adds the episode and
+    /// step).
     pub(crate) fn apply<'py>(
         &self,
         py: Python<'py>,
         batched_model_output: &Bound<'py, PyAny>,
         lanes: &[i64],
+        lane_text: LaneText<'_>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        self.apply_node(py, &self.tree, batched_model_output, lanes)
+        self.apply_node(py, &self.tree, batched_model_output, lanes, lane_text)
     }
 
     fn apply_node<'py>(
@@ -686,9 +713,13 @@ impl ActionApplier {
         node: &Node,
         output: &Bound<'py, PyAny>,
         lanes: &[i64],
+        lane_text: LaneText<'_>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let dict = match node {
-            Node::Leaf(index) => return self.apply_leaf(py, &self.leaves[*index], output, lanes),
+            Node::Leaf(index) => {
+                let leaf = &self.leaves[*index];
+                return self.apply_leaf(py, leaf, output, lanes.len(), lane_text);
+            }
             Node::Dict(dict) => dict,
         };
         let Ok(mapping) = output.cast::<PyMapping>() else {
@@ -732,7 +763,7 @@ impl ActionApplier {
         for (key, child) in dict.keys.iter().zip(&dict.children) {
             let key = key.bind(py);
             let value = mapping.get_item(key)?;
-            result.set_item(key, self.apply_node(py, child, &value, lanes)?)?;
+            result.set_item(key, self.apply_node(py, child, &value, lanes, lane_text)?)?;
         }
         Ok(result.into_any())
     }
@@ -742,9 +773,9 @@ impl ActionApplier {
         py: Python<'py>,
         leaf: &Leaf,
         output: &Bound<'py, PyAny>,
-        lanes: &[i64],
+        count: usize,
+        lane_text: LaneText<'_>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let count = lanes.len();
         // An ndarray is read as it is: what numpy.asarray would return has its dtype and shape.
         let array = match output.cast::<PyUntypedArray>() {
             Ok(array) => array.clone(),
@@ -790,13 +821,16 @@ impl ActionApplier {
             ))
             .into());
         }
-        let row_size: usize = shape[1..].iter().product();
-        if count > 0 && row_size != leaf.size {
+        if count > 0 && !row_shape_fits(&shape[1..], &leaf.shape) {
+            let expected = if leaf.size == 1 && leaf.shape.len() <= 1 {
+                "[] or [1]".to_string()
+            } else {
+                shape_text(&leaf.shape)
+            };
             return Err(OutputError(format!(
-                "lane {}: {}: expected {} per row for {}, got {row_size} (row shape {})",
-                lanes[0],
+                "{}: {}: expected shape {expected} per lane for {}, got {}",
+                lane_text(0),
                 leaf.r#where,
-                count_text(leaf.size, "value"),
                 leaf.label,
                 shape_text(&shape[1..])
             ))
@@ -840,20 +874,20 @@ impl ActionApplier {
         dims.push(count);
         dims.extend_from_slice(&leaf.shape);
         let converted = match leaf.out_dtype {
-            OutDtype::F64 => write::<f64>(py, leaf, values, lanes, integral_input, &dims)?,
-            OutDtype::F32 => write::<f32>(py, leaf, values, lanes, integral_input, &dims)?,
-            OutDtype::I64 => write::<i64>(py, leaf, values, lanes, integral_input, &dims)?,
-            OutDtype::I32 => write::<i32>(py, leaf, values, lanes, integral_input, &dims)?,
-            OutDtype::I16 => write::<i16>(py, leaf, values, lanes, integral_input, &dims)?,
-            OutDtype::I8 => write::<i8>(py, leaf, values, lanes, integral_input, &dims)?,
-            OutDtype::U64 => write::<u64>(py, leaf, values, lanes, integral_input, &dims)?,
-            OutDtype::U32 => write::<u32>(py, leaf, values, lanes, integral_input, &dims)?,
-            OutDtype::U16 => write::<u16>(py, leaf, values, lanes, integral_input, &dims)?,
-            OutDtype::U8 => write::<u8>(py, leaf, values, lanes, integral_input, &dims)?,
-            OutDtype::Bool => write::<bool>(py, leaf, values, lanes, integral_input, &dims)?,
+            OutDtype::F64 => write::<f64>(py, leaf, values, lane_text, integral_input, &dims)?,
+            OutDtype::F32 => write::<f32>(py, leaf, values, lane_text, integral_input, &dims)?,
+            OutDtype::I64 => write::<i64>(py, leaf, values, lane_text, integral_input, &dims)?,
+            OutDtype::I32 => write::<i32>(py, leaf, values, lane_text, integral_input, &dims)?,
+            OutDtype::I16 => write::<i16>(py, leaf, values, lane_text, integral_input, &dims)?,
+            OutDtype::I8 => write::<i8>(py, leaf, values, lane_text, integral_input, &dims)?,
+            OutDtype::U64 => write::<u64>(py, leaf, values, lane_text, integral_input, &dims)?,
+            OutDtype::U32 => write::<u32>(py, leaf, values, lane_text, integral_input, &dims)?,
+            OutDtype::U16 => write::<u16>(py, leaf, values, lane_text, integral_input, &dims)?,
+            OutDtype::U8 => write::<u8>(py, leaf, values, lane_text, integral_input, &dims)?,
+            OutDtype::Bool => write::<bool>(py, leaf, values, lane_text, integral_input, &dims)?,
             OutDtype::Other => {
                 // A dtype Rust has no type for (float16, ...): numpy casts the float64 action.
-                let converted = write::<f64>(py, leaf, values, lanes, integral_input, &dims)?;
+                let converted = write::<f64>(py, leaf, values, lane_text, integral_input, &dims)?;
                 // Past the dtype's range becomes inf without a warning, as in the Python core
                 // (which casts under np.errstate(all="ignore")).
                 let kwargs = PyDict::new(py);
@@ -877,14 +911,14 @@ fn write<'py, T: FromF64>(
     py: Python<'py>,
     leaf: &Leaf,
     values: &[f64],
-    lanes: &[i64],
+    lane_text: LaneText<'_>,
     integral_input: bool,
     dims: &[usize],
 ) -> PyResult<Bound<'py, PyAny>> {
     let converted = PyArrayDyn::<T>::zeros(py, IxDyn(dims), false);
     // SAFETY: a new C-contiguous array nobody else has seen, written by Rust code alone.
     let out = unsafe { converted.as_slice_mut()? };
-    leaf.convert(values, lanes, integral_input, out)?;
+    leaf.convert(values, lane_text, integral_input, out)?;
     Ok(converted.into_any())
 }
 
@@ -909,8 +943,9 @@ impl ActionApplier {
 
     /// The model's action for ``K`` lanes, checked and converted into the action space.
     ///
-    /// ``batched_model_output``: an array-like ``[K, ...]``, or for a Dict action space a dict
-    /// with the space's keys (nested like the space), each leaf an array-like ``[K, ...]``.
+    /// ``batched_model_output``: an array-like ``[K, *shape]`` (``[K]`` or ``[K, 1]`` for a
+    /// leaf of one value), or for a Dict action space a dict with the space's keys (nested like
+    /// the space), each leaf such an array-like.
     /// ``lanes``: ``[K]`` int, the lanes the rows belong to. Returns one array ``[K, *shape]``
     /// of the space's dtype per leaf, nested in dicts like a Dict action space.
     fn apply_actions<'py>(
@@ -920,7 +955,10 @@ impl ActionApplier {
         lanes: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let lanes = vector::<i64>(lanes, Dtype::Int64, "lanes")?;
-        self.apply(py, batched_model_output, lanes.as_slice()?)
+        let lanes = lanes.as_slice()?;
+        self.apply(py, batched_model_output, lanes, &|row| {
+            format!("lane {}", lanes[row])
+        })
     }
 }
 
@@ -982,7 +1020,8 @@ mod tests {
         integral_input: bool,
     ) -> Result<Vec<T>, String> {
         let mut out = vec![T::default(); values.len()];
-        leaf.convert(values, lanes, integral_input, &mut out)
+        let lane_text = |row: usize| format!("lane {}", lanes[row]);
+        leaf.convert(values, &lane_text, integral_input, &mut out)
             .map(|()| out)
             .map_err(|err| err.0)
     }
@@ -1013,6 +1052,18 @@ mod tests {
         for (value, text) in cases {
             assert_eq!(float_repr(value), text, "{value:e}");
         }
+    }
+
+    #[test]
+    fn a_row_fits_only_the_actions_shape_or_a_single_values_other_form() {
+        assert!(row_shape_fits(&[2, 3], &[2, 3]));
+        for (row, shape) in [(&[6][..], &[2, 3][..]), (&[3, 2], &[6]), (&[1, 6], &[6])] {
+            assert!(!row_shape_fits(row, shape), "{row:?} for {shape:?}");
+        }
+        // One value: a scalar and a one-element vector are the same action.
+        assert!(row_shape_fits(&[], &[1]) && row_shape_fits(&[1], &[]));
+        assert!(!row_shape_fits(&[1, 1], &[1]) && !row_shape_fits(&[], &[1, 1]));
+        assert!(!row_shape_fits(&[2], &[]));
     }
 
     #[test]

@@ -44,9 +44,9 @@ struct Leaf {
     label: String,
     sources: Vec<Vec<String>>,
     source_shapes: Vec<Vec<usize>>,
-    transpose: Option<Vec<usize>>,
+    /// Per source, its transpose when the plan asks for one.
+    transposes: Option<Vec<Transpose>>,
     dtype: Py<PyArrayDescr>,
-    itemsize: usize,
     affine: Affine,
     stack: usize,
     frame_shape: Vec<usize>,
@@ -138,7 +138,25 @@ impl Leaf {
             }
         };
         let frame_shape = sizes(&plan.getattr("frame_shape")?)?;
+        let source_shapes: Vec<Vec<usize>> = plan
+            .getattr("source_shapes")?
+            .try_iter()?
+            .map(|shape| sizes(&shape?))
+            .collect::<PyResult<_>>()?;
         let transpose = plan.getattr("transpose")?;
+        let transposes = if transpose.is_none() || kind != Kind::Array {
+            None
+        } else {
+            let axes = sizes(&transpose)?;
+            let planned = source_shapes
+                .iter()
+                .map(|shape| {
+                    check_axes(&label, &axes, shape.len())?;
+                    Ok(Transpose::plan(shape, &axes, itemsize))
+                })
+                .collect::<PyResult<_>>()?;
+            Some(planned)
+        };
         let func = plan.getattr("fn")?;
         Ok(Leaf {
             slot: strings(&plan.getattr("slot")?)?,
@@ -148,19 +166,10 @@ impl Leaf {
                 .try_iter()?
                 .map(|path| strings(&path?))
                 .collect::<PyResult<_>>()?,
-            source_shapes: plan
-                .getattr("source_shapes")?
-                .try_iter()?
-                .map(|shape| sizes(&shape?))
-                .collect::<PyResult<_>>()?,
-            transpose: if transpose.is_none() {
-                None
-            } else {
-                Some(sizes(&transpose)?)
-            },
+            source_shapes,
+            transposes,
             frame_bytes: frame_shape.iter().product::<usize>() * itemsize,
             dtype: dtype.unbind(),
-            itemsize,
             affine,
             stack: plan.getattr("stack")?.extract()?,
             frame_shape,
@@ -199,13 +208,13 @@ impl Leaf {
     /// concatenate (C-contiguous sources one after the other), then scale.
     fn copy_frame(&self, sources: &[Bound<'_, PyUntypedArray>], frame: &mut [u8]) {
         let mut written = 0;
-        for (source, shape) in sources.iter().zip(&self.source_shapes) {
+        for (index, source) in sources.iter().enumerate() {
             // SAFETY: `sources_of` made each source C-contiguous; it stays alive and untouched
             // while this frame is copied, under the GIL.
             let bytes = unsafe { array_bytes(source) };
             let target = &mut frame[written..written + bytes.len()];
-            match &self.transpose {
-                Some(axes) => transpose_into(bytes, shape, axes, self.itemsize, target),
+            match &self.transposes {
+                Some(transposes) => transposes[index].copy(bytes, target),
                 None => target.copy_from_slice(bytes),
             }
             written += bytes.len();
@@ -227,6 +236,23 @@ fn numpy_dtype<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyArrayD
         .getattr("dtype")?
         .call1((name,))?
         .cast_into::<PyArrayDescr>()?)
+}
+
+/// Refuse `axes` that are not a permutation of a source's `rank` axes.
+fn check_axes(label: &str, axes: &[usize], rank: usize) -> PyResult<()> {
+    let mut seen = vec![false; rank];
+    for &axis in axes {
+        if axis >= rank || std::mem::replace(&mut seen[axis], true) {
+            break;
+        }
+    }
+    if axes.len() == rank && seen.iter().all(|&seen| seen) {
+        return Ok(());
+    }
+    Err(PyValueError::new_err(format!(
+        "{label}: transpose {} is not a permutation of the source's {rank} axes",
+        shape_text(axes)
+    )))
 }
 
 /// The source as a C-contiguous array of the leaf's dtype, its shape checked against the space.
@@ -263,29 +289,311 @@ fn contiguous_source<'py>(
         .cast_into::<PyUntypedArray>()?)
 }
 
-/// Copy a C-contiguous array of `shape` into `out`, its axes permuted by `axes`.
-fn transpose_into(source: &[u8], shape: &[usize], axes: &[usize], itemsize: usize, out: &mut [u8]) {
-    let rank = shape.len();
-    let mut source_strides = vec![itemsize; rank];
-    for axis in (0..rank.saturating_sub(1)).rev() {
-        source_strides[axis] = source_strides[axis + 1] * shape[axis + 1];
-    }
-    let out_shape: Vec<usize> = axes.iter().map(|&axis| shape[axis]).collect();
-    let strides: Vec<usize> = axes.iter().map(|&axis| source_strides[axis]).collect();
-    let mut index = vec![0usize; rank];
-    for item in out.chunks_exact_mut(itemsize) {
-        let offset: usize = index
+/// Items per side of the square tiles a general transpose is copied in: a 32 x 32 tile of
+/// 8-byte items (8 KiB, read and written) stays in L1 while it is copied.
+const TILE: usize = 32;
+
+/// One output axis of a transpose, in items: its size and its strides in source and output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Axis {
+    size: usize,
+    source_stride: usize,
+    out_stride: usize,
+}
+
+/// How the innermost two output axes of a transpose are copied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kernel {
+    /// The output's innermost axis is contiguous in the source too: runs of `len` items.
+    Run { len: usize },
+    /// A plane whose `rows` are contiguous in the source and whose `columns` are contiguous in
+    /// the output: `out[r * out_row_stride + c] = source[r + c * source_column_stride]`.
+    /// An image's HWC -> CHW is one plane: a row per channel, a column per pixel.
+    Plane {
+        rows: usize,
+        out_row_stride: usize,
+        columns: usize,
+        source_column_stride: usize,
+    },
+}
+
+/// A C-contiguous source of one shape copied with its axes permuted, planned once per leaf.
+///
+/// The output's axes are read as source strides; size-1 axes are dropped and axes that stay
+/// contiguous in both arrays are merged, so HWC -> CHW becomes a [C, H*W] plane. Items move
+/// as whole 1, 2, 4 or 8-byte values; any other itemsize is copied byte-wise, as an extra
+/// innermost axis.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Transpose {
+    width: usize,
+    /// The output axes looped over around the kernel, outermost first.
+    outer: Vec<Axis>,
+    kernel: Kernel,
+}
+
+impl Transpose {
+    fn plan(shape: &[usize], axes: &[usize], itemsize: usize) -> Transpose {
+        let width = if matches!(itemsize, 1 | 2 | 4 | 8) {
+            itemsize
+        } else {
+            1
+        };
+        let mut source_strides = vec![itemsize / width; shape.len()];
+        for axis in (0..shape.len().saturating_sub(1)).rev() {
+            source_strides[axis] = source_strides[axis + 1] * shape[axis + 1];
+        }
+        let mut dims: Vec<(usize, usize)> = axes
             .iter()
-            .zip(&strides)
-            .map(|(i, stride)| i * stride)
-            .sum();
-        item.copy_from_slice(&source[offset..offset + itemsize]);
-        for axis in (0..rank).rev() {
-            index[axis] += 1;
-            if index[axis] < out_shape[axis] {
-                break;
+            .map(|&axis| (shape[axis], source_strides[axis]))
+            .collect();
+        if width != itemsize {
+            dims.push((itemsize, 1));
+        }
+        // Merge an axis into the one before it when the pair walks the source contiguously.
+        let mut merged: Vec<(usize, usize)> = Vec::with_capacity(dims.len());
+        for (size, stride) in dims.into_iter().filter(|&(size, _)| size != 1) {
+            match merged.last_mut() {
+                Some(last) if last.1 == stride * size => *last = (last.0 * size, stride),
+                _ => merged.push((size, stride)),
             }
-            index[axis] = 0;
+        }
+        let mut out_stride = 1;
+        let mut all: Vec<Axis> = merged
+            .iter()
+            .rev()
+            .map(|&(size, source_stride)| {
+                let axis = Axis {
+                    size,
+                    source_stride,
+                    out_stride,
+                };
+                out_stride *= size;
+                axis
+            })
+            .collect();
+        all.reverse();
+        let Some(&inner) = all.last() else {
+            return Transpose {
+                width,
+                outer: Vec::new(),
+                kernel: Kernel::Run { len: 1 },
+            };
+        };
+        if inner.source_stride == 1 {
+            all.pop();
+            return Transpose {
+                width,
+                outer: all,
+                kernel: Kernel::Run { len: inner.size },
+            };
+        }
+        // The source's innermost remaining axis has stride 1: it becomes the plane's rows.
+        let row = all
+            .iter()
+            .position(|axis| axis.source_stride == 1)
+            .expect("a C-contiguous source has an axis of stride 1");
+        let rows = all.remove(row);
+        all.pop();
+        Transpose {
+            width,
+            outer: all,
+            kernel: Kernel::Plane {
+                rows: rows.size,
+                out_row_stride: rows.out_stride,
+                columns: inner.size,
+                source_column_stride: inner.source_stride,
+            },
+        }
+    }
+
+    /// Copy `source` (C-contiguous, the planned shape) into `out`, its axes permuted.
+    fn copy(&self, source: &[u8], out: &mut [u8]) {
+        if out.is_empty() {
+            return;
+        }
+        match self.width {
+            1 => self.copy_items::<1>(source, out),
+            2 => self.copy_items::<2>(source, out),
+            4 => self.copy_items::<4>(source, out),
+            _ => self.copy_items::<8>(source, out),
+        }
+    }
+
+    fn copy_items<const W: usize>(&self, source: &[u8], out: &mut [u8]) {
+        let source = grouped::<u8, W>(source);
+        let out = grouped_mut::<u8, W>(out);
+        let mut index = vec![0usize; self.outer.len()];
+        let (mut from, mut to) = (0, 0);
+        loop {
+            match self.kernel {
+                Kernel::Run { len } => {
+                    out[to..to + len].copy_from_slice(&source[from..from + len]);
+                }
+                Kernel::Plane {
+                    rows,
+                    out_row_stride,
+                    columns,
+                    source_column_stride,
+                } => plane(
+                    &source[from..],
+                    &mut out[to..],
+                    rows,
+                    out_row_stride,
+                    columns,
+                    source_column_stride,
+                ),
+            }
+            // The next position of the outer axes, the last one fastest.
+            let mut axis = self.outer.len();
+            loop {
+                if axis == 0 {
+                    return;
+                }
+                axis -= 1;
+                let Axis {
+                    size,
+                    source_stride,
+                    out_stride,
+                } = self.outer[axis];
+                index[axis] += 1;
+                from += source_stride;
+                to += out_stride;
+                if index[axis] < size {
+                    break;
+                }
+                index[axis] = 0;
+                from -= source_stride * size;
+                to -= out_stride * size;
+            }
+        }
+    }
+}
+
+/// `items` read as groups of `N` (a trailing partial group left out): `as_chunks`, which
+/// needs Rust 1.88.
+fn grouped<T, const N: usize>(items: &[T]) -> &[[T; N]] {
+    // SAFETY: `[T; N]` is `N` consecutive `T`s with `T`'s alignment, and the groups lie
+    // within `items`, borrowed for as long.
+    unsafe { std::slice::from_raw_parts(items.as_ptr().cast(), items.len() / N) }
+}
+
+/// `grouped`, mutable.
+fn grouped_mut<T, const N: usize>(items: &mut [T]) -> &mut [[T; N]] {
+    // SAFETY: as in `grouped`; the groups borrow `items` mutably, so nothing else aliases them.
+    unsafe { std::slice::from_raw_parts_mut(items.as_mut_ptr().cast(), items.len() / N) }
+}
+
+/// One plane of a transpose (see `Kernel::Plane`). Packed pixels of 2 to 4 channels (each
+/// column's items adjacent in the source) are split into channel rows; any other plane is
+/// copied in square tiles.
+fn plane<T: Copy>(
+    source: &[T],
+    out: &mut [T],
+    rows: usize,
+    out_row_stride: usize,
+    columns: usize,
+    source_column_stride: usize,
+) {
+    if source_column_stride == rows && (2..=4).contains(&rows) {
+        let rows_out = ChannelRows {
+            channels: rows,
+            stride: out_row_stride,
+            columns,
+        };
+        return split_channels(&source[..rows * columns], out, rows_out);
+    }
+    for first_row in (0..rows).step_by(TILE) {
+        let last_row = (first_row + TILE).min(rows);
+        for first_column in (0..columns).step_by(TILE) {
+            let last_column = (first_column + TILE).min(columns);
+            for row in first_row..last_row {
+                let start = row * out_row_stride;
+                let targets = &mut out[start + first_column..start + last_column];
+                let column_items = source[row + first_column * source_column_stride..]
+                    .iter()
+                    .step_by(source_column_stride);
+                for (target, &item) in targets.iter_mut().zip(column_items) {
+                    *target = item;
+                }
+            }
+        }
+    }
+}
+
+/// Where `split_channels` writes: `channels` rows of `columns` items, `stride` items apart.
+#[derive(Debug, Clone, Copy)]
+struct ChannelRows {
+    channels: usize,
+    stride: usize,
+    columns: usize,
+}
+
+impl ChannelRows {
+    /// The `C` rows, borrowed from the start of `out`.
+    fn of<T, const C: usize>(self, out: &mut [T]) -> [&mut [T]; C] {
+        let mut rest = out;
+        std::array::from_fn(|_| {
+            let taken = std::mem::take(&mut rest);
+            let (row, tail) = taken.split_at_mut(self.stride.min(taken.len()));
+            rest = tail;
+            &mut row[..self.columns]
+        })
+    }
+}
+
+/// Packed pixels (`rows.channels` items each) written as one row per channel: channel `c`
+/// of pixel `p` goes to `out[c * rows.stride + p]`. HWC -> CHW of an image, in one pass.
+fn split_channels<T: Copy>(pixels: &[T], out: &mut [T], rows: ChannelRows) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: this CPU has AVX2, checked just above.
+        return unsafe { split_channels_avx2(pixels, out, rows) };
+    }
+    match rows.channels {
+        2 => split_by_channel::<T, 2>(pixels, out, rows),
+        3 => split_by_channel::<T, 3>(pixels, out, rows),
+        _ => split_by_channel::<T, 4>(pixels, out, rows),
+    }
+}
+
+/// One pass per channel: what compiles well without AVX2 (no vector shuffles to split
+/// pixels with), each pass reading the pixels strided and writing one row.
+fn split_by_channel<T: Copy, const C: usize>(pixels: &[T], out: &mut [T], rows: ChannelRows) {
+    let pixels = grouped::<T, C>(pixels);
+    for (channel, row) in rows.of::<T, C>(out).into_iter().enumerate() {
+        for (target, pixel) in row.iter_mut().zip(pixels) {
+            *target = pixel[channel];
+        }
+    }
+}
+
+/// One pass over the pixels writing every channel's row at once, which the compiler turns
+/// into vector loads and shuffles under AVX2 (an RGB uint8 frame splits about as fast as it
+/// copies: 30x the per-channel passes).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn split_channels_avx2<T: Copy>(pixels: &[T], out: &mut [T], rows: ChannelRows) {
+    match rows.channels {
+        2 => {
+            let pixels = grouped::<T, 2>(pixels);
+            let [a, b] = rows.of::<T, 2>(out);
+            for ((pixel, a), b) in pixels.iter().zip(a).zip(b) {
+                (*a, *b) = (pixel[0], pixel[1]);
+            }
+        }
+        3 => {
+            let pixels = grouped::<T, 3>(pixels);
+            let [a, b, c] = rows.of::<T, 3>(out);
+            for (((pixel, a), b), c) in pixels.iter().zip(a).zip(b).zip(c) {
+                (*a, *b, *c) = (pixel[0], pixel[1], pixel[2]);
+            }
+        }
+        _ => {
+            let pixels = grouped::<T, 4>(pixels);
+            let [a, b, c, d] = rows.of::<T, 4>(out);
+            for ((((pixel, a), b), c), d) in pixels.iter().zip(a).zip(b).zip(c).zip(d) {
+                (*a, *b, *c, *d) = (pixel[0], pixel[1], pixel[2], pixel[3]);
+            }
         }
     }
 }
@@ -599,5 +907,145 @@ impl ObservationAssembler {
         for windows in &mut self.windows {
             windows.clear();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The permuted copy item by item, the obvious way: the reference for the kernels.
+    fn reference(source: &[u8], shape: &[usize], axes: &[usize], itemsize: usize) -> Vec<u8> {
+        let rank = shape.len();
+        let mut strides = vec![itemsize; rank];
+        for axis in (0..rank.saturating_sub(1)).rev() {
+            strides[axis] = strides[axis + 1] * shape[axis + 1];
+        }
+        let out_shape: Vec<usize> = axes.iter().map(|&axis| shape[axis]).collect();
+        let mut out = Vec::with_capacity(source.len());
+        let mut index = vec![0usize; rank];
+        for _ in 0..source.len() / itemsize {
+            let offset: usize = index
+                .iter()
+                .zip(axes)
+                .map(|(i, &axis)| i * strides[axis])
+                .sum();
+            out.extend_from_slice(&source[offset..offset + itemsize]);
+            for axis in (0..rank).rev() {
+                index[axis] += 1;
+                if index[axis] < out_shape[axis] {
+                    break;
+                }
+                index[axis] = 0;
+            }
+        }
+        out
+    }
+
+    fn permutations(rank: usize) -> Vec<Vec<usize>> {
+        if rank == 0 {
+            return vec![Vec::new()];
+        }
+        let mut all = Vec::new();
+        for shorter in permutations(rank - 1) {
+            for position in 0..=shorter.len() {
+                let mut axes = shorter.clone();
+                axes.insert(position, rank - 1);
+                all.push(axes);
+            }
+        }
+        all
+    }
+
+    fn check(shape: &[usize], axes: &[usize], itemsize: usize) {
+        let bytes = shape.iter().product::<usize>() * itemsize;
+        // Distinct-looking bytes, so a misplaced item shows.
+        let source: Vec<u8> = (0..bytes).map(|i| (i * 131 + i / 251) as u8).collect();
+        let mut out = vec![0xAAu8; bytes];
+        Transpose::plan(shape, axes, itemsize).copy(&source, &mut out);
+        assert_eq!(
+            out,
+            reference(&source, shape, axes, itemsize),
+            "shape {shape:?}, axes {axes:?}, itemsize {itemsize}"
+        );
+    }
+
+    #[test]
+    fn every_permutation_of_small_shapes_matches_the_item_by_item_copy() {
+        let shapes: [&[usize]; 9] = [
+            &[],
+            &[5],
+            &[1, 1],
+            &[3, 1, 2],
+            &[2, 3, 4],
+            &[1, 5, 3],
+            &[4, 3, 2, 3],
+            &[2, 1, 3, 1],
+            &[0, 3, 2],
+        ];
+        for shape in shapes {
+            for axes in permutations(shape.len()) {
+                for itemsize in [1, 2, 3, 4, 8, 16] {
+                    check(shape, &axes, itemsize);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn images_whose_sides_are_not_a_multiple_of_the_tile_match_the_item_by_item_copy() {
+        for (height, width) in [(37, 53), (TILE + 1, 2 * TILE - 1), (210, 160), (1, 97)] {
+            for channels in 1..=6 {
+                let shape = [height, width, channels];
+                for itemsize in [1, 4, 8] {
+                    check(&shape, &[2, 0, 1], itemsize); // HWC -> CHW
+                    check(&shape, &[1, 2, 0], itemsize); // CHW -> HWC, read as [H, W, C]
+                    check(&shape, &[1, 0, 2], itemsize); // height and width swapped
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_portable_channel_split_matches_the_one_this_cpu_runs() {
+        // `split_channels` takes the AVX2 path where the CPU has it; the fallback is checked
+        // here directly so that both are.
+        let pixels: Vec<u8> = (0..4 * 101).map(|i| (i * 7) as u8).collect();
+        for channels in 2..=4 {
+            let rows = ChannelRows {
+                channels,
+                stride: 103,
+                columns: 101,
+            };
+            let pixels = &pixels[..channels * 101];
+            let (mut fast, mut portable) = (vec![0u8; 4 * 103], vec![0u8; 4 * 103]);
+            split_channels(pixels, &mut fast, rows);
+            match channels {
+                2 => split_by_channel::<u8, 2>(pixels, &mut portable, rows),
+                3 => split_by_channel::<u8, 3>(pixels, &mut portable, rows),
+                _ => split_by_channel::<u8, 4>(pixels, &mut portable, rows),
+            }
+            assert_eq!(fast, portable, "{channels} channels");
+            assert_eq!(fast[103], pixels[1], "channel 1 of pixel 0 starts row 1");
+        }
+    }
+
+    #[test]
+    fn hwc_to_chw_is_one_plane_of_packed_pixels() {
+        let planned = Transpose::plan(&[210, 160, 3], &[2, 0, 1], 1);
+        assert!(planned.outer.is_empty());
+        assert_eq!(
+            planned.kernel,
+            Kernel::Plane {
+                rows: 3,
+                out_row_stride: 210 * 160,
+                columns: 210 * 160,
+                source_column_stride: 3,
+            }
+        );
+        // Without a permutation left, it is one run: a plain copy.
+        let identity = Transpose::plan(&[4, 1, 6], &[1, 0, 2], 4);
+        assert_eq!(identity.kernel, Kernel::Run { len: 24 });
+        assert!(identity.outer.is_empty());
     }
 }

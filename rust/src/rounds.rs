@@ -157,6 +157,31 @@ fn env_failure(
     Ok(failure)
 }
 
+/// How an error names a lane's episode at a step: `lane 2 (episode index 7, step 12)`, or
+/// `lane 2 (surplus episode, step 12)` for an episode that is never scored (index -1). `step`
+/// is the steps the episode took before the action in question (0: its first action).
+fn lane_text(lane: i64, index: i64, step: i64) -> String {
+    if index < 0 {
+        return format!("lane {lane} (surplus episode, step {step})");
+    }
+    format!("lane {lane} (episode index {index}, step {step})")
+}
+
+/// How the applier names row `k` of an output for `lanes` with `kept` rows per lane (its next
+/// `kept` actions): the lane, its episode's index and the step of that row's action. Called
+/// only on the way to an error.
+fn row_text<'a>(
+    ledger: &'a RouteLedger,
+    lanes: &'a [i64],
+    kept: usize,
+) -> impl Fn(usize) -> String + 'a {
+    move |row| {
+        let lane = lanes[row / kept];
+        let step = ledger.lane_steps(lane as usize) + (row % kept) as i64;
+        lane_text(lane, ledger.lane_index(lane as usize), step)
+    }
+}
+
 /// The run's model as `run_rounds` calls it: `rlmesh.model.ModelHandler`'s `predict_now`,
 /// `lane_corner`, `combine` and `failure`, looked up once per call of `run_rounds`.
 struct ModelCalls<'py> {
@@ -750,8 +775,10 @@ impl RoundRunner {
         self.mark(&predict_lanes, false);
         self.predict_lanes = predict_lanes;
         let applier = &self.applier;
+        let ledger = &self.ledger;
         let Some(queues) = &mut self.queues else {
-            return applier.apply(py, output, &self.running);
+            let lane_text = row_text(ledger, &self.running, 1);
+            return applier.apply(py, output, &self.running, &lane_text);
         };
         let predict_lanes = &self.predict_lanes;
         if !predict_lanes.is_empty() {
@@ -773,7 +800,8 @@ impl RoundRunner {
                 .iter()
                 .flat_map(|&lane| std::iter::repeat_n(lane, kept))
                 .collect();
-            let applied = applier.apply(py, &flat, &repeated)?;
+            let lane_text = row_text(ledger, predict_lanes, kept);
+            let applied = applier.apply(py, &flat, &repeated, &lane_text)?;
             let chunks = map_leaves(&applied, &|leaf| reshaped(leaf, &[count, kept], leaf, 1))?;
             let ids = self.ledger.episode_ids_of(predict_lanes);
             queues.push_lanes(py, predict_lanes, &ids, &chunks)?;

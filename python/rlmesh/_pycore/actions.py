@@ -8,9 +8,11 @@ The input is ``Plan.action`` (see ``rlmesh.adapters.ActionLeafPlan``): one leaf 
 action space, a Dict walked in order. For ``K`` rows of model output, one per lane, each leaf
 is checked and converted:
 
-- the leaf's array must hold numbers (bool, int, uint or float), ``K`` rows, and per row as
-  many values as one action of the leaf (``[K, 7]`` and ``[K, 1, 7]`` both fit ``Box[7]``; a
-  Discrete takes ``[K]`` or ``[K, 1]``); the values are read as float64;
+- the leaf's array must hold numbers (bool, int, uint or float), ``K`` rows, and per row one
+  action of the leaf's shape: ``[K, 7]`` fits ``Box[7]``, ``[K, 1, 7]`` and ``[K, 7, 1]`` do
+  not (Gymnasium refuses such an action too; nothing is reshaped). A leaf of one value
+  (``Box[1]``, ``Discrete``, ...) takes a scalar or a one-element vector per row: ``[K]`` or
+  ``[K, 1]``. The values are read as float64;
 - ``box``: every value finite; then ``rescale (lo, hi)`` maps it linearly onto
   ``[low, high]`` (``low + (x - lo) * (high - low) / (hi - lo)``, in float64), ``clip`` clips
   it to the bounds, and it is cast to the space's dtype. Nothing else is clipped: out of the
@@ -23,7 +25,9 @@ is checked and converted:
 
 The first bad value in lane order, then element order (row-major within one action), is
 reported with the first rule it breaks, as a ``ModelOutputError`` naming the lane, the element,
-the value and what the space expects.
+the value and what the space expects. A row of the wrong shape is reported for the first lane
+(every row of a batch has the same shape). The round runner names each lane's episode and step
+as well (``_apply``'s ``lane_text``).
 """
 
 from __future__ import annotations
@@ -47,6 +51,9 @@ KIND_NAMES = {
 # The numpy dtype kinds a model's action may hold ("b" bool, "i" int, "u" uint, "f" float).
 NUMERIC_KINDS = "biuf"
 INTEGRAL_KINDS = "biu"
+# How a message names the lane of row k of the model's output: "lane 3", or from the round
+# runner "lane 3 (episode index 7, step 12)".
+LaneText = Callable[[int], str]
 
 
 def _key_text(key: object) -> str:
@@ -60,6 +67,14 @@ def _shape_text(shape: Sequence[int]) -> str:
 
 def _count_text(count: int, noun: str) -> str:
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def _row_shape_fits(row_shape: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    """Whether one row of the model's output is one action of ``shape``: the same shape, or
+    for a leaf of one value, a scalar or a one-element vector either way."""
+    if row_shape == shape:
+        return True
+    return len(shape) <= 1 and len(row_shape) <= 1 and math.prod(shape) == math.prod(row_shape) == 1
 
 
 def _index_text(element: int, shape: tuple[int, ...]) -> str:
@@ -187,9 +202,10 @@ class ActionApplier:
         """The model's action for ``K`` lanes, checked and converted into the action space.
 
         Args:
-            batched_model_output: for a non-Dict action space, an array-like ``[K, ...]``; for
-                a Dict action space, a dict with the space's keys (nested like the space), each
-                leaf an array-like ``[K, ...]``.
+            batched_model_output: for a non-Dict action space, an array-like ``[K, *shape]``;
+                for a Dict action space, a dict with the space's keys (nested like the space),
+                each leaf an array-like ``[K, *shape]`` (``[K]`` or ``[K, 1]`` for a leaf of one
+                value).
             lanes: ``[K]`` int, the lanes the rows belong to, in row order.
 
         Returns:
@@ -198,15 +214,28 @@ class ActionApplier:
 
         Raises:
             ModelOutputError: a missing or unexpected key, an array that does not hold numbers,
-                a row count that is not ``K``, a row of the wrong size, or a bad value.
+                a row count that is not ``K``, a row that is not one action of the leaf's
+                shape, or a bad value.
             ValueError: ``lanes`` is not a 1-D array of integers.
         """
         lane_list = vector(lanes, "int64", "lanes").tolist()
-        return self._apply_node(self._tree, (), batched_model_output, lane_list)
+        return self._apply(batched_model_output, lane_list, lambda row: f"lane {lane_list[row]}")
 
-    def _apply_node(self, node: int | dict, path: tuple[str, ...], output: Any, lanes: list) -> Any:
+    def _apply(self, batched_model_output: Any, lanes: list[int], lane_text: LaneText) -> Any:
+        """``apply_actions`` with the lanes read; messages name row ``k``'s lane as
+        ``lane_text(k)`` (the round runner adds the episode and step)."""
+        return self._apply_node(self._tree, (), batched_model_output, lanes, lane_text)
+
+    def _apply_node(
+        self,
+        node: int | dict,
+        path: tuple[str, ...],
+        output: Any,
+        lanes: list,
+        lane_text: LaneText,
+    ) -> Any:
         if isinstance(node, int):
-            return self._apply_leaf(self._leaves[node], output, lanes)
+            return self._apply_leaf(self._leaves[node], output, len(lanes), lane_text)
         where = path_text("action", path)
         keys_text = json.dumps(list(node))
         if not isinstance(output, Mapping):
@@ -224,12 +253,11 @@ class ActionApplier:
                     f"{where}: unexpected key {_key_text(key)}; expected keys {keys_text}"
                 )
         return {
-            key: self._apply_node(child, (*path, key), output[key], lanes)
+            key: self._apply_node(child, (*path, key), output[key], lanes, lane_text)
             for key, child in node.items()
         }
 
-    def _apply_leaf(self, leaf: _Leaf, output: Any, lanes: list) -> np.ndarray:
-        count = len(lanes)
+    def _apply_leaf(self, leaf: _Leaf, output: Any, count: int, lane_text: LaneText) -> np.ndarray:
         try:
             array = np.asarray(output)
         except (TypeError, ValueError) as exc:
@@ -247,12 +275,13 @@ class ActionApplier:
                 f"{leaf.where}: expected {_count_text(count, 'row')} (one per lane) of "
                 f"{leaf.label}, got shape {_shape_text(array.shape)}"
             )
-        row_size = math.prod(array.shape[1:])
-        if count and row_size != leaf.size:
+        if count and not _row_shape_fits(array.shape[1:], leaf.shape):
+            expected = _shape_text(leaf.shape)
+            if leaf.size == 1 and len(leaf.shape) <= 1:
+                expected = "[] or [1]"
             raise ModelOutputError(
-                f"lane {lanes[0]}: {leaf.where}: expected "
-                f"{_count_text(leaf.size, 'value')} per row for {leaf.label}, got {row_size} "
-                f"(row shape {_shape_text(array.shape[1:])})"
+                f"{lane_text(0)}: {leaf.where}: expected shape {expected} per lane for "
+                f"{leaf.label}, got {_shape_text(array.shape[1:])}"
             )
         values = np.ascontiguousarray(array, dtype=np.float64).reshape(count, leaf.size)
         integral_input = array.dtype.kind in INTEGRAL_KINDS
@@ -260,7 +289,7 @@ class ActionApplier:
         # and a finite value rescaled past float64 (or cast past float32) becomes inf in both
         # cores without a word.
         with np.errstate(all="ignore"):
-            result = _CONVERT[leaf.kind](leaf, values, lanes, integral_input)
+            result = _CONVERT[leaf.kind](leaf, values, lane_text, integral_input)
             return result.astype(leaf.dtype).reshape(count, *leaf.shape)
 
 
@@ -272,7 +301,7 @@ class ActionApplier:
 Explain = Callable[[int, int], tuple[str, str]]  # (row, element) -> (value shown, expected)
 
 
-def _raise_first(leaf: _Leaf, lanes: list, rules: list[tuple[np.ndarray, Explain]]) -> None:
+def _raise_first(leaf: _Leaf, lane_text: LaneText, rules: list[tuple[np.ndarray, Explain]]) -> None:
     bad = np.logical_or.reduce([mask for mask, _ in rules])
     if not bad.any():
         return
@@ -280,12 +309,14 @@ def _raise_first(leaf: _Leaf, lanes: list, rules: list[tuple[np.ndarray, Explain
     explain = next(explain for mask, explain in rules if mask[row, element])
     shown, expected = explain(row, element)
     raise ModelOutputError(
-        f"lane {lanes[row]}: {leaf.where}{_index_text(element, leaf.shape)} is {shown}; "
+        f"{lane_text(row)}: {leaf.where}{_index_text(element, leaf.shape)} is {shown}; "
         f"expected {expected} for {leaf.label}"
     )
 
 
-def _convert_box(leaf: _Leaf, x: np.ndarray, lanes: list, integral_input: bool) -> np.ndarray:
+def _convert_box(
+    leaf: _Leaf, x: np.ndarray, lane_text: LaneText, integral_input: bool
+) -> np.ndarray:
     def given(row: int, element: int) -> str:
         return _value_text(x[row, element], integral_input)
 
@@ -316,7 +347,7 @@ def _convert_box(leaf: _Leaf, x: np.ndarray, lanes: list, integral_input: bool) 
                 lambda r, e: (rescaled(r, e), held),
             ),
         ]
-    _raise_first(leaf, lanes, rules)
+    _raise_first(leaf, lane_text, rules)
     return y
 
 
@@ -325,34 +356,36 @@ def _integers_in(x: np.ndarray, lowest: Any, stop: Any) -> np.ndarray:
     return (x == np.floor(x)) & (x >= lowest) & (x < stop)
 
 
-def _convert_discrete(leaf: _Leaf, x: np.ndarray, lanes: list, integral_input: bool) -> np.ndarray:
+def _convert_discrete(
+    leaf: _Leaf, x: np.ndarray, lane_text: LaneText, integral_input: bool
+) -> np.ndarray:
     stop = leaf.start + leaf.n
     expected = f"an integer in {leaf.start}..{stop - 1}"
     ok = _integers_in(x, float(leaf.start), float(stop))
     _raise_first(
-        leaf, lanes, [(~ok, lambda r, e: (_value_text(x[r, e], integral_input), expected))]
+        leaf, lane_text, [(~ok, lambda r, e: (_value_text(x[r, e], integral_input), expected))]
     )
     return x
 
 
 def _convert_multi_discrete(
-    leaf: _Leaf, x: np.ndarray, lanes: list, integral_input: bool
+    leaf: _Leaf, x: np.ndarray, lane_text: LaneText, integral_input: bool
 ) -> np.ndarray:
     def explain(row: int, element: int) -> tuple[str, str]:
         lowest, stop = int(leaf.lowest[element]), int(leaf.stop[element])
         return _value_text(x[row, element], integral_input), f"an integer in {lowest}..{stop - 1}"
 
     ok = _integers_in(x, leaf.lowest.astype(np.float64), leaf.stop.astype(np.float64))
-    _raise_first(leaf, lanes, [(~ok, explain)])
+    _raise_first(leaf, lane_text, [(~ok, explain)])
     return x
 
 
 def _convert_multi_binary(
-    leaf: _Leaf, x: np.ndarray, lanes: list, integral_input: bool
+    leaf: _Leaf, x: np.ndarray, lane_text: LaneText, integral_input: bool
 ) -> np.ndarray:
     ok = (x == 0) | (x == 1)
     _raise_first(
-        leaf, lanes, [(~ok, lambda r, e: (_value_text(x[r, e], integral_input), "0 or 1"))]
+        leaf, lane_text, [(~ok, lambda r, e: (_value_text(x[r, e], integral_input), "0 or 1"))]
     )
     return x
 

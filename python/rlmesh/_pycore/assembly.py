@@ -67,6 +67,13 @@ class ObservationAssembler:
                 raise ValueError(
                     f"{leaf.leaf}: scale and offset need a float dtype, got {leaf.dtype}"
                 )
+            if leaf.kind == ARRAY and leaf.transpose is not None:
+                for shape in leaf.source_shapes:
+                    if sorted(leaf.transpose) != list(range(len(shape))):
+                        raise ValueError(
+                            f"{leaf.leaf}: transpose {tuple(leaf.transpose)} is not a "
+                            f"permutation of the source's {len(shape)} axes"
+                        )
         # Per leaf: episode id -> the last `stack` frames, oldest first (stacked leaves only).
         self._windows: list[dict[int, deque[np.ndarray]]] = [{} for _ in self._leaves]
 

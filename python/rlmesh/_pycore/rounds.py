@@ -82,6 +82,16 @@ def record_shared(stats: Any, ns: int, count: int) -> None:
     stats.record_many(np.array([share + 1] * remainder + [share] * (count - remainder), np.int64))
 
 
+def lane_text(lane: int, index: int, step: int) -> str:
+    """How an error names a lane's episode at a step: ``lane 2 (episode index 7, step 12)``, or
+    ``lane 2 (surplus episode, step 12)`` for an episode that is never scored (index -1).
+    ``step`` is the steps the episode took before the action in question (0: its first action).
+    """
+    if index < 0:
+        return f"lane {lane} (surplus episode, step {step})"
+    return f"lane {lane} (episode index {index}, step {step})"
+
+
 def _first_actions(leaf: Any, kept: int) -> np.ndarray:
     """Each lane's first ``kept`` actions of a chunk leaf ``[K, H, ...]``: ``[K * kept, ...]``."""
     leaf = np.asarray(leaf)
@@ -307,6 +317,19 @@ class RoundRunner:
             np.array([ledger._steps[lane] for lane in checked], dtype=np.int64),
         )
 
+    def _row_text(self, lanes: list[int], kept: int) -> Callable[[int], str]:
+        """How the applier names row ``k`` of an output for ``lanes`` with ``kept`` rows per lane
+        (its next ``kept`` actions): the lane, its episode's index and the step of that row's
+        action; called only on the way to an error."""
+
+        ledger = self._ledger
+
+        def text(row: int) -> str:
+            lane = lanes[row // kept]
+            return lane_text(lane, ledger._index[lane], ledger._steps[lane] + row % kept)
+
+        return text
+
     def _checked(self, lanes: Any) -> list[int]:
         checked = vector(lanes, "int64", "lanes").tolist()
         num_lanes = len(self._observations)
@@ -373,12 +396,13 @@ class RoundRunner:
         self._predict_ns = [predict_ns if lane in predicted else 0 for lane in running]
         running_array = np.array(running, dtype=np.int64)
         if queues is None:
-            return self._applier.apply_actions(output, running_array)
+            return self._applier._apply(output, running, self._row_text(running, 1))
         if predict_lanes:
             count = len(predict_lanes)
             kept = min(split_chunk(output, count), queues.execution_horizon)
             flat = map_leaves(output, lambda leaf: _first_actions(leaf, kept))
-            applied = self._applier.apply_actions(flat, np.repeat(predict_array, kept))
+            repeated = np.repeat(predict_array, kept).tolist()
+            applied = self._applier._apply(flat, repeated, self._row_text(predict_lanes, kept))
             chunks = map_leaves(applied, lambda leaf: leaf.reshape(count, kept, *leaf.shape[1:]))
             queues.push(predict_array, ledger.episode_ids(predict_array), chunks)
         return queues.pop(running_array, ledger.episode_ids(running_array))
