@@ -16,9 +16,6 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from rlmesh.errors import EnvError, RlmeshError
 from rlmesh.lanes import Lanes, LaneVector, VectorLanes, make_lanes
 
-# Autoresetting vectors warn that their restarts are unseeded; one test below checks it.
-pytestmark = pytest.mark.filterwarnings("ignore:.*restarts ended lanes itself:UserWarning")
-
 
 class RecordingEnv(gym.Env):
     """Ends after ``length`` steps; records every reset's seed and options and every action.

@@ -571,8 +571,9 @@ class EvaluationRun:
         if self.hooks.wants_steps:
             lane_predict_ns = np.where(np.isin(running, predict_lanes), predict_ns, 0)
             await self._step_events(running, batch, actions, truncated, lane_predict_ns, step_ns)
-        position_of = {lane: k for k, lane in enumerate(running.tolist())}
-        await self._finish(ended, [batch.infos[position_of[lane]] for lane in ended.tolist()])
+        if len(ended):  # their rows in the batch: the running lanes are ascending
+            rows = np.searchsorted(running, ended).tolist()
+            await self._finish(ended, [batch.infos[row] for row in rows])
         await self._next_episodes(ended)
         telemetry.record("driver.round", time.perf_counter_ns() - round_start)
         telemetry.count_steps(1, len(batch.stepped))
