@@ -28,6 +28,7 @@ DOCUMENTED_MODULES = (
     "rlmesh.lanes.local",
     "rlmesh.utils",
     "rlmesh.deadlines",
+    "rlmesh.settings",
     "rlmesh.stats",
     "rlmesh.cli",
 )

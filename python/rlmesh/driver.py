@@ -30,7 +30,7 @@ import asyncio
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import gymnasium as gym
@@ -44,98 +44,14 @@ from .hooks import HookDispatcher, StepEvent
 from .lanes import Lanes, StepBatch, make_lanes
 from .model import ModelHandler
 from .results import EpisodeResult, ResultsFile, RunResult
+from .settings import RunSettings, check_settings
 from .success import SuccessRule, rule_for
 from .telemetry import Telemetry
-from .utils import env_label, map_leaves, positive_int, positive_seconds
+from .utils import env_label, map_leaves
 
-TIMEOUT_OPS = ("reset", "step", "predict")
 YIELD_EVERY_NS = 50_000_000
 # The ops whose latencies the core's run_rounds records, in the order it takes their stats.
 ROUND_OPS = ("model.predict", "env.step", "driver.round")
-
-
-@dataclass(frozen=True)
-class RunSettings:
-    """The checked arguments of one run."""
-
-    seeds: list[int] | None
-    episodes: int
-    base_seed: int
-    num_envs: int | None
-    execution_horizon: int
-    max_episode_steps: int | None
-    max_episode_seconds: float | None
-    trial_index_base: int
-    telemetry_window: float
-    timeouts: dict[str, float]
-    close_env: bool
-    indices: list[int] | None = None
-
-
-def check_settings(
-    *,
-    seeds: Sequence[int] | None,
-    episodes: int | None,
-    seed: int | None,
-    num_envs: int | None,
-    execution_horizon: int,
-    max_episode_steps: int | None,
-    max_episode_seconds: float | None,
-    trial_index_base: int,
-    telemetry_window: float,
-    timeouts: dict[str, float] | None,
-    close_env: bool,
-    indices: Sequence[int] | None = None,
-) -> RunSettings:
-    """The run's arguments checked, with the defaults DESIGN.md gives; ValueError otherwise.
-
-    The one check of ``run``'s arguments: everything below it (the model handler, the lanes,
-    the core) takes them as checked.
-    """
-    if seeds is not None:
-        seeds = list(seeds)
-        if not seeds and episodes is None:
-            raise ValueError("seeds is empty: give at least one seed, or episodes=")
-    if episodes is None:
-        episodes = len(seeds) if seeds is not None else 1
-    unknown = sorted(set(timeouts or {}) - set(TIMEOUT_OPS))
-    if unknown:
-        raise ValueError(f"timeouts has unknown operations {unknown}; expected {list(TIMEOUT_OPS)}")
-    if isinstance(trial_index_base, bool) or not isinstance(trial_index_base, int):
-        raise ValueError(
-            f"trial_index_base must be a non-negative integer, got {trial_index_base!r}"
-        )
-    if trial_index_base < 0:
-        raise ValueError(f"trial_index_base must be a non-negative integer, got {trial_index_base}")
-    if seed is not None and (
-        isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**64
-    ):
-        raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
-    return RunSettings(
-        seeds=seeds,
-        episodes=positive_int("episodes", episodes),
-        base_seed=0 if seed is None else int(seed),
-        num_envs=None if num_envs is None else positive_int("num_envs", num_envs),
-        execution_horizon=positive_int("execution_horizon", execution_horizon),
-        max_episode_steps=(
-            None
-            if max_episode_steps is None
-            else positive_int("max_episode_steps", max_episode_steps)
-        ),
-        max_episode_seconds=(
-            None
-            if max_episode_seconds is None
-            else positive_seconds("max_episode_seconds", max_episode_seconds)
-        ),
-        trial_index_base=trial_index_base,
-        telemetry_window=positive_seconds("telemetry_window", telemetry_window),
-        timeouts={
-            op: positive_seconds(f"timeouts[{op!r}]", limit)
-            for op, limit in (timeouts or {}).items()
-        },
-        close_env=bool(close_env),
-        indices=None if indices is None else list(indices),
-    )
 
 
 def run(model: Any, env: Any, **kwargs: Any) -> RunResult:

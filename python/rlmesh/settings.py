@@ -1,0 +1,108 @@
+"""A run's arguments, checked once: ``check_settings`` is the only validator of ``run``'s
+arguments, and everything below it (the model handler, the lanes, the core) takes them as
+given.
+
+Example:
+    >>> settings = check_settings(
+    ...     seeds=None, episodes=4, seed=None, num_envs=2, execution_horizon=1,
+    ...     max_episode_steps=None, max_episode_seconds=None, trial_index_base=0,
+    ...     telemetry_window=1.0, timeouts={"step": 2}, close_env=False)
+    >>> settings.base_seed, settings.timeouts
+    (0, {'step': 2.0})
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .utils import positive_int, positive_seconds
+
+TIMEOUT_OPS = ("reset", "step", "predict")
+"""The operations ``timeouts=`` may limit."""
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """The checked arguments of one run."""
+
+    seeds: list[int] | None
+    episodes: int
+    base_seed: int
+    num_envs: int | None
+    execution_horizon: int
+    max_episode_steps: int | None
+    max_episode_seconds: float | None
+    trial_index_base: int
+    telemetry_window: float
+    timeouts: dict[str, float]
+    close_env: bool
+    indices: list[int] | None = None
+
+
+def check_settings(
+    *,
+    seeds: Sequence[int] | None,
+    episodes: int | None,
+    seed: int | None,
+    num_envs: int | None,
+    execution_horizon: int,
+    max_episode_steps: int | None,
+    max_episode_seconds: float | None,
+    trial_index_base: int,
+    telemetry_window: float,
+    timeouts: dict[str, float] | None,
+    close_env: bool,
+    indices: Sequence[int] | None = None,
+) -> RunSettings:
+    """The run's arguments checked, with the defaults DESIGN.md gives; ValueError otherwise.
+
+    The one check of ``run``'s arguments: everything below it (the model handler, the lanes,
+    the core) takes them as checked.
+    """
+    if seeds is not None:
+        seeds = list(seeds)
+        if not seeds and episodes is None:
+            raise ValueError("seeds is empty: give at least one seed, or episodes=")
+    if episodes is None:
+        episodes = len(seeds) if seeds is not None else 1
+    unknown = sorted(set(timeouts or {}) - set(TIMEOUT_OPS))
+    if unknown:
+        raise ValueError(f"timeouts has unknown operations {unknown}; expected {list(TIMEOUT_OPS)}")
+    if isinstance(trial_index_base, bool) or not isinstance(trial_index_base, int):
+        raise ValueError(
+            f"trial_index_base must be a non-negative integer, got {trial_index_base!r}"
+        )
+    if trial_index_base < 0:
+        raise ValueError(f"trial_index_base must be a non-negative integer, got {trial_index_base}")
+    if seed is not None and (
+        isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**64
+    ):
+        raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
+    return RunSettings(
+        seeds=seeds,
+        episodes=positive_int("episodes", episodes),
+        base_seed=0 if seed is None else int(seed),
+        num_envs=None if num_envs is None else positive_int("num_envs", num_envs),
+        execution_horizon=positive_int("execution_horizon", execution_horizon),
+        max_episode_steps=(
+            None
+            if max_episode_steps is None
+            else positive_int("max_episode_steps", max_episode_steps)
+        ),
+        max_episode_seconds=(
+            None
+            if max_episode_seconds is None
+            else positive_seconds("max_episode_seconds", max_episode_seconds)
+        ),
+        trial_index_base=trial_index_base,
+        telemetry_window=positive_seconds("telemetry_window", telemetry_window),
+        timeouts={
+            op: positive_seconds(f"timeouts[{op!r}]", limit)
+            for op, limit in (timeouts or {}).items()
+        },
+        close_env=bool(close_env),
+        indices=None if indices is None else list(indices),
+    )
