@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -56,7 +56,7 @@ from .errors import (
     StatefulModelError,
     call_failure,
 )
-from .utils import path_text
+from .utils import leaves, map_leaves, path_text
 
 if TYPE_CHECKING:
     from .adapters import ModelSpec
@@ -500,18 +500,18 @@ class ModelHandler:
             outputs = [_arrays(output) for output in outputs]
             shortest = min(self._horizon(output, lane) for lane, output in enumerate(outputs))
             output = self._stacked(
-                [_tree_map(lambda leaf: leaf[:shortest], out) for out in outputs]
+                [map_leaves(out, lambda leaf: leaf[:shortest]) for out in outputs]
             )
         else:
             output = _stacked_numbers(outputs)
             if output is None:
                 output = self._stacked([_arrays(output) for output in outputs])
         if self._first_action_only:
-            output = _tree_map(self._first_of_chunk, output)
+            output = map_leaves(output, self._first_of_chunk)
         return output
 
     def _check_rows(self, output: Any, num_lanes: int) -> None:
-        for path, leaf in _leaves(output):
+        for path, leaf in leaves(output):
             rows = leaf.shape[0] if leaf.ndim else 0
             if rows != num_lanes:
                 raise ModelOutputError(
@@ -522,7 +522,7 @@ class ModelHandler:
 
     def _horizon(self, chunk: Any, lane: int) -> int:
         """H of one lane's chunk: the length of its first leaf (the cores check the rest)."""
-        path, leaf = next(_leaves(chunk))
+        path, leaf = next(leaves(chunk))
         if leaf.ndim == 0:
             raise ModelOutputError(
                 f"{self.corner} returned {path_text('output', path)} of shape () for lane "
@@ -532,7 +532,7 @@ class ModelHandler:
 
     def _stacked(self, outputs: list[Any]) -> Any:
         try:
-            return _tree_map(lambda *leaves: np.stack(leaves), *outputs)
+            return map_leaves(outputs[0], lambda *rows: np.stack(rows), *outputs[1:])
         except (ValueError, KeyError) as err:
             raise ModelOutputError(
                 f"{self.corner} returned outputs that cannot be stacked across lanes: every lane's "
@@ -753,36 +753,19 @@ async def _resolved(value: Any) -> Any:
     return value
 
 
-def _tree_map(fn: Callable[..., Any], *trees: Any) -> Any:
-    """``fn`` applied leaf by leaf across trees of the same structure (dicts nest)."""
-    first = trees[0]
-    if isinstance(first, dict):
-        return {key: _tree_map(fn, *(tree[key] for tree in trees)) for key in first}
-    return fn(*trees)
-
-
-def _leaves(tree: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
-    """``(path, leaf)`` for every leaf of a tree, in dict order."""
-    if isinstance(tree, dict):
-        for key, value in tree.items():
-            yield from _leaves(value, (*path, str(key)))
-    else:
-        yield path, tree
-
-
 def _arrays(output: Any) -> Any:
-    return _tree_map(np.asarray, output)
+    return map_leaves(output, np.asarray)
 
 
 def _lane(payload: Any, lane: int) -> Any:
     """One lane's input from a fused payload: every array and text list indexed at ``lane``."""
-    return _tree_map(lambda leaf: leaf[lane], payload)
+    return map_leaves(payload, lambda leaf: leaf[lane])
 
 
 def _numbers(output: Any) -> np.ndarray:
     """Every element of an output as one float vector, for the probe to compare."""
     parts = []
-    for path, leaf in _leaves(output):
+    for path, leaf in leaves(output):
         if leaf.dtype.kind not in "biuf":
             raise ModelOutputError(
                 f"{path_text('output', path)} has dtype {leaf.dtype}: expected booleans, "
