@@ -19,22 +19,25 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import rlmesh
+from gymnasium.envs.registration import EnvSpec
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from helpers import CORES, cartpole_policy, comparable
 from rlmesh.errors import OperationTimeout
-from rlmesh.lanes import Lanes, StepBatch
+from rlmesh.lanes import Lanes, StepBatch, make_lanes
 from rlmesh.utils import lane_actions
 
 
 class ListLanes:
     """A kind of lanes the package does not have: plain envs in a list, stepped one by one,
-    with no fast path for the core. Implements ``rlmesh.lanes.Lanes`` and nothing more."""
+    with no fast path for the core. Implements ``rlmesh.lanes.Lanes`` and nothing more; its
+    env spec is unknown unless one is given."""
 
     lockstep = False
     resets_itself = False
     env_steps = None
 
-    def __init__(self, env_id: str, num_lanes: int) -> None:
+    def __init__(self, env_id: str, num_lanes: int, spec: EnvSpec | None = None) -> None:
+        self.spec = spec
         self.envs = [gym.make(env_id) for _ in range(num_lanes)]
         self.num_lanes = num_lanes
         self.name = env_id
@@ -84,6 +87,79 @@ def test_a_new_kind_of_lanes_runs_through_the_driver_unchanged(core, num_lanes):
     assert lanes.steps_taken == sum(episode.steps for episode in result.episodes)
     with pytest.raises(ValueError, match="Lanes of 3 lanes, but num_envs=2"):
         rlmesh.run(cartpole_policy, ListLanes("CartPole-v1", 3), episodes=1, num_envs=2)
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_lanes_without_a_spec_have_no_success_rate_unless_a_rule_is_given(core):
+    lanes = ListLanes("CartPole-v1", 2)
+    assert isinstance(lanes, Lanes)
+    result = rlmesh.run(cartpole_policy, lanes, episodes=3, core=core)
+    assert result.summary()["success_rule"] == "not available"
+    assert [episode.success for episode in result.episodes] == [None] * 3
+    assert result.success_rate is None
+    given = rlmesh.run(
+        cartpole_policy, ListLanes("CartPole-v1", 2), episodes=3, core=core, success=475.0
+    )
+    assert [episode.success for episode in given.episodes] == [
+        episode.reward >= 475.0 for episode in given.episodes
+    ]
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_a_new_kind_of_lanes_with_a_spec_gets_the_specs_success_threshold(core):
+    spec = gym.spec("CartPole-v1")
+    result = rlmesh.run(cartpole_policy, ListLanes("CartPole-v1", 2, spec), episodes=3, core=core)
+    assert result.summary()["success_rule"] == (
+        f"reward >= {spec.reward_threshold!r} (env spec reward_threshold)"
+    )
+    assert [episode.success for episode in result.episodes] == [
+        episode.reward >= spec.reward_threshold for episode in result.episodes
+    ]
+
+
+class Unregistered(gym.Env):
+    """An env built by its class, not by ``gymnasium.make``: it has no spec."""
+
+    observation_space = gym.spaces.Box(0, 1, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+
+@pytest.mark.parametrize(
+    ("make", "spec_id"),
+    [
+        pytest.param(lambda: "CartPole-v1", "CartPole-v1", id="id"),
+        pytest.param(lambda: lambda: gym.make("Pendulum-v1"), "Pendulum-v1", id="factory"),
+        pytest.param(lambda: gym.make("Acrobot-v1"), "Acrobot-v1", id="instance"),
+        pytest.param(lambda: Unregistered(), None, id="unregistered"),
+        pytest.param(
+            lambda: SyncVectorEnv(
+                [lambda: gym.make("CartPole-v1")] * 2, autoreset_mode=AutoresetMode.DISABLED
+            ),
+            "CartPole-v1",
+            id="vector of env functions",
+        ),
+        pytest.param(
+            lambda: gym.make_vec(
+                "MountainCar-v0",
+                num_envs=2,
+                vector_kwargs={"autoreset_mode": AutoresetMode.DISABLED},
+            ),
+            "MountainCar-v0",
+            id="make_vec",
+        ),
+    ],
+)
+def test_every_kind_of_lanes_says_its_env_spec(make, spec_id):
+    lanes = make_lanes(make())
+    try:
+        if spec_id is None:
+            assert lanes.spec is None
+        else:
+            assert isinstance(lanes.spec, EnvSpec)
+            assert lanes.spec.id == spec_id
+            assert lanes.spec.reward_threshold == gym.spec(spec_id).reward_threshold
+    finally:
+        lanes.close()
 
 
 class SlowResetEnv(gym.Env):

@@ -38,10 +38,13 @@ from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.envs.registration import EnvSpec
 
 from .errors import HookError
+from .lanes.vector import vector_spec
 
 if TYPE_CHECKING:
+    from .lanes import Lanes
     from .results import EpisodeResult
 
 ENV_INFO = "env info"
@@ -134,11 +137,13 @@ class SuccessRule:
         self._verdicts[episode.index] = bool(outcome)
         return bool(outcome)
 
-    def for_lanes(self, lanes: Any) -> SuccessRule:
-        """The rule with a pending env spec read from lane 0 of ``lanes`` (built lanes)."""
+    def for_lanes(self, lanes: Lanes) -> SuccessRule:
+        """The rule with a pending env spec read from the built ``lanes`` (``Lanes.spec``):
+        its ``reward_threshold``, else not available (no spec, or one without a threshold).
+        """
         if not self.pending:
             return self
-        return _from_threshold(_spec_threshold(_lanes_env(lanes)))
+        return _from_threshold(_threshold_of(lanes.spec))
 
     def to_json(self) -> dict[str, Any]:
         """The rule as the results file header records it (no callable: its verdicts are in
@@ -229,18 +234,10 @@ def _id_threshold(env_id: str) -> float | None:
         return None
 
 
-def _spec_threshold(env: Any) -> float | None:
-    spec = getattr(env, "spec", None)
-    if spec is None and isinstance(env, gym.vector.VectorEnv):
-        # A vector built from env functions has no spec of its own; its envs have.
-        try:
-            spec = env.get_attr("spec")[0]
-        except Exception:
-            spec = None
-    return getattr(spec, "reward_threshold", None)
+def _spec_threshold(env: gym.Env[Any, Any] | gym.vector.VectorEnv[Any, Any, Any]) -> float | None:
+    spec = vector_spec(env) if isinstance(env, gym.vector.VectorEnv) else env.spec
+    return _threshold_of(spec)
 
 
-def _lanes_env(lanes: Any) -> Any:
-    # The lanes keep their envs private: lane 0 of a LaneVector, or a VectorLanes' vector.
-    envs = getattr(lanes, "_envs", None)
-    return envs[0] if envs else getattr(lanes, "_env", None)
+def _threshold_of(spec: EnvSpec | None) -> float | None:
+    return None if spec is None else spec.reward_threshold

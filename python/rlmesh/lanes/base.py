@@ -13,6 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import gymnasium
 import numpy as np
+from gymnasium.envs.registration import EnvSpec
 
 TRIAL_INDEX_FLAG = "rlmesh.trial_index"
 """The ``metadata`` key by which an env declares it takes the ``trial_index`` reset option."""
@@ -75,6 +76,9 @@ class Lanes(Protocol):
         env_steps: the core's synchronous fast path: per lane, its env's ``step``, when each
             lane is a plain in-process env the core may call itself; None when steps must
             go through ``step`` (a vector, a worker process, a remote env).
+        spec: one lane's ``EnvSpec`` (what ``gymnasium.make`` registered: its id, its
+            ``reward_threshold``, ...), None when it is unknown. ``rlmesh.success`` reads its
+            ``reward_threshold`` when no other success rule applies.
     """
 
     num_lanes: int
@@ -84,6 +88,7 @@ class Lanes(Protocol):
     lockstep: bool
     resets_itself: bool
     env_steps: Sequence[EnvStep] | None
+    spec: EnvSpec | None
 
     def reset(
         self, lanes: np.ndarray, seeds: Sequence[int | None], trials: Sequence[int | None]

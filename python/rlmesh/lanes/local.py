@@ -32,6 +32,8 @@ class LaneVector:
         >>> batch = lanes.step(np.array([1]), np.array([0]))  # lane 0 waits
         >>> batch.stepped.tolist(), batch.rewards.tolist()
         ([1], [1.0])
+        >>> lanes.spec.id, lanes.spec.reward_threshold
+        ('CartPole-v1', 475.0)
         >>> lanes.close()
     """
 
@@ -61,6 +63,7 @@ class LaneVector:
         self.single_observation_space = first.observation_space
         self.single_action_space = first.action_space
         self.accepts_trial_index = declares_trial_index(first)
+        self.spec = first.spec
 
     def reset(
         self, lanes: np.ndarray, seeds: Sequence[int | None], trials: Sequence[int | None]

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from gymnasium.envs.registration import EnvSpec
 from gymnasium.vector import VectorEnv
 from gymnasium.vector.utils import create_empty_array, iterate
 
@@ -96,6 +97,7 @@ class VectorLanes:
         self.single_observation_space = env.single_observation_space
         self.single_action_space = env.single_action_space
         self.accepts_trial_index = declares_trial_index(env)
+        self.spec = vector_spec(env)
         self._all_lanes = np.arange(self.num_lanes)
         # Lanes whose episode ended on the last step and that no reset has restarted since:
         # a NEXT_STEP vector resets them on the next step; DISABLED needs the driver to.
@@ -226,6 +228,26 @@ class VectorLanes:
 
     def __repr__(self) -> str:
         return f"VectorLanes({self._name}, num_lanes={self.num_lanes}, autoreset={self.autoreset})"
+
+
+def vector_spec(env: VectorEnv[Any, Any, Any]) -> EnvSpec | None:
+    """The ``EnvSpec`` of one lane of ``env``: the vector's own (``gymnasium.make_vec`` sets
+    it), else its first env's (a vector built from env functions has none of its own), else
+    None.
+
+    Example:
+        >>> import gymnasium
+        >>> vector = gymnasium.vector.SyncVectorEnv([lambda: gymnasium.make("CartPole-v1")])
+        >>> vector.spec is None, vector_spec(vector).reward_threshold
+        (True, 475.0)
+    """
+    if env.spec is not None:
+        return env.spec
+    try:
+        spec = env.get_attr("spec")[0]
+    except Exception:  # a vector that cannot say (e.g. a custom one without get_attr)
+        return None
+    return spec if isinstance(spec, EnvSpec) else None
 
 
 def _rows_of(lanes: np.ndarray) -> Callable[[list[Any]], list[Any]]:
