@@ -506,6 +506,37 @@ def test_max_episode_seconds_truncates_at_exactly_the_time_given_to_end_round(co
     assert capped.duration_s == 0.01  # exactly the cap: (10_001_000 - 1_000) ns
 
 
+def test_a_step_and_a_model_call_over_several_lanes_are_charged_to_each_in_shares(core):
+    run = Run(core, CountEnv, 3, 3, horizon=2, now_ns=0)
+    runner = run.runner
+
+    def step(predict_ns: int, step_ns: int, *, last: bool) -> np.ndarray:
+        """One round of the 3 lanes, each predicted for with a chunk of 2 actions or
+        replaying one; the episodes terminate on the ``last`` one."""
+        running, predict_lanes, payload = runner.begin_round()
+        output = None if payload is None else np.zeros((len(predict_lanes), 2), np.int64)
+        runner.take_actions(output, predict_ns)
+        count = len(running)
+        ended, _ = runner.end_round([1.0] * count, [last] * count, [False] * count, step_ns, 1)
+        return ended
+
+    # One model call of 8 ns for 3 lanes, one step of 10 ns over them: equal shares, the
+    # remainder's nanoseconds to the first lanes, so each adds up to the whole.
+    step(8, 10, last=False)
+    # The lanes replay their chunk's second action: no model time is charged.
+    ended = step(5, 6, last=True)
+    summaries, _, _ = runner.finish(ended, [None] * len(ended))
+    charged = {
+        summary.env_index: (summary.step_ms * 1e6 * 2, summary.predict_ms * 1e6 * 2)
+        for summary in summaries
+    }
+    assert charged == {
+        0: pytest.approx((4 + 2, 3 + 0)),
+        1: pytest.approx((3 + 2, 3 + 0)),
+        2: pytest.approx((3 + 2, 2 + 0)),
+    }
+
+
 def test_max_episode_seconds_truncates_by_the_clock_in_run_rounds(core):
     run = Run(core, lambda: SleepyEnv(1000), 1, 1, max_episode_seconds=0.02)
     run.by_run_rounds(lambda payload, count: np.zeros(count, np.int64))
@@ -567,10 +598,14 @@ def test_chunks_are_predicted_only_for_empty_queues_and_replayed_in_order(core, 
 
     lengths = [len(actions) for env in run.envs for actions in env.received if actions]
     assert sum(predicted) == sum(math.ceil(length / 3) for length in lengths)
-    # The model time (1000 ns a call, see round_by_hand) is charged to predicted steps only.
-    for summary in run.runner.summaries():
-        predict_ns = summary.predict_ms * 1e6 * summary.steps
-        assert predict_ns == pytest.approx(1_000 * math.ceil(summary.steps / 3))
+    # The model time (1000 ns a call, see round_by_hand) is shared among the lanes predicted
+    # for, and charged to predicted steps only: every call's time, and no more, is charged.
+    calls = sum(1 for count in predicted if count)
+    charged = [summary.predict_ms * 1e6 * summary.steps for summary in run.runner.summaries()]
+    assert sum(charged) == pytest.approx(1_000 * calls)
+    for summary, predict_ns in zip(run.runner.summaries(), charged, strict=True):
+        decisions = math.ceil(summary.steps / 3)
+        assert 1_000 // num_lanes * decisions <= round(predict_ns) <= 1_000 * decisions
     for env in run.envs:
         for actions in env.received:
             # Every episode starts with the first action of a fresh chunk: nothing leaks over
@@ -937,6 +972,10 @@ BAD_ARGUMENTS = {
         lambda runner: runner.take_actions(np.zeros(2, np.int64), 1.5),
         "predict_ns must be an integer in [-2**63, 2**63), got float",
     ),
+    "negative predict_ns": (
+        lambda runner: runner.take_actions(np.zeros(2, np.int64), -1),
+        "predict_ns must be a duration in nanoseconds (>= 0), got -1",
+    ),
 }
 
 
@@ -976,7 +1015,7 @@ END_ROUND_ARGUMENTS = {
     ),
     "negative step_ns": (
         ([1.0, 1.0], [0, 0], [0, 0], -1, 0),
-        "lane 0 has step_ns=-1, predict_ns=0: timings must be non-negative",
+        "step_ns must be a duration in nanoseconds (>= 0), got -1",
     ),
 }
 

@@ -271,7 +271,8 @@ class RoundRunner:
     def begin_round(self) -> tuple[Int64Array, Int64Array, Any]:
         """``(running [K], predict_lanes [P], payload)``; the payload is None when ``P = 0``."""
     def take_actions(self, output: Any, predict_ns: int) -> npt.NDArray[Any] | dict[str, Any]:
-        """The env actions ``[K, ...]`` (or a dict of them) in the order of the running lanes."""
+        """The env actions ``[K, ...]`` (or a dict of them) in the order of the running lanes;
+        each of the P predicted lanes is charged ``predict_ns / P`` (shares adding up to it)."""
     def end_round(
         self,
         rewards: npt.ArrayLike,
@@ -280,7 +281,8 @@ class RoundRunner:
         step_ns: int,
         now_ns: int,
     ) -> tuple[Int64Array, npt.NDArray[np.bool_]]:
-        """``(ended [E], truncated [K])``: a cap reached truncates an episode that did not end."""
+        """``(ended [E], truncated [K])``: a cap reached truncates an episode that did not end.
+        Each of the K running lanes is charged ``step_ns / K`` (shares adding up to it)."""
     def run_rounds(
         self,
         model: Any,
@@ -296,6 +298,7 @@ class RoundRunner:
         rounds)`` and optionally ``calls_per_lane`` (then a prediction for P lanes is recorded
         as P model calls, each an equal share of its time), as ``rlmesh.model.ModelHandler``
         has them; an error calling the model is raised as what ``failure`` returns. Each
-        lane's env step is timed and recorded on its own. A lane's ``step`` that raises
-        becomes an ``rlmesh.EnvError`` naming the lane and the env, the error chained as
-        ``__cause__``."""
+        lane's env step is timed and recorded on its own, and charged to that lane's
+        episode; each predicted lane is charged its share of the model call. A lane's
+        ``step`` that raises becomes an ``rlmesh.EnvError`` naming the lane and the env, the
+        error chained as ``__cause__``."""

@@ -46,7 +46,7 @@ from .model import ModelHandler
 from .results import EpisodeResult, ResultsFile, RunResult
 from .settings import RunSettings, check_settings
 from .success import SuccessRule, rule_for
-from .telemetry import Telemetry
+from .telemetry import Telemetry, shares
 from .utils import env_label, map_leaves
 
 YIELD_EVERY_NS = 50_000_000
@@ -485,8 +485,9 @@ class EvaluationRun:
             batch.rewards, batch.terminated, batch.truncated, step_ns, now
         )
         if self.hooks.wants_steps:
-            lane_predict_ns = np.where(np.isin(running, predict_lanes), predict_ns, 0)
-            await self._step_events(running, batch, actions, truncated, lane_predict_ns, step_ns)
+            await self._step_events(
+                running, predict_lanes, batch, actions, truncated, predict_ns, step_ns
+            )
         if len(ended):  # their rows in the batch: the running lanes are ascending
             rows = np.searchsorted(running, ended).tolist()
             await self._finish(ended, [batch.infos[row] for row in rows])
@@ -594,13 +595,24 @@ class EvaluationRun:
     async def _step_events(
         self,
         running: np.ndarray,
+        predict_lanes: np.ndarray,
         batch: StepBatch,
         actions: Any,
         truncated: np.ndarray,
-        predict_ns: np.ndarray,
+        predict_ns: int,
         step_ns: int,
     ) -> None:
-        """A ``StepEvent`` per scored lane of this step (only built when a hook listens)."""
+        """A ``StepEvent`` per scored lane of this step (only built when a hook listens), with
+        the lane's shares of the step and of the model call, as the runner charged them."""
+        if not len(running):
+            return
+        lane_step_ns = shares(step_ns, len(running))
+        lane_predict_ns = np.zeros(len(running), dtype=np.int64)
+        if len(predict_lanes):
+            # predict_lanes keep the order of the running lanes.
+            lane_predict_ns[np.isin(running, predict_lanes)] = shares(
+                predict_ns, len(predict_lanes)
+            )
         indices, seeds, steps = self.runner.lane_episodes(running)
         observations = self.runner.observations(running)
         finals = batch.final_observations
@@ -619,8 +631,8 @@ class EvaluationRun:
                     terminated=bool(batch.terminated[k]),
                     truncated=bool(truncated[k]),
                     info=batch.infos[k],
-                    predict_ms=predict_ns[k] / 1e6,
-                    step_ms=step_ns / 1e6,
+                    predict_ms=lane_predict_ns[k] / 1e6,
+                    step_ms=lane_step_ns[k] / 1e6,
                 )
             )
 

@@ -40,6 +40,11 @@ class StepEvent:
 
     ``observation`` is what the env returned for this step (the next observation), ``action``
     what it received; ``step`` counts the episode's steps from 1.
+
+    ``step_ms`` and ``predict_ms`` are this lane's own, whatever the number of lanes: one step
+    of K lanes in one call (a vector, or lanes stepped together) is charged ``1/K`` of that
+    call's time to each, and one model call for P lanes ``1/P`` of its time to each lane it
+    predicted for; a lane replaying a queued action of a chunk has ``predict_ms == 0``.
     """
 
     episode: int

@@ -113,6 +113,13 @@ class EpisodeResult:
     ``duration_s`` is wall time from reset to the end; ``predict_ms`` and ``step_ms`` are mean
     per-step model and env times. Every field but the three timings is identical across runs,
     ``num_envs`` and cores.
+
+    The per-step times are the episode's own, so they mean the same at any ``num_envs``:
+    ``step_ms`` is its env's step time per step (a lane the core steps alone is timed alone; a
+    step that moves K lanes in one call is charged ``1/K`` of that call's time), and
+    ``predict_ms`` its share of the model's time per step (a call for P lanes is charged
+    ``1/P`` of its time to each; steps that replay a queued chunk action are charged nothing).
+    So at 4 lanes a 2 ms env shows about 2 ms, as the run's ``env.step`` telemetry does.
     """
 
     index: int

@@ -280,16 +280,32 @@ impl<'py> ModelCalls<'py> {
     }
 }
 
-/// `count` calls that one timing of `ns` spans, into `stats`: `count` equal shares, the first
-/// `ns % count` one nanosecond longer, so they add up to `ns`.
-fn record_shared(stats: &mut LatencyStats, ns: u64, count: u64) {
-    if count == 0 {
-        return;
+/// `count` equal shares of a duration `ns`, the first `ns % count` one nanosecond longer, so
+/// they add up to `ns` (none for `count = 0`).
+fn shares(ns: u64, count: usize) -> impl Iterator<Item = u64> {
+    let (share, remainder) = match count as u64 {
+        0 => (0, 0),
+        count => (ns / count, ns % count),
+    };
+    (0..count as u64).map(move |k| share + u64::from(k < remainder))
+}
+
+/// `count` calls that one timing of `ns` spans, into `stats`: their `shares`.
+fn record_shared(stats: &mut LatencyStats, ns: u64, count: usize) {
+    for share in shares(ns, count) {
+        stats.add(share);
     }
-    let (share, remainder) = (ns / count, ns % count);
-    for call in 0..count {
-        stats.add(share + u64::from(call < remainder));
+}
+
+/// `value` as a duration in nanoseconds: an int64 that is not negative.
+fn duration_arg(value: &Bound<'_, PyAny>, name: &str) -> PyResult<i64> {
+    let ns = i64_arg(value, name)?;
+    if ns < 0 {
+        return Err(PyValueError::new_err(format!(
+            "{name} must be a duration in nanoseconds (>= 0), got {ns}"
+        )));
     }
+    Ok(ns)
 }
 
 /// A lambda that unpacks a value into `names` as an assignment does: the same results and the
@@ -761,12 +777,15 @@ impl RoundRunner {
         }
         self.mark(&predict_lanes, true);
         let predicted = &self.predicted;
+        // `predict_lanes` keep the running lanes' order, so the running lanes meet their
+        // shares in order.
+        let mut charged = shares(predict_ns as u64, predict_lanes.len());
         self.predict_ns = self
             .running
             .iter()
             .map(|&lane| {
                 if predicted[lane as usize] {
-                    predict_ns
+                    charged.next().unwrap_or(0) as i64
                 } else {
                     0
                 }
@@ -810,13 +829,14 @@ impl RoundRunner {
         queues.pop_lanes(py, &self.running, &ids)
     }
 
-    /// Record the env step of the open round's running lanes and close the round.
+    /// Record the env step of the open round's running lanes and close the round;
+    /// `step_ns[k]` is the env time charged to running lane `k`.
     fn end(
         &mut self,
         rewards: &[f64],
         terminated: &[bool],
         mut truncated: Vec<bool>,
-        step_ns: i64,
+        step_ns: &[i64],
         now_ns: i64,
     ) -> PyResult<(Vec<i64>, Vec<bool>)> {
         let count = self.running.len();
@@ -848,7 +868,7 @@ impl RoundRunner {
             rewards,
             terminated,
             &truncated,
-            &vec![step_ns; count],
+            step_ns,
             &self.predict_ns,
         )?;
         // Set once the ledger took the step: a refused round leaves the runner as it was.
@@ -1151,18 +1171,21 @@ impl RoundRunner {
         ))
     }
 
-    /// One env action per running lane of the open round.
+    /// One env action per running lane of the open round; each predicted lane is charged
+    /// its share of ``predict_ns`` (``predict_ns / P``, the shares adding up to it).
     fn take_actions<'py>(
         &mut self,
         py: Python<'py>,
         output: &Bound<'py, PyAny>,
         predict_ns: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let predict_ns = i64_arg(predict_ns, "predict_ns")?;
+        let predict_ns = duration_arg(predict_ns, "predict_ns")?;
         self.take(py, output, predict_ns)
     }
 
-    /// Record the env step of the open round's running lanes and close the round.
+    /// Record the env step of the open round's running lanes and close the round; each of
+    /// the ``K`` running lanes is charged its share of ``step_ns`` (``step_ns / K``, the
+    /// shares adding up to it).
     fn end_round<'py>(
         &mut self,
         py: Python<'py>,
@@ -1172,16 +1195,19 @@ impl RoundRunner {
         step_ns: &Bound<'py, PyAny>,
         now_ns: &Bound<'py, PyAny>,
     ) -> PyResult<Closed<'py>> {
-        let step_ns = i64_arg(step_ns, "step_ns")?;
+        let step_ns = duration_arg(step_ns, "step_ns")?;
         let now_ns = i64_arg(now_ns, "now_ns")?;
         let rewards = vector::<f64>(rewards, Dtype::Float64, "rewards")?;
         let terminated = vector::<bool>(terminated, Dtype::Bool, "terminated")?;
         let truncated = vector::<bool>(truncated, Dtype::Bool, "truncated")?;
+        let lane_ns: Vec<i64> = shares(step_ns as u64, self.running.len())
+            .map(|share| share as i64)
+            .collect();
         let (ended, truncated) = self.end(
             rewards.as_slice()?,
             terminated.as_slice()?,
             truncated.as_slice()?.to_vec(),
-            step_ns,
+            &lane_ns,
             now_ns,
         )?;
         Ok((
@@ -1196,7 +1222,8 @@ impl RoundRunner {
     /// ``ModelHandler`` presents it (``predict_now``, ``lane_corner``, ``wants_episode_ids``,
     /// ``combine``, ``failure``); an error calling it is raised as what ``failure`` returns. A lane's
     /// ``step`` that raises an ``Exception`` becomes an ``EnvError`` naming the lane and the
-    /// env, the error chained.
+    /// env, the error chained. Each lane's episode is charged its own env step's time, and
+    /// each predicted lane its share of the model call.
     #[pyo3(signature = (model, env_steps, env_name, *, until_ns, stats))]
     fn run_rounds<'py>(
         &mut self,
@@ -1220,8 +1247,9 @@ impl RoundRunner {
         let mut terminated = Vec::new();
         let mut truncated = Vec::new();
         let mut step_infos = Vec::new();
-        // Each lane's env step, timed on its own: `env.step` telemetry is per lane-step.
-        let mut lane_ns = Vec::new();
+        // Each lane's env step, timed on its own: `env.step` telemetry is per lane-step, and
+        // each lane's episode is charged its own step.
+        let mut lane_ns: Vec<i64> = Vec::new();
         loop {
             py.check_signals()?;
             let round_start = Instant::now();
@@ -1240,7 +1268,7 @@ impl RoundRunner {
                     model.predict(&payload, self.predict_lanes.len(), episode_ids, self.rounds)?;
                 let took = elapsed_ns(predict_start, Instant::now());
                 let calls = if model.calls_per_lane {
-                    self.predict_lanes.len() as u64
+                    self.predict_lanes.len()
                 } else {
                     1
                 };
@@ -1249,8 +1277,7 @@ impl RoundRunner {
             }
             let actions = self.take(py, &output, predict_ns)?;
             let actions = lane_actions(&actions, count, &mut Vec::new())?;
-            let step_start = Instant::now();
-            let mut lane_start = step_start;
+            let mut lane_start = Instant::now();
             lane_ns.clear();
             observations.clear();
             rewards.clear();
@@ -1275,7 +1302,7 @@ impl RoundRunner {
                     Err(err) => return Err(err),
                 };
                 let lane_end = Instant::now();
-                lane_ns.push(elapsed_ns(lane_start, lane_end));
+                lane_ns.push(elapsed_ns(lane_start, lane_end) as i64);
                 lane_start = lane_end;
                 observations.push(observation);
                 rewards.push(reward);
@@ -1284,11 +1311,10 @@ impl RoundRunner {
                 step_infos.push(info);
             }
             let now = lane_start;
-            let step_ns = elapsed_ns(step_start, now);
             {
                 let mut step_stats = step_stats.borrow_mut();
                 for &ns in &lane_ns {
-                    step_stats.add(ns);
+                    step_stats.add(ns as u64);
                 }
             }
             for (&lane, observation) in self.running.iter().zip(observations.drain(..)) {
@@ -1303,7 +1329,7 @@ impl RoundRunner {
                     &reward_column.into_vec(Dtype::Float64, "rewards")?,
                     &terminated_column.into_vec(Dtype::Bool, "terminated")?,
                     truncated_column.into_vec(Dtype::Bool, "truncated")?,
-                    step_ns as i64,
+                    &lane_ns,
                     self.clock.ns_at(now),
                 )?
                 .0;
@@ -1344,6 +1370,15 @@ impl RoundRunner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shares_are_equal_but_for_the_remainder_and_add_up_to_the_whole() {
+        assert_eq!(shares(10, 3).collect::<Vec<_>>(), [4, 3, 3]);
+        assert_eq!(shares(2, 4).collect::<Vec<_>>(), [1, 1, 0, 0]);
+        assert_eq!(shares(7, 1).collect::<Vec<_>>(), [7]);
+        assert_eq!(shares(7, 0).count(), 0);
+        assert_eq!(shares(u64::MAX, 5).sum::<u64>(), u64::MAX);
+    }
 
     #[test]
     fn a_step_cap_truncates_at_exactly_the_cap() {

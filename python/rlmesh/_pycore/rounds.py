@@ -29,6 +29,12 @@ per step.
 One clock per lane: an episode's time runs from its ``start`` (just before its reset call) to
 the return of its last ``step``; ``duration_s`` and ``max_episode_seconds`` both read it.
 
+Per-lane timings: an episode's ``step_ms`` and ``predict_ms`` are its own, whatever the number
+of lanes. ``run_rounds`` times each lane's env step on its own and charges the lane that time;
+one step or one model call that covers several lanes (``end_round``'s ``step_ns`` over the
+``K`` running lanes, ``take_actions``' ``predict_ns`` over the ``P`` predicted lanes) is
+charged in equal ``shares`` that add up to it, as telemetry records such a call.
+
 Example:
     >>> import gymnasium as gym
     >>> import numpy as np
@@ -75,11 +81,26 @@ if TYPE_CHECKING:
 NS_PER_S = 1e9
 
 
-def record_shared(stats: Any, ns: int, count: int) -> None:
-    """``count`` calls that one timing of ``ns`` spans, into ``stats``: ``count`` equal shares,
-    the first ``ns % count`` one nanosecond longer, so they add up to ``ns``."""
+def shares(ns: int, count: int) -> list[int]:
+    """``count`` equal shares of a duration ``ns >= 0``, the first ``ns % count`` one
+    nanosecond longer, so they add up to ``ns`` (none for ``count = 0``)."""
+    if count == 0:
+        return []
     share, remainder = divmod(ns, count)
-    stats.record_many(np.array([share + 1] * remainder + [share] * (count - remainder), np.int64))
+    return [share + 1] * remainder + [share] * (count - remainder)
+
+
+def record_shared(stats: Any, ns: int, count: int) -> None:
+    """``count`` calls that one timing of ``ns`` spans, into ``stats``: their ``shares``."""
+    stats.record_many(np.array(shares(ns, count), np.int64))
+
+
+def duration_arg(value: Any, name: str) -> int:
+    """``value`` as a duration in nanoseconds: an int64 that is not negative."""
+    ns = i64_arg(value, name)
+    if ns < 0:
+        raise ValueError(f"{name} must be a duration in nanoseconds (>= 0), got {ns}")
+    return ns
 
 
 def lane_text(lane: int, index: int, step: int) -> str:
@@ -377,23 +398,25 @@ class RoundRunner:
         Args:
             output: what the model returned for the round's ``predict_lanes``: ``[P, ...]``,
                 or chunks ``[P, H, ...]`` with queues (None when ``P = 0``).
-            predict_ns: how long the model call took; charged to each predicted lane.
+            predict_ns: how long the model call for the ``P`` lanes took; each predicted
+                lane is charged its share, ``predict_ns / P`` (``shares``: they add up to
+                ``predict_ns``), and a lane that replays a queued action nothing.
 
         Returns:
             The env actions ``[K, ...]`` (or a dict of them) in the order of the running lanes.
 
         Raises:
             ModelOutputError: the output does not fit the action space or is not a chunk.
-            ValueError: ``predict_ns`` is not an int64 duration.
+            ValueError: ``predict_ns`` is not an int64 duration (>= 0).
         """
-        predict_ns = i64_arg(predict_ns, "predict_ns")
+        predict_ns = duration_arg(predict_ns, "predict_ns")
         running, predict_lanes = self._running, self._predict_lanes
         ledger, queues = self._ledger, self._queues
         predict_array = np.array(predict_lanes, dtype=np.int64)
         if predict_lanes:
             ledger.mark_predicted(predict_array)
-        predicted = set(predict_lanes)
-        self._predict_ns = [predict_ns if lane in predicted else 0 for lane in running]
+        charged = dict(zip(predict_lanes, shares(predict_ns, len(predict_lanes)), strict=True))
+        self._predict_ns = [charged.get(lane, 0) for lane in running]
         running_array = np.array(running, dtype=np.int64)
         if queues is None:
             return self._applier._apply(output, running, self._row_text(running, 1))
@@ -415,7 +438,8 @@ class RoundRunner:
         Args:
             rewards: ``[K]`` float; terminated, truncated: ``[K]`` bool, as the env returned
                 them, in the order of the running lanes.
-            step_ns: how long the env step took; charged to each lane.
+            step_ns: how long the one step of the ``K`` lanes took; each lane is charged its
+                share, ``step_ns / K`` (``shares``: they add up to ``step_ns``).
             now_ns: the clock when the step returned: for ``max_episode_seconds``, and the end
                 of the clock of every episode that ended.
 
@@ -425,11 +449,21 @@ class RoundRunner:
             terminate).
 
         Raises:
-            ValueError: ``step_ns`` or ``now_ns`` not an int64, a vector of the wrong kind or
-                length, or what ``RouteLedger.record_step`` refuses.
+            ValueError: ``step_ns`` not an int64 duration (>= 0), ``now_ns`` not an int64, a
+                vector of the wrong kind or length, or what ``RouteLedger.record_step``
+                refuses.
         """
-        step_ns = i64_arg(step_ns, "step_ns")
+        step_ns = duration_arg(step_ns, "step_ns")
         now_ns = i64_arg(now_ns, "now_ns")
+        return self._end(
+            rewards, terminated, truncated, shares(step_ns, len(self._running)), now_ns
+        )
+
+    def _end(
+        self, rewards: Any, terminated: Any, truncated: Any, step_ns: list[int], now_ns: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``end_round`` with its clock readings checked, ``step_ns[k]`` the env time charged
+        to running lane ``k``."""
         running = self._running
         count = len(running)
         rewards = vector(rewards, "float64", "rewards")
@@ -451,7 +485,7 @@ class RoundRunner:
             rewards,
             terminated,
             truncated,
-            np.full(count, step_ns, dtype=np.int64),
+            np.array(step_ns, dtype=np.int64),
             np.array(self._predict_ns, dtype=np.int64),
         )
         # Set once the ledger took the step: a refused round leaves the runner as it was.
@@ -500,6 +534,9 @@ class RoundRunner:
             stats: the ``LatencyStats`` of ``model.predict``, ``env.step`` and
                 ``driver.round``, in that order: each model call, each lane's env step (timed
                 on its own) and each round is recorded there.
+
+        Each lane's episode is charged its own env step's time, and each predicted lane its
+        share of the model call, as ``take_actions`` shares it.
 
         Returns:
             ``(ended, infos, rounds, lane_steps)``: the lanes whose episode ended in the last
@@ -558,11 +595,12 @@ class RoundRunner:
             now = lane_start
             step_stats.record_many(np.array(lane_ns, dtype=np.int64))
             self.set_observations(running, observations)
-            ended, _ = self.end_round(
+            # Each lane is charged its own step's time, as telemetry records it.
+            ended, _ = self._end(
                 np.array(rewards, dtype=np.float64),
                 np.array(terminated, dtype=np.bool_),
                 np.array(truncated, dtype=np.bool_),
-                now - step_start,
+                lane_ns,
                 now,
             )
             round_end = time.perf_counter_ns()
