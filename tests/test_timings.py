@@ -48,6 +48,7 @@ class StepTimes(rlmesh.RunHooks):
         self.predict_ms: list[float] = []
 
     def on_step(self, event):
+        assert type(event.step_ms) is float and type(event.predict_ms) is float
         self.step_ms.append(event.step_ms)
         self.predict_ms.append(event.predict_ms)
 

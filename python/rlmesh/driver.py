@@ -631,8 +631,8 @@ class EvaluationRun:
                     terminated=bool(batch.terminated[k]),
                     truncated=bool(truncated[k]),
                     info=batch.infos[k],
-                    predict_ms=lane_predict_ns[k] / 1e6,
-                    step_ms=lane_step_ns[k] / 1e6,
+                    predict_ms=float(lane_predict_ns[k]) / 1e6,
+                    step_ms=float(lane_step_ns[k]) / 1e6,
                 )
             )
 
