@@ -46,8 +46,8 @@ from .model import ModelHandler
 from .results import EpisodeResult, ResultsFile, RunResult
 from .settings import RunSettings, check_settings
 from .success import SuccessRule, rule_for
-from .telemetry import Telemetry, shares
-from .utils import env_label, map_leaves
+from .telemetry import Telemetry
+from .utils import env_label, map_leaves, shares
 
 YIELD_EVERY_NS = 50_000_000
 # The ops whose latencies the core's run_rounds records, in the order it takes their stats.

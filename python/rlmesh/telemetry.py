@@ -37,24 +37,14 @@ import math
 from types import ModuleType
 from typing import Any
 
-import numpy as np
-
 from . import core as _core_selection
 from .results import TelemetryRow
+from .utils import shares
 
 # The ops the driver records.
 OPS = ("model.predict", "env.step", "env.reset", "driver.round", "hooks")
 NS_PER_MS = 1e6
 NS_PER_S = 1e9
-
-
-def shares(ns: int, count: int) -> np.ndarray:
-    """``[count]`` int64 durations adding up to ``ns``: equal shares, the first ``ns % count``
-    one nanosecond longer."""
-    share, remainder = divmod(int(ns), count)
-    durations = np.full(count, share, dtype=np.int64)
-    durations[:remainder] += 1
-    return durations
 
 
 def _latency_row(op: str, stats: Any) -> TelemetryRow:

@@ -93,6 +93,20 @@ def lane_actions(actions: Any, count: int, path: tuple[str, ...] = ()) -> Sequen
     return actions  # type: ignore[no-any-return]
 
 
+def shares(ns: int, count: int) -> np.ndarray:
+    """``[count]`` int64 durations adding up to ``ns``: one timing split over the ``count``
+    lanes or calls it spans, in equal shares, the first ``ns % count`` one nanosecond longer.
+
+    Example:
+        >>> shares(10, 3).tolist()
+        [4, 3, 3]
+    """
+    share, remainder = divmod(int(ns), count) if count else (0, 0)
+    durations = np.full(count, share, dtype=np.int64)
+    durations[:remainder] += 1
+    return durations
+
+
 # ------------------------------------------------------------------------------ checks
 
 

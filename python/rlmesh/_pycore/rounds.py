@@ -68,7 +68,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..utils import env_failure, lane_actions, map_leaves
+from ..utils import env_failure, lane_actions, map_leaves, shares
 from .actions import ActionApplier
 from .args import i64_arg, vector
 from .assembly import ObservationAssembler
@@ -81,18 +81,9 @@ if TYPE_CHECKING:
 NS_PER_S = 1e9
 
 
-def shares(ns: int, count: int) -> list[int]:
-    """``count`` equal shares of a duration ``ns >= 0``, the first ``ns % count`` one
-    nanosecond longer, so they add up to ``ns`` (none for ``count = 0``)."""
-    if count == 0:
-        return []
-    share, remainder = divmod(ns, count)
-    return [share + 1] * remainder + [share] * (count - remainder)
-
-
 def record_shared(stats: Any, ns: int, count: int) -> None:
     """``count`` calls that one timing of ``ns`` spans, into ``stats``: their ``shares``."""
-    stats.record_many(np.array(shares(ns, count), np.int64))
+    stats.record_many(shares(ns, count))
 
 
 def duration_arg(value: Any, name: str) -> int:
@@ -415,7 +406,9 @@ class RoundRunner:
         predict_array = np.array(predict_lanes, dtype=np.int64)
         if predict_lanes:
             ledger.mark_predicted(predict_array)
-        charged = dict(zip(predict_lanes, shares(predict_ns, len(predict_lanes)), strict=True))
+        charged = dict(
+            zip(predict_lanes, shares(predict_ns, len(predict_lanes)).tolist(), strict=True)
+        )
         self._predict_ns = [charged.get(lane, 0) for lane in running]
         running_array = np.array(running, dtype=np.int64)
         if queues is None:
@@ -456,7 +449,7 @@ class RoundRunner:
         step_ns = duration_arg(step_ns, "step_ns")
         now_ns = i64_arg(now_ns, "now_ns")
         return self._end(
-            rewards, terminated, truncated, shares(step_ns, len(self._running)), now_ns
+            rewards, terminated, truncated, shares(step_ns, len(self._running)).tolist(), now_ns
         )
 
     def _end(
