@@ -231,7 +231,8 @@ def core_rows(settings: Settings) -> list[Row]:
             for _ in range(EPISODE_STEPS):
                 loop.step()
         target = 10.0 if num_lanes >= 256 else 2.0 if num_lanes >= 16 else None
-        row(f"ledger step, N={num_lanes}", {k: v.step for k, v in loops.items()}, target)
+        workload = f"ledger step (runner round), N={num_lanes}"
+        row(workload, {k: v.step for k, v in loops.items()}, target)
 
     stacks = {"python": FrameStackRound(python), "rust": FrameStackRound(rust)}
     floor = CopyFloor()

@@ -220,7 +220,8 @@ def test_first_frame_fills_the_window_and_each_episode_has_its_own(core):
     assert assembler.window_count == 1
     fresh = assembler.assemble([np.array([3, 3], np.float32)], [7])
     assert fresh[0].tolist() == [[3, 3]] * 3
-    assembler.clear()
+    assembler.evict(7)
+    assembler.evict(8)
     assert assembler.window_count == 0
 
 

@@ -126,7 +126,7 @@ def test_split_chunk_refuses_a_negative_lane_count(core):
 
 def test_the_queues_need_at_least_one_lane_and_a_horizon_of_at_least_one(core):
     queues = core.ChunkQueues(num_lanes=4, execution_horizon=8)
-    assert (queues.num_lanes, queues.execution_horizon) == (4, 8)
+    assert queues.execution_horizon == 8
     assert repr(queues) == "ChunkQueues(num_lanes=4, execution_horizon=8, queued=0)"
     with raises(ValueError, "num_lanes must be at least 1, got 0"):
         core.ChunkQueues(0, 8)
@@ -203,7 +203,8 @@ def test_dict_chunks_pop_as_dicts_of_batched_actions_in_the_pushed_key_order(cor
     assert action["hand"]["grip"].tolist() == [100, 0]
     assert action["hand"]["open"].dtype == np.bool_
     # A later push may list the same leaves in another order; pops keep the first order.
-    queues.drop_lanes([0, 1])
+    queues.drop(5)
+    queues.drop(6)
     reordered = {"hand": {"open": chunk["hand"]["open"], "grip": chunk["hand"]["grip"]}}
     reordered["arm"] = chunk["arm"]
     queues.push([0, 1], [7, 8], reordered)
@@ -310,7 +311,8 @@ def test_every_push_must_keep_the_layout_of_the_first(core):
     ):
         queues.push([1], [1], {"arm": batch(1, 2, 7), "grip": batch(1, 2, dtype=np.float64)})
     assert queues.queued().tolist() == [2, 0]
-    queues.clear()  # clearing discards actions, not the layout
+    queues.drop(0)  # dropping discards actions, not the layout
+    assert queues.queued().tolist() == [0, 0]
     with raises(
         ValueError,
         'chunks hold leaves [action] but earlier pushes held [action["arm"], action["grip"]]',
@@ -354,16 +356,15 @@ def test_strided_batches_are_read_by_position_not_memory_order(core):
     np.testing.assert_array_equal(other.pop([0, 1], [4, 3]), fortran[[1, 0], 0])
 
 
-def test_drop_lanes_and_clear_discard_whatever_is_queued(core):
+def test_drop_discards_only_the_ended_episodes_queue_and_its_ownership(core):
     queues = core.ChunkQueues(3, 4)
     queues.push([0, 1, 2], [0, 1, 2], batch(3, 3, 1))
-    assert queues.drop_lanes([2, 0]) is None
+    assert (queues.drop(2), queues.drop(0)) == (3, 3)
     assert queues.queued().tolist() == [0, 3, 0]
     assert queues.drop(0) == 0  # lane 0's episode no longer has anything queued
     queues.push([0], [1_000], batch(1, 2, 1))  # lane 0 is free for a new episode
-    queues.clear()
-    assert queues.queued().tolist() == [0, 0, 0]
-    assert repr(queues) == "ChunkQueues(num_lanes=3, execution_horizon=4, queued=0)"
+    assert repr(queues) == "ChunkQueues(num_lanes=3, execution_horizon=4, queued=5)"
+    assert (queues.drop(1_000), queues.drop(1)) == (2, 3)
     queues.push([0, 1, 2], [1, 2, 3], batch(3, 1, 1))  # the episodes' ownership went too
     assert queues.queued([2, 1]).tolist() == [1, 1]
 
@@ -389,7 +390,6 @@ OUT_OF_RANGE = "is out of range: this route has lanes 0..2"
         (lambda q: q.push([0], ["a"], None), "episode_ids must hold integers, got dtype <U1"),
         (lambda q: q.lanes_needing_predict([-1]), f"lane -1 {OUT_OF_RANGE}"),
         (lambda q: q.queued([2, 2]), "lane 2 appears twice in lanes"),
-        (lambda q: q.drop_lanes([5]), f"lane 5 {OUT_OF_RANGE}"),
         (lambda q: q.drop("7"), "episode_id must be an integer in [-2**63, 2**63), got str"),
     ],
 )  # fmt: skip

@@ -6,8 +6,11 @@ import dataclasses
 import math
 import pickle
 
+import gymnasium as gym
+import numpy as np
 import pytest
 import rlmesh
+from rlmesh.adapters import compile_spec
 from rlmesh.results import EpisodeResult, RunResult, TelemetryRow
 
 
@@ -30,14 +33,21 @@ def episode(index: int, **changes) -> EpisodeResult:
 
 
 def real_summaries(core) -> list:
-    """Two summaries from a real RouteLedger: lane 1 ends first (slot 1), then lane 0."""
-    ledger = core.RouteLedger(2, 2, base_seed=3, trial_index_base=10)
-    ledger.start_episodes([0, 1], now_ns=0)
-    lanes = [0, 1]
-    ledger.record_step(lanes, [1.0, 2.5], [False, True], [False, False], [10, 20], [5, 7])
-    first = ledger.complete_episodes([1], [1], [True], now_ns=2_000_000_000)
-    ledger.record_step([0], [0.5], [False], [True], [30], [9])
-    second = ledger.complete_episodes([0], [0], None, now_ns=3_000_000_000)
+    """Two summaries from a real RoundRunner: lane 1 ends first (slot 1), then lane 0. Each
+    round charges 7 or 9 ns of model time and 20 or 30 ns of env time to every lane."""
+    space, actions = gym.spaces.Box(-1, 1, (1,), np.float32), gym.spaces.Discrete(2)
+    plan = compile_spec(None, space, actions)
+    runner = core.RoundRunner(2, 2, plan.observation, plan.action, base_seed=3, trial_index_base=10)
+    starts = runner.start([0, 1], now_ns=0)
+    runner.set_observations(starts.lanes, [np.zeros(1, np.float32)] * 2)
+    runner.begin_round()
+    runner.take_actions(np.zeros(2, np.int64), 7)
+    ended, _ = runner.end_round([1.0, 2.5], [False, True], [False, False], 20, 2_000_000_000)
+    first, _, _ = runner.finish(ended, [True])
+    runner.begin_round()
+    runner.take_actions(np.zeros(1, np.int64), 9)
+    ended, _ = runner.end_round([0.5], [False], [True], 30, 3_000_000_000)
+    second, _, _ = runner.finish(ended, [None])
     return first + second
 
 

@@ -6,8 +6,9 @@ core when it imports, else the Python core with a one-line warning. Both expose 
 classes and functions with the same results.
 
 Example:
-    >>> from rlmesh.core import active
-    >>> ledger = active.RouteLedger(num_lanes=4, episodes=10)
+    >>> from rlmesh.core import active, load_core
+    >>> active.episode_seed(0, 0) == load_core("python").episode_seed(0, 0)
+    True
 """
 
 from __future__ import annotations

@@ -901,13 +901,6 @@ impl ObservationAssembler {
             windows.remove(&episode_id);
         }
     }
-
-    /// Forget every window.
-    fn clear(&mut self) {
-        for windows in &mut self.windows {
-            windows.clear();
-        }
-    }
 }
 
 #[cfg(test)]

@@ -356,21 +356,6 @@ impl ReplayStore {
         }
     }
 
-    /// Discard the queued actions of `lanes`, whatever episode owns them.
-    pub fn drop_lanes(&mut self, lanes: &[i64]) -> Result<(), ArgError> {
-        self.marks.check_lanes(lanes)?;
-        for &lane in lanes {
-            self.release(lane as usize);
-        }
-        Ok(())
-    }
-
-    /// Discard every queued action.
-    pub fn clear(&mut self) {
-        self.lanes.fill(LaneQueue::default());
-        self.owners.clear();
-    }
-
     /// `lanes`, checked, or every lane when None.
     fn checked_lanes(&mut self, lanes: Option<&[i64]>) -> Result<Vec<i64>, ArgError> {
         match lanes {
@@ -648,11 +633,6 @@ impl ChunkQueues {
         })
     }
 
-    #[getter]
-    fn num_lanes(&self) -> usize {
-        self.num_lanes
-    }
-
     /// The most actions of one chunk a lane replays before the model is asked again.
     #[getter]
     fn execution_horizon(&self) -> u64 {
@@ -688,19 +668,6 @@ impl ChunkQueues {
     fn py_drop(&mut self, episode_id: &Bound<'_, PyAny>) -> PyResult<usize> {
         let episode_id = i64_arg(episode_id, "episode_id")?;
         Ok(self.store.drop_episode(episode_id))
-    }
-
-    /// Discard the queued actions of ``lanes`` (``[K]``), whatever episode owns them.
-    #[pyo3(name = "drop_lanes")]
-    fn py_drop_lanes(&mut self, lanes: &Bound<'_, PyAny>) -> PyResult<()> {
-        let lanes = lanes_arg(lanes)?;
-        Ok(self.store.drop_lanes(lanes.as_slice()?)?)
-    }
-
-    /// Discard every queued action. The layout learned from the first push is kept.
-    #[pyo3(name = "clear")]
-    fn py_clear(&mut self) {
-        self.store.clear();
     }
 
     /// Of ``lanes`` (``[K]``, all lanes by default), those whose queue is empty, in order.
@@ -813,9 +780,8 @@ mod tests {
         assert_eq!(store.queued(None).unwrap(), vec![2, 0, 2]);
         push(&mut store, &[1], &[13], &[&[9]]);
         assert_eq!(pop(&mut store, &[0, 1, 2], &[10, 13, 12]), vec![1, 9, 5]);
-        store.drop_lanes(&[2]).unwrap();
-        assert_eq!(store.queued(None).unwrap(), vec![1, 0, 0]);
-        store.clear();
+        assert_eq!(store.drop_episode(12), 1);
+        assert_eq!(store.drop_episode(10), 1);
         assert_eq!(store.lanes_needing_predict(None).unwrap(), vec![0, 1, 2]);
         assert!(store.owners.is_empty());
     }

@@ -12,10 +12,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyIterator, PyList};
 
-use crate::args::{
-    count_arg, i64_arg, lanes_arg, same_length, u64_arg, user_warning, vector, ArgError, Dtype,
-    LaneMarks,
-};
+use crate::args::{count_arg, same_length, u64_arg, user_warning, ArgError, LaneMarks};
 use crate::seeding::derive_seed;
 
 /// The most lanes one route may have (the Python core refuses the same).
@@ -168,15 +165,14 @@ pub struct Starts {
     pub trials: Vec<i64>,
     pub surplus_lanes: Vec<i64>,
     pub surplus_episode_ids: Vec<i64>,
-    pub idle_lanes: Vec<i64>,
 }
 
-/// What one ``start_episodes`` or ``observe_rolls`` call started.
+/// What one ``RoundRunner.start`` or ``observe_rolls`` call started.
 ///
 /// Scored starts (int64 arrays of shape ``[S]``, in the order the lanes were given):
 /// ``lanes``, ``episode_ids``, ``indices``, ``trials``, and ``seeds``, a list of ``S`` ints or
 /// None where the environment chose the start. ``surplus_lanes`` and ``surplus_episode_ids``
-/// (``[U]``) are started but never scored; ``idle_lanes`` got nothing.
+/// (``[U]``) are started but never scored; a lane in neither went idle.
 #[pyclass(module = "rlmesh._core", frozen, get_all)]
 pub struct EpisodeStarts {
     lanes: Py<PyArray1<i64>>,
@@ -186,7 +182,6 @@ pub struct EpisodeStarts {
     trials: Py<PyArray1<i64>>,
     surplus_lanes: Py<PyArray1<i64>>,
     surplus_episode_ids: Py<PyArray1<i64>>,
-    idle_lanes: Py<PyArray1<i64>>,
 }
 
 fn int64_array(py: Python<'_>, values: Vec<i64>) -> Py<PyArray1<i64>> {
@@ -203,15 +198,14 @@ impl EpisodeStarts {
             trials: int64_array(py, starts.trials),
             surplus_lanes: int64_array(py, starts.surplus_lanes),
             surplus_episode_ids: int64_array(py, starts.surplus_episode_ids),
-            idle_lanes: int64_array(py, starts.idle_lanes),
         }
     }
 }
 
-/// The per-route bookkeeping the driver advances every step.
+/// The per-route bookkeeping a `RoundRunner` advances every step; internal to the runner,
+/// which owns one (Python never sees it).
 ///
 /// See ``rlmesh._pycore.ledger.RouteLedger`` for the full contract; both cores behave alike.
-#[pyclass(module = "rlmesh._core")]
 #[derive(Debug, Clone)]
 pub struct RouteLedger {
     num_lanes: usize,
@@ -236,7 +230,7 @@ pub struct RouteLedger {
 
 /// The pure-Rust ledger: every rule, no Python objects.
 impl RouteLedger {
-    /// A ledger with already checked arguments (the Python constructor checks them).
+    /// A ledger with already checked arguments (`from_args` checks them).
     pub fn create(
         num_lanes: usize,
         episodes: u64,
@@ -285,19 +279,11 @@ impl RouteLedger {
             .map_or(ordinal, |indices| indices[ordinal as usize])
     }
 
-    /// Claim the next `count` slots: all or none if `exact`, else as many as remain. Returns
-    /// the claim ordinals; `slot_at` maps them to slot numbers.
-    fn claim_slots(&mut self, count: u64, exact: bool) -> std::ops::Range<u64> {
+    /// Claim the next `count` slots, or as many as remain. Returns the claim ordinals;
+    /// `slot_at` maps them to slot numbers.
+    fn claim_slots(&mut self, count: u64) -> std::ops::Range<u64> {
         let remaining = self.slot_count() - self.slots_claimed;
-        let granted = if exact {
-            if count <= remaining {
-                count
-            } else {
-                0
-            }
-        } else {
-            count.min(remaining)
-        };
+        let granted = count.min(remaining);
         let first = self.slots_claimed;
         self.slots_claimed += granted;
         first..first + granted
@@ -327,15 +313,8 @@ impl RouteLedger {
         episode_id
     }
 
-    fn start(
-        &mut self,
-        lanes: &[i64],
-        exact: bool,
-        overflow: Overflow,
-        seeded: bool,
-        now_ns: i64,
-    ) -> Starts {
-        let slots = self.claim_slots(lanes.len() as u64, exact);
+    fn start(&mut self, lanes: &[i64], overflow: Overflow, seeded: bool, now_ns: i64) -> Starts {
+        let slots = self.claim_slots(lanes.len() as u64);
         let granted = (slots.end - slots.start) as usize;
         let mut starts = Starts::default();
         for (position, &lane) in lanes.iter().enumerate() {
@@ -349,8 +328,6 @@ impl RouteLedger {
                 starts.indices.push(slot as i64);
                 starts.seeds.push(self.lanes[lane_index].seed);
                 starts.trials.push(self.lanes[lane_index].trial);
-            } else if exact {
-                continue; // an exact claim that cannot be met leaves its lanes vacant
             } else if overflow == Overflow::Surplus {
                 starts.surplus_lanes.push(lane);
                 starts
@@ -358,7 +335,6 @@ impl RouteLedger {
                     .push(self.begin(lane_index, None, seeded, now_ns));
             } else {
                 self.lanes[lane_index].state = LaneState::Idle;
-                starts.idle_lanes.push(lane);
             }
         }
         starts
@@ -386,14 +362,13 @@ impl RouteLedger {
         &mut self,
         lanes: &[i64],
         now_ns: i64,
-        exact: bool,
         overflow: Overflow,
     ) -> Result<Starts, ArgError> {
         self.marks.check_lanes(lanes)?;
         for &lane in lanes {
             self.require_vacant(lane as usize, "")?;
         }
-        Ok(self.start(lanes, exact, overflow, true, now_ns))
+        Ok(self.start(lanes, overflow, true, now_ns))
     }
 
     /// Start a fresh, env-seeded episode on each lane whose env-side episode id changed.
@@ -420,7 +395,7 @@ impl RouteLedger {
         for (&lane, &env_id) in lanes.iter().zip(env_episode_ids) {
             self.lanes[lane as usize].env_episode_id = Some(env_id);
         }
-        Ok(self.start(&rolled, false, Overflow::Surplus, false, now_ns))
+        Ok(self.start(&rolled, Overflow::Surplus, false, now_ns))
     }
 
     /// Account one env step for a group of running lanes; return the lanes that ended.
@@ -681,18 +656,12 @@ fn checked_indices(indices: &Bound<'_, PyAny>, episodes: u64) -> PyResult<Vec<u6
     Ok(checked)
 }
 
-fn int64_vec<'py>(py: Python<'py>, values: Vec<i64>) -> Bound<'py, PyArray1<i64>> {
-    PyArray1::from_vec(py, values)
-}
-
-/// The Python face of the ledger: argument conversion around the pure methods above.
-#[pymethods]
+/// What the runner needs of the ledger beyond the pure rules: the checked construction from
+/// Python arguments, and the counters and state it reports.
 impl RouteLedger {
-    #[new]
-    #[pyo3(signature = (
-        num_lanes, episodes, *, seeds=None, base_seed=None, trial_index_base=None, indices=None
-    ))]
-    pub(crate) fn py_new(
+    /// A ledger from the runner's Python arguments, each checked as the Python core checks
+    /// it; warns (at the runner's caller) when ``seeds`` does not cover the budget.
+    pub(crate) fn from_args(
         py: Python<'_>,
         num_lanes: &Bound<'_, PyAny>,
         episodes: &Bound<'_, PyAny>,
@@ -747,241 +716,9 @@ impl RouteLedger {
         ))
     }
 
-    #[getter]
-    fn num_lanes(&self) -> usize {
-        self.num_lanes
-    }
-
-    /// The budget ``M``: how many episodes are scored.
-    #[getter]
-    fn episodes(&self) -> u64 {
-        self.episodes
-    }
-
-    #[getter]
-    fn base_seed(&self) -> u64 {
-        self.base_seed
-    }
-
-    #[getter]
-    fn trial_index_base(&self) -> u64 {
-        self.trial_index_base
-    }
-
-    #[getter]
-    fn slots_claimed(&self) -> u64 {
-        self.slots_claimed
-    }
-
-    #[getter]
-    fn slots_remaining(&self) -> u64 {
-        self.slot_count() - self.slots_claimed
-    }
-
-    /// Scored episodes completed so far.
-    #[getter]
-    fn completed(&self) -> u64 {
-        self.completed
-    }
-
-    /// True once all ``M`` scored episodes have completed.
-    #[getter(done)]
-    pub(crate) fn py_done(&self) -> bool {
-        self.done()
-    }
-
     /// Lane-steps spent on surplus episodes.
-    #[getter]
     pub(crate) fn wasted_steps(&self) -> u64 {
         self.wasted_steps
-    }
-
-    /// Completions reported for an episode the lane no longer holds, or reported twice.
-    #[getter]
-    fn ignored_completions(&self) -> u64 {
-        self.ignored_completions
-    }
-
-    /// The reset seed of slot ``slot`` (``0..M-1``): ``seeds[slot]`` if listed, else derived.
-    fn seed_for_slot(&self, slot: &Bound<'_, PyAny>) -> PyResult<u64> {
-        let slot = u64_arg(slot, "slot")?;
-        if slot >= self.episodes {
-            return Err(PyValueError::new_err(format!(
-                "slot {slot} is out of range: this run has slots 0..{}",
-                self.episodes - 1
-            )));
-        }
-        Ok(self.seed_for(slot))
-    }
-
-    /// Start a seeded episode on each of ``lanes`` (``[K]``), claiming slots in order.
-    #[pyo3(name = "start_episodes", signature = (lanes, *, now_ns, exact=None, overflow="idle"))]
-    fn py_start_episodes(
-        &mut self,
-        py: Python<'_>,
-        lanes: &Bound<'_, PyAny>,
-        now_ns: &Bound<'_, PyAny>,
-        exact: Option<&Bound<'_, PyAny>>,
-        overflow: &str,
-    ) -> PyResult<EpisodeStarts> {
-        let overflow = Overflow::parse(overflow)?;
-        let exact = match exact {
-            None => false,
-            Some(value) => value
-                .extract::<bool>()
-                .map_err(|_| match value.get_type().name() {
-                    Ok(kind) => {
-                        PyValueError::new_err(format!("exact must be True or False, got {kind}"))
-                    }
-                    Err(err) => err,
-                })?,
-        };
-        let now_ns = i64_arg(now_ns, "now_ns")?;
-        let lanes = lanes_arg(lanes)?;
-        let starts = self.start_episodes(lanes.as_slice()?, now_ns, exact, overflow)?;
-        Ok(EpisodeStarts::new(py, starts))
-    }
-
-    /// Start a fresh, env-seeded episode on each lane whose env-side episode id changed.
-    #[pyo3(name = "observe_rolls", signature = (lanes, env_episode_ids, *, now_ns))]
-    pub(crate) fn py_observe_rolls(
-        &mut self,
-        py: Python<'_>,
-        lanes: &Bound<'_, PyAny>,
-        env_episode_ids: &Bound<'_, PyAny>,
-        now_ns: &Bound<'_, PyAny>,
-    ) -> PyResult<EpisodeStarts> {
-        let now_ns = i64_arg(now_ns, "now_ns")?;
-        let lanes = lanes_arg(lanes)?;
-        let env_ids = vector::<i64>(env_episode_ids, Dtype::Int64, "env_episode_ids")?;
-        let starts = self.observe_rolls(lanes.as_slice()?, env_ids.as_slice()?, now_ns)?;
-        Ok(EpisodeStarts::new(py, starts))
-    }
-
-    /// Account one env step for a group of running lanes; return the lanes that ended.
-    #[pyo3(name = "record_step")]
-    #[allow(clippy::too_many_arguments)]
-    fn py_record_step<'py>(
-        &mut self,
-        py: Python<'py>,
-        lanes: &Bound<'py, PyAny>,
-        rewards: &Bound<'py, PyAny>,
-        terminated: &Bound<'py, PyAny>,
-        truncated: &Bound<'py, PyAny>,
-        step_ns: &Bound<'py, PyAny>,
-        predict_ns: &Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyArray1<i64>>> {
-        let lanes = lanes_arg(lanes)?;
-        let rewards = vector::<f64>(rewards, Dtype::Float64, "rewards")?;
-        let terminated = vector::<bool>(terminated, Dtype::Bool, "terminated")?;
-        let truncated = vector::<bool>(truncated, Dtype::Bool, "truncated")?;
-        let step_ns = vector::<i64>(step_ns, Dtype::Int64, "step_ns")?;
-        let predict_ns = vector::<i64>(predict_ns, Dtype::Int64, "predict_ns")?;
-        let ended = self.record_step(
-            lanes.as_slice()?,
-            rewards.as_slice()?,
-            terminated.as_slice()?,
-            truncated.as_slice()?,
-            step_ns.as_slice()?,
-            predict_ns.as_slice()?,
-        )?;
-        Ok(int64_vec(py, ended))
-    }
-
-    /// Close the ended episodes ``episode_ids`` on ``lanes``; return the scored summaries.
-    #[pyo3(name = "complete_episodes", signature = (lanes, episode_ids, success=None, *, now_ns))]
-    fn py_complete_episodes(
-        &mut self,
-        lanes: &Bound<'_, PyAny>,
-        episode_ids: &Bound<'_, PyAny>,
-        success: Option<&Bound<'_, PyAny>>,
-        now_ns: &Bound<'_, PyAny>,
-    ) -> PyResult<Vec<EpisodeSummary>> {
-        let now_ns = i64_arg(now_ns, "now_ns")?;
-        let lanes = lanes_arg(lanes)?;
-        let ids = vector::<i64>(episode_ids, Dtype::Int64, "episode_ids")?;
-        let lanes = lanes.as_slice()?;
-        same_length("episode_ids", ids.len()?, lanes.len())?;
-        let outcomes = match success {
-            None => vec![None; lanes.len()],
-            Some(success) => success
-                .try_iter()?
-                .map(|outcome| {
-                    let outcome = outcome?;
-                    Ok(if outcome.is_none() {
-                        None
-                    } else {
-                        Some(outcome.is_truthy()?)
-                    })
-                })
-                .collect::<PyResult<Vec<_>>>()?,
-        };
-        Ok(self.complete_episodes(lanes, ids.as_slice()?, &outcomes, now_ns)?)
-    }
-
-    /// Note that the model predicted for the running episodes of ``lanes``.
-    #[pyo3(name = "mark_predicted")]
-    fn py_mark_predicted(&mut self, lanes: &Bound<'_, PyAny>) -> PyResult<()> {
-        let lanes = lanes_arg(lanes)?;
-        Ok(self.mark_predicted(lanes.as_slice()?)?)
-    }
-
-    /// Of ``episode_ids``, those whose end the model is owed; each only once.
-    #[pyo3(name = "take_model_ends")]
-    fn py_take_model_ends<'py>(
-        &mut self,
-        py: Python<'py>,
-        episode_ids: &Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyArray1<i64>>> {
-        let ids = vector::<i64>(episode_ids, Dtype::Int64, "episode_ids")?;
-        let owed = self.take_model_ends(ids.as_slice()?);
-        Ok(int64_vec(py, owed))
-    }
-
-    /// At teardown: every episode the model predicted on and was not told the end of.
-    #[pyo3(name = "take_all_model_ends")]
-    pub(crate) fn py_take_all_model_ends<'py>(
-        &mut self,
-        py: Python<'py>,
-    ) -> Bound<'py, PyArray1<i64>> {
-        int64_vec(py, self.take_all_model_ends())
-    }
-
-    /// The episode each lane holds (``[K]`` int64, -1 for none); all lanes by default.
-    #[pyo3(signature = (lanes=None))]
-    pub(crate) fn episode_ids<'py>(
-        &mut self,
-        py: Python<'py>,
-        lanes: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<Bound<'py, PyArray1<i64>>> {
-        let ids = match lanes {
-            None => self.lanes.iter().map(|held| held.episode_id).collect(),
-            Some(lanes) => {
-                let lanes = lanes_arg(lanes)?;
-                let lanes = lanes.as_slice()?;
-                self.marks.check_lanes(lanes)?;
-                lanes
-                    .iter()
-                    .map(|&lane| self.lanes[lane as usize].episode_id)
-                    .collect()
-            }
-        };
-        Ok(int64_vec(py, ids))
-    }
-
-    /// Lanes whose episode (scored or surplus) is being stepped, ascending.
-    pub(crate) fn running_lanes<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
-        int64_vec(py, self.lanes_in(LaneState::Running))
-    }
-
-    /// Lanes that hold no episode and may start one, ascending.
-    fn vacant_lanes<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
-        int64_vec(py, self.lanes_in(LaneState::Vacant))
-    }
-
-    /// Lanes left without a slot, never to be stepped again, ascending.
-    fn idle_lanes<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
-        int64_vec(py, self.lanes_in(LaneState::Idle))
     }
 
     /// Every scored episode completed so far, in completion order.
@@ -1031,20 +768,12 @@ impl RouteLedger {
         snapshot.set_item("summaries", summaries)?;
         Ok(snapshot)
     }
-
-    fn __repr__(&self) -> String {
-        format!(
-            "RouteLedger(num_lanes={}, episodes={}, completed={}, slots_claimed={})",
-            self.num_lanes, self.episodes, self.completed, self.slots_claimed
-        )
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const T: bool = true;
     const F: bool = false;
 
     fn ledger(num_lanes: usize, episodes: u64) -> RouteLedger {
@@ -1077,7 +806,7 @@ mod tests {
     fn slots_are_claimed_in_start_order_and_lanes_past_the_budget_go_idle() {
         let mut ledger = ledger(4, 2);
         let starts = ledger
-            .start_episodes(&[3, 1, 0, 2], 0, F, Overflow::Idle)
+            .start_episodes(&[3, 1, 0, 2], 0, Overflow::Idle)
             .unwrap();
         assert_eq!(starts.lanes, vec![3, 1]);
         assert_eq!(starts.indices, vec![0, 1]);
@@ -1085,31 +814,14 @@ mod tests {
             starts.seeds,
             vec![Some(derive_seed(0, 0)), Some(derive_seed(0, 1))]
         );
-        assert_eq!(starts.idle_lanes, vec![0, 2]);
+        assert!(starts.surplus_lanes.is_empty());
         assert_eq!(ledger.lanes_in(LaneState::Idle), vec![0, 2]);
-    }
-
-    #[test]
-    fn an_exact_claim_is_all_or_nothing_and_an_unmet_one_leaves_lanes_vacant() {
-        let mut ledger = ledger(3, 2);
-        let starts = ledger
-            .start_episodes(&[0, 1, 2], 0, T, Overflow::Surplus)
-            .unwrap();
-        assert_eq!(starts, Starts::default());
-        assert_eq!(ledger.slots_claimed, 0);
-        assert_eq!(ledger.lanes_in(LaneState::Vacant), vec![0, 1, 2]);
-        let starts = ledger
-            .start_episodes(&[2, 0], 0, T, Overflow::Idle)
-            .unwrap();
-        assert_eq!(starts.indices, vec![0, 1]);
     }
 
     #[test]
     fn a_ledger_with_indices_claims_only_those_slots_in_order() {
         let mut ledger = RouteLedger::create(2, 6, Vec::new(), 3, 0, Some(vec![1, 4, 5]));
-        let starts = ledger
-            .start_episodes(&[0, 1], 0, F, Overflow::Idle)
-            .unwrap();
+        let starts = ledger.start_episodes(&[0, 1], 0, Overflow::Idle).unwrap();
         assert_eq!(starts.indices, vec![1, 4]);
         assert_eq!(
             starts.seeds,
@@ -1117,10 +829,9 @@ mod tests {
         );
         step(&mut ledger, &[0, 1], &[0, 1]);
         complete(&mut ledger, &[0, 1], &[0, 1]);
-        let last = ledger
-            .start_episodes(&[1, 0], 0, F, Overflow::Idle)
-            .unwrap();
-        assert_eq!((last.indices, last.idle_lanes), (vec![5], vec![0]));
+        let last = ledger.start_episodes(&[1, 0], 0, Overflow::Idle).unwrap();
+        assert_eq!(last.indices, vec![5]);
+        assert_eq!(ledger.lanes_in(LaneState::Idle), vec![0]);
         step(&mut ledger, &[1], &[1]);
         complete(&mut ledger, &[1], &[2]);
         assert!(ledger.done());
@@ -1129,12 +840,8 @@ mod tests {
     #[test]
     fn an_idle_lane_starts_no_other_episode() {
         let mut ledger = ledger(2, 1);
-        ledger
-            .start_episodes(&[0, 1], 0, F, Overflow::Idle)
-            .unwrap();
-        let err = ledger
-            .start_episodes(&[1], 0, F, Overflow::Idle)
-            .unwrap_err();
+        ledger.start_episodes(&[0, 1], 0, Overflow::Idle).unwrap();
+        let err = ledger.start_episodes(&[1], 0, Overflow::Idle).unwrap_err();
         assert!(err.0.starts_with("lane 1 is idle"));
     }
 
@@ -1142,7 +849,7 @@ mod tests {
     fn listed_seeds_come_first_then_derived_ones_with_the_trial_offset() {
         let mut ledger = RouteLedger::create(3, 3, vec![11, 12], 5, 100, None);
         let starts = ledger
-            .start_episodes(&[0, 1, 2], 0, F, Overflow::Idle)
+            .start_episodes(&[0, 1, 2], 0, Overflow::Idle)
             .unwrap();
         assert_eq!(
             starts.seeds,
@@ -1155,7 +862,7 @@ mod tests {
     fn surplus_episodes_are_stepped_counted_as_waste_and_never_scored() {
         let mut ledger = ledger(2, 1);
         ledger
-            .start_episodes(&[0, 1], 0, F, Overflow::Surplus)
+            .start_episodes(&[0, 1], 0, Overflow::Surplus)
             .unwrap();
         step(&mut ledger, &[0, 1], &[]);
         let ended = step(&mut ledger, &[0, 1], &[0, 1]);
@@ -1173,11 +880,11 @@ mod tests {
     #[test]
     fn stale_and_duplicate_completions_are_ignored_and_counted() {
         let mut ledger = ledger(1, 3);
-        ledger.start_episodes(&[0], 0, F, Overflow::Idle).unwrap();
+        ledger.start_episodes(&[0], 0, Overflow::Idle).unwrap();
         step(&mut ledger, &[0], &[0]);
         assert_eq!(complete(&mut ledger, &[0], &[0]).len(), 1);
         assert!(complete(&mut ledger, &[0], &[0]).is_empty());
-        ledger.start_episodes(&[0], 0, F, Overflow::Idle).unwrap();
+        ledger.start_episodes(&[0], 0, Overflow::Idle).unwrap();
         step(&mut ledger, &[0], &[0]);
         assert!(complete(&mut ledger, &[0], &[0]).is_empty());
         assert_eq!(ledger.ignored_completions, 2);
@@ -1189,7 +896,7 @@ mod tests {
     fn rolls_start_episodes_only_where_the_env_episode_id_changed() {
         let mut ledger = ledger(2, 5);
         ledger
-            .start_episodes(&[0, 1], 0, F, Overflow::Surplus)
+            .start_episodes(&[0, 1], 0, Overflow::Surplus)
             .unwrap();
         let baseline = ledger.observe_rolls(&[0, 1], &[7, 7], 0).unwrap();
         assert!(baseline.lanes.is_empty());
@@ -1209,9 +916,7 @@ mod tests {
     #[test]
     fn each_model_end_is_owed_exactly_once_including_at_teardown() {
         let mut ledger = ledger(2, 4);
-        ledger
-            .start_episodes(&[0, 1], 0, F, Overflow::Idle)
-            .unwrap();
+        ledger.start_episodes(&[0, 1], 0, Overflow::Idle).unwrap();
         ledger.mark_predicted(&[0, 1]).unwrap();
         step(&mut ledger, &[0, 1], &[0]);
         complete(&mut ledger, &[0], &[0]);
@@ -1224,7 +929,7 @@ mod tests {
     #[test]
     fn bad_lanes_and_states_are_refused_without_changing_anything() {
         let mut ledger = ledger(2, 2);
-        ledger.start_episodes(&[0], 0, F, Overflow::Idle).unwrap();
+        ledger.start_episodes(&[0], 0, Overflow::Idle).unwrap();
         let before = format!("{:?}", ledger.lanes);
         let n = |lanes: &[i64]| lanes.len();
         let err = |ledger: &mut RouteLedger, lanes: &[i64]| {
@@ -1254,9 +959,7 @@ mod tests {
             .complete_episodes(&[0], &[0], &[None], 0)
             .unwrap_err();
         assert!(running.0.starts_with("lane 0 episode 0 is still running"));
-        let restart = ledger
-            .start_episodes(&[0], 0, F, Overflow::Idle)
-            .unwrap_err();
+        let restart = ledger.start_episodes(&[0], 0, Overflow::Idle).unwrap_err();
         assert!(restart
             .0
             .starts_with("lane 0 still holds running episode 0"));

@@ -19,7 +19,6 @@ pub mod telemetry;
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(seeding::episode_seed, m)?)?;
-    m.add_class::<ledger::RouteLedger>()?;
     m.add_class::<assembly::ObservationAssembler>()?;
     m.add_class::<ledger::EpisodeStarts>()?;
     m.add_class::<ledger::EpisodeSummary>()?;

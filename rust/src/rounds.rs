@@ -906,7 +906,7 @@ impl RoundRunner {
     ) -> PyResult<Self> {
         // Checked in the Python core's order, so a bad call fails alike in both.
         let overflow = overflow_arg(overflow.0.as_ref())?;
-        let ledger = RouteLedger::py_new(
+        let ledger = RouteLedger::from_args(
             py,
             num_lanes,
             episodes,
@@ -1007,7 +1007,7 @@ impl RoundRunner {
         let lanes = lanes_arg(lanes)?;
         let starts = self
             .ledger
-            .start_episodes(lanes.as_slice()?, now_ns, false, self.overflow)?;
+            .start_episodes(lanes.as_slice()?, now_ns, self.overflow)?;
         Ok(EpisodeStarts::new(py, starts))
     }
 
@@ -1021,8 +1021,13 @@ impl RoundRunner {
         env_episode_ids: &Bound<'_, PyAny>,
         now_ns: &Bound<'_, PyAny>,
     ) -> PyResult<EpisodeStarts> {
-        self.ledger
-            .py_observe_rolls(py, lanes, env_episode_ids, now_ns)
+        let now_ns = i64_arg(now_ns, "now_ns")?;
+        let lanes = lanes_arg(lanes)?;
+        let env_ids = vector::<i64>(env_episode_ids, Dtype::Int64, "env_episode_ids")?;
+        let starts = self
+            .ledger
+            .observe_rolls(lanes.as_slice()?, env_ids.as_slice()?, now_ns)?;
+        Ok(EpisodeStarts::new(py, starts))
     }
 
     /// Finish the episodes that ended on ``lanes`` (``[E]``, as ``end_round`` returned them).
@@ -1090,7 +1095,7 @@ impl RoundRunner {
 
     /// At teardown: every episode the model predicted on and was not told the end of.
     fn take_all_model_ends<'py>(&mut self, py: Python<'py>) -> Int64Array<'py> {
-        self.ledger.py_take_all_model_ends(py)
+        PyArray1::from_vec(py, self.ledger.take_all_model_ends())
     }
 
     /// Lane ``lanes[k]``'s latest raw observation is ``observations[k]``.
@@ -1125,7 +1130,7 @@ impl RoundRunner {
 
     /// ``[K]`` int64: the lanes whose episode (scored or surplus) is being stepped.
     fn running_lanes<'py>(&self, py: Python<'py>) -> Int64Array<'py> {
-        self.ledger.running_lanes(py)
+        PyArray1::from_vec(py, self.ledger.running())
     }
 
     /// ``[K]`` int64: the episode each of ``lanes`` holds (-1 for none).
@@ -1134,7 +1139,9 @@ impl RoundRunner {
         py: Python<'py>,
         lanes: &Bound<'py, PyAny>,
     ) -> PyResult<Int64Array<'py>> {
-        self.ledger.episode_ids(py, Some(lanes))
+        let lanes = lanes_arg(lanes)?;
+        let ids = self.ledger.checked_episode_ids(lanes.as_slice()?)?;
+        Ok(PyArray1::from_vec(py, ids))
     }
 
     /// What each of ``lanes`` (``[K]``) holds: ``(indices [K], seeds, steps [K])``, the
@@ -1390,9 +1397,7 @@ mod tests {
     #[test]
     fn the_caps_read_each_episode_s_steps_and_clock_from_the_ledger() {
         let mut ledger = RouteLedger::create(1, 2, Vec::new(), 0, 0, None);
-        ledger
-            .start_episodes(&[0], 1_000, false, Overflow::Idle)
-            .unwrap();
+        ledger.start_episodes(&[0], 1_000, Overflow::Idle).unwrap();
         // The clock runs from the episode's start: 10 ms after it, not after 0.
         assert!(!cap_reached(&ledger, 0, 10_000_999, None, Some(1e7)));
         assert!(cap_reached(&ledger, 0, 10_001_000, None, Some(1e7)));
@@ -1412,7 +1417,7 @@ mod tests {
         assert_eq!(summaries[0].duration_s, 0.01);
         // The next episode starts its own count and clock.
         ledger
-            .start_episodes(&[0], 20_000_000, false, Overflow::Idle)
+            .start_episodes(&[0], 20_000_000, Overflow::Idle)
             .unwrap();
         assert!(!cap_reached(&ledger, 0, 20_000_000, Some(2), Some(1e7)));
         assert!(cap_reached(&ledger, 0, 30_000_000, Some(2), Some(1e7)));

@@ -66,8 +66,8 @@ fn quantile_arg(q: &Bound<'_, PyAny>) -> PyResult<f64> {
 /// Example:
 ///     >>> stats = LatencyStats()
 ///     >>> stats.record_many(np.array([100, 200, 300, 400, 1_000_000]))
-///     >>> stats.count, stats.mean_ns, stats.quantile(0.5), stats.max_ns
-///     (5, 200200.0, 302, 1000000)
+///     >>> stats.count, stats.quantile(0.5), stats.max_ns, stats.snapshot()["avg_ns"]
+///     (5, 302, 1000000, 200200.0)
 #[pyclass(module = "rlmesh._core")]
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LatencyStats {
@@ -132,6 +132,7 @@ impl LatencyStats {
         self.max_ns = self.max_ns.max(other.max_ns);
     }
 
+    /// The exact mean duration (the snapshot's ``avg_ns``); 0.0 when empty.
     pub fn mean_ns(&self) -> f64 {
         if self.count == 0 {
             return 0.0;
@@ -224,19 +225,6 @@ impl LatencyStats {
         self.max_ns
     }
 
-    /// The exact mean duration; 0.0 when empty.
-    #[getter]
-    #[pyo3(name = "mean_ns")]
-    fn py_mean_ns(&self) -> f64 {
-        self.mean_ns()
-    }
-
-    /// Buckets held: set by the largest duration recorded, at most ``MAX_BUCKETS``.
-    #[getter]
-    fn bucket_count(&self) -> usize {
-        self.buckets.len()
-    }
-
     /// A value within 1/128 of the exact nearest-rank ``q``-quantile; 0 when empty.
     #[pyo3(name = "quantile")]
     fn py_quantile(&self, q: &Bound<'_, PyAny>) -> PyResult<u64> {
@@ -306,6 +294,21 @@ mod tests {
         let err = stats.record_many(&[1, -3]).unwrap_err();
         assert_eq!(err.0, "ns[1] must be a non-negative duration, got -3");
         assert_eq!(stats, self::stats(&[5]));
+    }
+
+    #[test]
+    fn memory_is_bounded_by_the_largest_value_never_by_the_count() {
+        let mut stats = stats(&[999_999]);
+        let buckets = stats.buckets.len();
+        assert_eq!(buckets, bucket_index(999_999) + 1);
+        let many: Vec<i64> = (0..1_000_000).map(|k| (k * 7_919) % 1_000_000).collect();
+        stats.record_many(&many).unwrap();
+        assert_eq!(stats.count, 1_000_001);
+        assert_eq!(stats.buckets.len(), buckets); // a million values, no more buckets
+        stats.add(i64::MAX as u64);
+        assert_eq!(stats.buckets.len(), MAX_BUCKETS); // the most any LatencyStats ever holds
+        stats = LatencyStats::default();
+        assert!(stats.buckets.is_empty());
     }
 
     #[test]

@@ -4,13 +4,15 @@ Same classes, same methods, same results as the Rust core (``rust/src/``), file 
 ``seeding.py`` ~ ``seeding.rs``, ``args.py`` ~ ``args.rs``, ``ledger.py`` ~ ``ledger.rs``,
 ``assembly.py`` ~ ``assembly.rs``, ``actions.py`` ~ ``actions.rs``, ``chunks.py`` ~ ``chunks.rs``,
 ``telemetry.py`` ~ ``telemetry.rs``, ``rounds.py`` ~ ``rounds.rs``.
-Selected with ``RLMESH_CORE=python``; the parity tests keep the two in lockstep.
+Selected with ``RLMESH_CORE=python``; the parity tests keep the two in lockstep. What is
+exported here is what the Rust core exports; ``ledger.RouteLedger`` is internal to the
+``RoundRunner`` in both.
 """
 
 from .actions import ActionApplier
 from .assembly import ObservationAssembler
 from .chunks import ChunkQueues, split_chunk
-from .ledger import EpisodeStarts, EpisodeSummary, RouteLedger
+from .ledger import EpisodeStarts, EpisodeSummary
 from .rounds import RoundRunner
 from .seeding import episode_seed
 from .telemetry import LatencyStats
@@ -23,7 +25,6 @@ __all__ = [
     "LatencyStats",
     "ObservationAssembler",
     "RoundRunner",
-    "RouteLedger",
     "episode_seed",
     "split_chunk",
 ]

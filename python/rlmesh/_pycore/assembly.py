@@ -124,11 +124,6 @@ class ObservationAssembler:
         for windows in self._windows:
             windows.pop(int(episode_id), None)
 
-    def clear(self) -> None:
-        """Forget every window."""
-        for windows in self._windows:
-            windows.clear()
-
     def _check(self, raw_lane_observations: Sequence[Any], episode_ids: Any) -> list[int]:
         ids = vector(episode_ids, "int64", "episode_ids")
         same_length("episode_ids", ids, raw_lane_observations)

@@ -187,10 +187,6 @@ class ChunkQueues:
     # ------------------------------------------------------------------ properties
 
     @property
-    def num_lanes(self) -> int:
-        return self._num_lanes
-
-    @property
     def execution_horizon(self) -> int:
         """The most actions of one chunk a lane replays before the model is asked again."""
         return self._execution_horizon
@@ -345,16 +341,6 @@ class ChunkQueues:
         discarded = len(self._queues[lane])
         self._release(lane)
         return discarded
-
-    def drop_lanes(self, lanes: Any) -> None:
-        """Discard the queued actions of ``lanes`` (``[K]``), whatever episode owns them."""
-        for lane in check_lanes(vector(lanes, "int64", "lanes"), self._num_lanes):
-            self._release(lane)
-
-    def clear(self) -> None:
-        """Discard every queued action. The layout learned from the first push is kept."""
-        for lane in range(self._num_lanes):
-            self._release(lane)
 
     # ------------------------------------------------------------------ queries
 

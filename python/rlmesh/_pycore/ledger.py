@@ -3,6 +3,10 @@
 Mirrors ``rust/src/ledger.rs`` name for name. This file is the executable specification: the
 Rust core must produce the same results, the same errors and the same warnings.
 
+``RouteLedger`` is internal to the ``RoundRunner`` (``rounds.py``), which builds one per run
+and is the only caller of its methods; neither core exports it. ``EpisodeStarts`` and
+``EpisodeSummary``, what the runner returns, are exported.
+
 A *route* is one set of lanes (env instances ``0..N-1``) driven against one model. Every lane
 is in one of four states:
 
@@ -94,12 +98,13 @@ class EpisodeSummary:
 
 @dataclass(frozen=True)
 class EpisodeStarts:
-    """What one ``start_episodes`` or ``observe_rolls`` call started.
+    """What one ``RoundRunner.start`` or ``observe_rolls`` call started.
 
     Scored starts (all arrays of shape ``[S]``, int64, in the order the lanes were given):
     ``lanes``, ``episode_ids``, ``indices`` (slot numbers), ``trials``, and ``seeds``, a list of
     ``S`` ints or None where the environment chose the start itself. ``surplus_lanes`` and
-    ``surplus_episode_ids`` (``[U]``) are started but never scored; ``idle_lanes`` got nothing.
+    ``surplus_episode_ids`` (``[U]``) are started but never scored; a lane in neither went
+    idle.
     """
 
     lanes: np.ndarray
@@ -109,7 +114,6 @@ class EpisodeStarts:
     trials: np.ndarray
     surplus_lanes: np.ndarray
     surplus_episode_ids: np.ndarray
-    idle_lanes: np.ndarray
 
 
 def _int64(values: list[int]) -> np.ndarray:
@@ -117,7 +121,7 @@ def _int64(values: list[int]) -> np.ndarray:
 
 
 class RouteLedger:
-    """The per-route bookkeeping the driver advances every step.
+    """The per-route bookkeeping a ``RoundRunner`` advances every step (internal to it).
 
     Args:
         num_lanes: ``N >= 1`` lanes, numbered ``0..N-1``.
@@ -133,9 +137,9 @@ class RouteLedger:
             a resumed results file is missing; they are claimed in this order and keep their
             seeds and trials. Default: all of ``0..M-1``.
 
-    Example:
+    Example (what ``RoundRunner.start``, ``end_round`` and ``finish`` do with it):
         >>> ledger = RouteLedger(2, 3)
-        >>> starts = ledger.start_episodes([0, 1], now_ns=0)
+        >>> starts = ledger.start_episodes([0, 1], now_ns=0, overflow="idle")
         >>> starts.indices.tolist(), starts.seeds == [episode_seed(0, 0), episode_seed(0, 1)]
         ([0, 1], True)
         >>> ledger.record_step([0, 1], [1.0, 1.0], [True, False], [False, False],
@@ -178,7 +182,7 @@ class RouteLedger:
                 f"{len(listed)}..{episodes - 1} reset with "
                 f"episode_seed(base_seed={base_seed}, trial_index_base + slot)",
                 UserWarning,
-                stacklevel=2,
+                stacklevel=3,  # the RoundRunner's caller, as the Rust core warns
             )
 
         # The slots this ledger runs, in claim order: all of 0..M-1, or the given subset.
@@ -225,32 +229,6 @@ class RouteLedger:
         return self._num_lanes
 
     @property
-    def episodes(self) -> int:
-        """The budget ``M``: how many episodes are scored."""
-        return self._episodes
-
-    @property
-    def base_seed(self) -> int:
-        return self._base_seed
-
-    @property
-    def trial_index_base(self) -> int:
-        return self._trial_index_base
-
-    @property
-    def slots_claimed(self) -> int:
-        return self._slots_claimed
-
-    @property
-    def slots_remaining(self) -> int:
-        return self._slot_count - self._slots_claimed
-
-    @property
-    def completed(self) -> int:
-        """Scored episodes completed so far."""
-        return self._completed
-
-    @property
     def done(self) -> bool:
         """True once every slot this ledger runs (all ``M``, or ``indices``) has completed."""
         return self._completed == self._slot_count
@@ -260,28 +238,18 @@ class RouteLedger:
         """Lane-steps spent on surplus episodes."""
         return self._wasted_steps
 
-    @property
-    def ignored_completions(self) -> int:
-        """Completions reported for an episode the lane no longer holds, or reported twice."""
-        return self._ignored_completions
-
     # ------------------------------------------------------------------ slots and seeds
 
-    def seed_for_slot(self, slot: int) -> int:
+    def _seed_for(self, slot: int) -> int:
         """The reset seed of slot ``slot`` (``0..M-1``): ``seeds[slot]`` if listed, else derived."""
-        slot = u64_arg(slot, "slot")
-        if slot >= self._episodes:
-            raise ValueError(
-                f"slot {slot} is out of range: this run has slots 0..{self._episodes - 1}"
-            )
         if slot < len(self._seeds):
             return self._seeds[slot]
         return episode_seed(self._base_seed, self._trial_index_base + slot)
 
-    def _claim_slots(self, count: int, exact: bool) -> Sequence[int]:
-        """Claim the next ``count`` slots: all or none if ``exact``, else as many as remain."""
+    def _claim_slots(self, count: int) -> Sequence[int]:
+        """Claim the next ``count`` slots, or as many as remain."""
         remaining = self._slot_count - self._slots_claimed
-        granted = (count if count <= remaining else 0) if exact else min(count, remaining)
+        granted = min(count, remaining)
         first = self._slots_claimed
         self._slots_claimed += granted
         return self._slots[first : first + granted]
@@ -294,7 +262,7 @@ class RouteLedger:
         self._episode_id[lane] = episode_id
         self._surplus[lane] = slot is None
         self._index[lane] = -1 if slot is None else slot
-        self._seed[lane] = self.seed_for_slot(slot) if slot is not None and seeded else None
+        self._seed[lane] = self._seed_for(slot) if slot is not None and seeded else None
         self._trial[lane] = 0 if slot is None else self._trial_index_base + slot
         self._steps[lane] = 0
         self._reward[lane] = 0.0
@@ -306,12 +274,10 @@ class RouteLedger:
         self._predicted[lane] = False
         return episode_id
 
-    def _start(
-        self, lanes: list[int], exact: bool, overflow: str, seeded: bool, now_ns: int
-    ) -> EpisodeStarts:
-        slots = self._claim_slots(len(lanes), exact)
+    def _start(self, lanes: list[int], overflow: str, seeded: bool, now_ns: int) -> EpisodeStarts:
+        slots = self._claim_slots(len(lanes))
         started, ids, indices, seeds, trials = [], [], [], [], []
-        surplus, surplus_ids, idle = [], [], []
+        surplus, surplus_ids = [], []
         for position, lane in enumerate(lanes):
             if position < len(slots):
                 slot = slots[position]
@@ -320,14 +286,11 @@ class RouteLedger:
                 indices.append(slot)
                 seeds.append(self._seed[lane])
                 trials.append(self._trial[lane])
-            elif exact:
-                continue  # an exact claim that cannot be met leaves its lanes vacant
             elif overflow == "surplus":
                 surplus.append(lane)
                 surplus_ids.append(self._begin(lane, None, seeded, now_ns))
             else:
                 self._state[lane] = IDLE
-                idle.append(lane)
         return EpisodeStarts(
             lanes=_int64(started),
             episode_ids=_int64(ids),
@@ -336,40 +299,25 @@ class RouteLedger:
             trials=_int64(trials),
             surplus_lanes=_int64(surplus),
             surplus_episode_ids=_int64(surplus_ids),
-            idle_lanes=_int64(idle),
         )
 
-    def start_episodes(
-        self,
-        lanes: Any,
-        *,
-        now_ns: int,
-        exact: bool | None = False,
-        overflow: str = "idle",
-    ) -> EpisodeStarts:
+    def start_episodes(self, lanes: Any, *, now_ns: int, overflow: str) -> EpisodeStarts:
         """Start a seeded episode on each of ``lanes`` (shape ``[K]``), claiming slots in order.
 
-        The first lanes get the next free slots. ``exact=True`` makes the claim all-or-nothing:
-        either every lane gets a slot, or none does and every lane stays vacant (None means
-        False). Otherwise the lanes left without a slot go ``idle`` (``overflow="idle"``, a
-        lane vector that steps any subset) or run unscored surplus episodes
-        (``overflow="surplus"``, a lockstep vector that must step every lane).
+        The first lanes get the next free slots. The lanes left without a slot go ``idle``
+        (``overflow="idle"``, lanes that step alone) or run unscored surplus episodes
+        (``overflow="surplus"``, a lockstep vector that must step every lane); the runner
+        checked ``overflow``.
 
         Raises:
-            ValueError: a lane out of range or given twice, a lane that is not vacant, a
-                non-bool ``exact``, or an unknown ``overflow``.
+            ValueError: a bad clock reading, a lane out of range or given twice, or a lane
+                that is not vacant.
         """
-        if overflow not in OVERFLOWS:
-            raise ValueError(f"overflow must be 'idle' or 'surplus', got {overflow!r}")
-        if exact is None:
-            exact = False
-        if not isinstance(exact, (bool, np.bool_)):
-            raise ValueError(f"exact must be True or False, got {type(exact).__name__}")
         now_ns = i64_arg(now_ns, "now_ns")
         checked = check_lanes(vector(lanes, "int64", "lanes"), self._num_lanes)
         for lane in checked:
             self._require_vacant(lane)
-        return self._start(checked, bool(exact), overflow, True, now_ns)
+        return self._start(checked, overflow, True, now_ns)
 
     def observe_rolls(self, lanes: Any, env_episode_ids: Any, *, now_ns: int) -> EpisodeStarts:
         """Start a fresh, env-seeded episode on each lane whose env-side episode id changed.
@@ -399,7 +347,7 @@ class RouteLedger:
                 rolled.append(lane)
         for lane, env_id in zip(checked, env_ids, strict=True):
             self._env_episode_id[lane] = env_id
-        return self._start(rolled, False, "surplus", False, now_ns)
+        return self._start(rolled, "surplus", False, now_ns)
 
     def _require_vacant(self, lane: int, context: str = "") -> None:
         state = self._state[lane]
@@ -609,10 +557,8 @@ class RouteLedger:
 
     # ------------------------------------------------------------------ queries
 
-    def episode_ids(self, lanes: Any = None) -> np.ndarray:
-        """The episode each lane holds (``[K]`` int64, -1 for none); all lanes by default."""
-        if lanes is None:
-            return _int64(self._episode_id)
+    def episode_ids(self, lanes: Any) -> np.ndarray:
+        """The episode each of ``lanes`` holds (``[K]`` int64, -1 for none)."""
         checked = check_lanes(vector(lanes, "int64", "lanes"), self._num_lanes)
         return _int64([self._episode_id[lane] for lane in checked])
 
@@ -622,14 +568,6 @@ class RouteLedger:
     def running_lanes(self) -> np.ndarray:
         """Lanes whose episode (scored or surplus) is being stepped, ascending."""
         return self._lanes_in(RUNNING)
-
-    def vacant_lanes(self) -> np.ndarray:
-        """Lanes that hold no episode and may start one, ascending."""
-        return self._lanes_in(VACANT)
-
-    def idle_lanes(self) -> np.ndarray:
-        """Lanes left without a slot, never to be stepped again, ascending."""
-        return self._lanes_in(IDLE)
 
     def summaries(self) -> list[EpisodeSummary]:
         """Every scored episode completed so far, in completion order."""
@@ -669,9 +607,3 @@ class RouteLedger:
             "lanes": lanes,
             "summaries": [summary.to_dict() for summary in self._summaries],
         }
-
-    def __repr__(self) -> str:
-        return (
-            f"RouteLedger(num_lanes={self._num_lanes}, episodes={self._episodes}, "
-            f"completed={self._completed}, slots_claimed={self._slots_claimed})"
-        )

@@ -87,13 +87,13 @@ class LatencyStats:
         >>> import numpy as np
         >>> stats = LatencyStats()
         >>> stats.record_many(np.array([100, 200, 300, 400, 1_000_000]))
-        >>> stats.count, stats.mean_ns, stats.max_ns
-        (5, 200200.0, 1000000)
+        >>> stats.count, stats.total_ns, stats.max_ns
+        (5, 1001000, 1000000)
         >>> stats.quantile(0.5)  # the 3rd of 5 values, 300, lies in the bucket 300..303
         302
         >>> snapshot = stats.snapshot()
-        >>> list(snapshot)
-        ['count', 'avg_ns', 'p50_ns', 'p95_ns', 'p99_ns', 'max_ns']
+        >>> list(snapshot), snapshot["avg_ns"]
+        (['count', 'avg_ns', 'p50_ns', 'p95_ns', 'p99_ns', 'max_ns'], 200200.0)
         >>> snapshot["p99_ns"]  # capped at max_ns
         1000000
     """
@@ -169,18 +169,12 @@ class LatencyStats:
         """The largest duration recorded, exactly; 0 when empty."""
         return self._max_ns
 
-    @property
-    def mean_ns(self) -> float:
-        """The exact mean duration; 0.0 when empty."""
+    def _mean_ns(self) -> float:
+        """The exact mean duration (the snapshot's ``avg_ns``); 0.0 when empty."""
         if self._count == 0:
             return 0.0
         # Both rounded to float first, as the Rust core divides them.
         return float(self._total_ns) / float(self._count)
-
-    @property
-    def bucket_count(self) -> int:
-        """Buckets held: set by the largest duration recorded, at most ``MAX_BUCKETS``."""
-        return len(self._buckets)
 
     def quantile(self, q: float) -> int:
         """A value within 1/128 of the exact nearest-rank ``q``-quantile; 0 when empty.
@@ -207,7 +201,7 @@ class LatencyStats:
         """``{count, avg_ns, p50_ns, p95_ns, p99_ns, max_ns}``: all ints but ``avg_ns``."""
         return {
             "count": self._count,
-            "avg_ns": self.mean_ns,
+            "avg_ns": self._mean_ns(),
             "p50_ns": self.quantile(0.5),
             "p95_ns": self.quantile(0.95),
             "p99_ns": self.quantile(0.99),
