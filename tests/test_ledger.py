@@ -484,7 +484,7 @@ def test_a_refused_end_round_changes_nothing(core):
     runner.begin_round()
     runner.take_actions(np.zeros(2, np.int64), 0)
     before = runner.snapshot()
-    message = r"^lane 0 has step_ns=-5, predict_ns=0: timings must be non-negative$"
+    message = r"^step_ns must be a duration in nanoseconds \(>= 0\), got -5$"
     with pytest.raises(ValueError, match=message):
         runner.end_round([1.0, 1.0], [True, False], [False, False], -5, 0)
     assert runner.snapshot() == before

@@ -33,8 +33,9 @@ def episode(index: int, **changes) -> EpisodeResult:
 
 
 def real_summaries(core) -> list:
-    """Two summaries from a real RoundRunner: lane 1 ends first (slot 1), then lane 0. Each
-    round charges 7 or 9 ns of model time and 20 or 30 ns of env time to every lane."""
+    """Two summaries from a real RoundRunner: lane 1 ends first (slot 1), then lane 0. The
+    first round's 7 ns of model time and 20 ns of env time are shared by both lanes (4 + 3 and
+    10 + 10 ns); the second round's 9 and 30 ns are lane 0's alone."""
     space, actions = gym.spaces.Box(-1, 1, (1,), np.float32), gym.spaces.Discrete(2)
     plan = compile_spec(None, space, actions)
     runner = core.RoundRunner(2, 2, plan.observation, plan.action, base_seed=3, trial_index_base=10)
@@ -65,8 +66,8 @@ def test_from_summary_copies_every_field_but_the_episode_id(core):
         truncated=False,
         success=True,
         duration_s=2.0,
-        predict_ms=7 / 1e6,
-        step_ms=20 / 1e6,
+        predict_ms=3 / 1e6,
+        step_ms=10 / 1e6,
         success_reported=True,  # the core's summary held the env's verdict
     )
     assert results[1].index == 0 and results[1].success is None and results[1].truncated
