@@ -112,3 +112,25 @@ def test_every_way_a_run_ends_releases_the_lock(tmp_path, core, model, raised):
     assert not (tmp_path / ("r.jsonl" + LOCK_SUFFIX)).exists()
     # Another writer in this very process gets the file: the lock is not merely left to exit.
     rlmesh.run(lambda obs: 0, "CartPole-v1", **arguments, resume=True)
+
+
+class FailsAtStart(rlmesh.RunHooks):
+    def on_run_start(self, context):
+        raise RuntimeError("no start today")
+
+
+def test_a_complete_file_resumed_with_a_failing_start_hook_releases_the_lock(tmp_path):
+    path = tmp_path / "r.jsonl"
+    policy = lambda obs: 0  # noqa: E731
+    rlmesh.run(policy, "CartPole-v1", episodes=2, results_path=path)
+    with pytest.raises(Exception, match="no start today"):  # nothing is left to run
+        rlmesh.run(
+            policy,
+            "CartPole-v1",
+            episodes=2,
+            results_path=path,
+            resume=True,
+            hooks=FailsAtStart(),
+        )
+    assert not (tmp_path / ("r.jsonl" + LOCK_SUFFIX)).exists()
+    assert rlmesh.run(policy, "CartPole-v1", episodes=2, results_path=path, resume=True)
