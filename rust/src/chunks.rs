@@ -272,21 +272,22 @@ impl ReplayStore {
     /// `sources[i]` is leaf `i` of the batch as C-ordered bytes `[K, horizon, step]`; each lane
     /// keeps its first `min(horizon, execution_horizon)` steps. Call `check_push` first.
     pub fn push(&mut self, lanes: &[i64], episode_ids: &[i64], horizon: usize, sources: &[&[u8]]) {
-        let keep = horizon.min(self.execution_horizon);
-        self.reserve(keep);
+        let kept = horizon.min(self.execution_horizon);
+        self.reserve(kept);
         for ((slab, &bytes), source) in self.slabs.iter_mut().zip(&self.step_bytes).zip(sources) {
-            let (row, source_row, kept) = (self.capacity * bytes, horizon * bytes, keep * bytes);
+            let (row, source_row, kept_bytes) =
+                (self.capacity * bytes, horizon * bytes, kept * bytes);
             for (k, &lane) in lanes.iter().enumerate() {
                 let start = lane as usize * row;
-                slab[start..start + kept]
-                    .copy_from_slice(&source[k * source_row..k * source_row + kept]);
+                slab[start..start + kept_bytes]
+                    .copy_from_slice(&source[k * source_row..k * source_row + kept_bytes]);
             }
         }
         for (&lane, &episode_id) in lanes.iter().zip(episode_ids) {
             self.lanes[lane as usize] = LaneQueue {
                 episode_id,
                 next: 0,
-                end: keep,
+                end: kept,
             };
             self.owners.insert(episode_id, lane as usize);
         }
@@ -454,11 +455,6 @@ impl ChunkQueues {
     /// Of `lanes`, those whose queue is empty, in order.
     pub(crate) fn needing_predict(&mut self, lanes: &[i64]) -> Result<Vec<i64>, ArgError> {
         self.store.lanes_needing_predict(Some(lanes))
-    }
-
-    /// The most actions of one chunk a lane replays before the model is asked again.
-    pub(crate) fn horizon_limit(&self) -> u64 {
-        self.execution_horizon
     }
 
     /// The leaves' arrays in layout order; the first push sets the layout.
@@ -635,7 +631,7 @@ impl ChunkQueues {
 
     /// The most actions of one chunk a lane replays before the model is asked again.
     #[getter]
-    fn execution_horizon(&self) -> u64 {
+    pub(crate) fn execution_horizon(&self) -> u64 {
         self.execution_horizon
     }
 

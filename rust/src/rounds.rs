@@ -803,8 +803,7 @@ impl RoundRunner {
         if !predict_lanes.is_empty() {
             let count = predict_lanes.len();
             let (horizon, _) = chunk_leaves(output, Some(count as u64))?;
-            let limit = queues.horizon_limit();
-            let kept = (horizon as u64).min(limit) as usize;
+            let kept = (horizon as u64).min(queues.execution_horizon()) as usize;
             let slice = py.get_type::<PySlice>();
             let index = PyTuple::new(
                 py,

@@ -240,11 +240,11 @@ class ChunkQueues:
         horizon, leaves = _chunk_leaves(chunks, len(checked))
         arrays = self._conform(leaves)
 
-        keep = min(horizon, self._execution_horizon)
+        kept = min(horizon, self._execution_horizon)
         for row, (lane, episode_id) in enumerate(zip(checked, ids, strict=True)):
             # np.array copies: the queue owns its actions.
             self._queues[lane].extend(
-                tuple(np.array(array[row, step]) for array in arrays) for step in range(keep)
+                tuple(np.array(array[row, step]) for array in arrays) for step in range(kept)
             )
             self._episode[lane] = episode_id
             self._owner[episode_id] = lane
