@@ -110,8 +110,9 @@ class EpisodeResult:
     verdict of ``rlmesh.success``: what the env's final ``info`` reported
     (``success_reported`` is then True), else the run's ``SuccessRule`` (a user rule, or reward
     >= the env spec's ``reward_threshold``); None when neither gives one (not available).
-    ``duration_s`` is wall time from reset to the end; ``predict_ms`` and ``step_ms`` are mean
-    per-step model and env times. Every field but the three timings is identical across runs,
+    ``duration_s`` is the episode's clock, the one ``max_episode_seconds`` reads too: wall time
+    from just before its reset call to the return of its last ``step``. ``predict_ms`` and
+    ``step_ms`` are mean per-step model and env times. Every field but the three timings is identical across runs,
     ``num_envs`` and cores.
 
     The per-step times are the episode's own, so they mean the same at any ``num_envs``:
