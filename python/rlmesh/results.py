@@ -112,8 +112,8 @@ class EpisodeResult:
     >= the env spec's ``reward_threshold``); None when neither gives one (not available).
     ``duration_s`` is the episode's clock, the one ``max_episode_seconds`` reads too: wall time
     from just before its reset call to the return of its last ``step``. ``predict_ms`` and
-    ``step_ms`` are mean per-step model and env times. Every field but the three timings is identical across runs,
-    ``num_envs`` and cores.
+    ``step_ms`` are mean per-step model and env times. Every field but the three timings is
+    identical across runs, ``num_envs`` and cores.
 
     The per-step times are the episode's own, so they mean the same at any ``num_envs``:
     ``step_ms`` is its env's step time per step (a lane the core steps alone is timed alone; a
