@@ -222,6 +222,36 @@ def test_a_timed_out_step_reaches_the_caller_at_its_deadline():
         HangingEnv.release.set()  # the abandoned thread returns and ends
 
 
+def _deadline_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "rlmesh-deadline-call"]
+
+
+def _settled(predicate, seconds: float = 5.0) -> bool:
+    """Whether ``predicate()`` holds within ``seconds`` (threads end on their own clock)."""
+    deadline = time.perf_counter() + seconds
+    while not predicate():
+        if time.perf_counter() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_a_run_with_timeouts_leaves_no_thread_behind():
+    before = len(_deadline_threads())
+    result = rlmesh.run(cartpole_policy, "CartPole-v1", episodes=2, timeouts={"step": 5})
+    assert result.num_episodes == 2
+    assert _settled(lambda: len(_deadline_threads()) <= before)
+    # An abandoned call's thread ends once the call returns.
+    HangingEnv.release.clear()
+    try:
+        with pytest.raises(OperationTimeout):
+            rlmesh.run(lambda obs: 0, HangingEnv, episodes=1, timeouts={"step": 0.2})
+        assert len(_deadline_threads()) == before + 1  # still stuck in the hung step
+    finally:
+        HangingEnv.release.set()
+    assert _settled(lambda: len(_deadline_threads()) <= before)
+
+
 def test_a_process_whose_step_hangs_exits_at_the_deadline():
     # The whole of rlmesh.run, asyncio.run's shutdown included: it must not wait for the hang.
     script = textwrap.dedent(

@@ -14,7 +14,8 @@ Example:
     >>> caller = DeadlineCaller()
     >>> asyncio.run(caller.call(0.5, sum, [1, 2]))
     3
-    >>> asyncio.run(caller.call(0.05, time.sleep, 10))
+    >>> caller.close()
+    >>> asyncio.run(caller.call(0.05, time.sleep, 1))
     Traceback (most recent call last):
     ...
     rlmesh.deadlines.DeadlinePassed: the call did not return within 0.05 s
@@ -35,17 +36,25 @@ class DeadlinePassed(TimeoutError):  # noqa: N818 - a TimeoutError, named for wh
 
 
 class _Worker:
-    """One daemon thread running calls one after another."""
+    """One daemon thread running calls one after another, until it is told to stop."""
 
     def __init__(self) -> None:
-        self.calls: queue.SimpleQueue[tuple[Callable[[], Any], Callable[..., None]]] = (
+        self.calls: queue.SimpleQueue[tuple[Callable[[], Any], Callable[..., None]] | None] = (
             queue.SimpleQueue()
         )
-        threading.Thread(target=self._serve, name="rlmesh-deadline-call", daemon=True).start()
+        self.thread = threading.Thread(target=self._serve, name="rlmesh-deadline-call", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        """The thread ends once its current call (if any) returns."""
+        self.calls.put(None)
 
     def _serve(self) -> None:
         while True:
-            work, settle = self.calls.get()
+            call = self.calls.get()
+            if call is None:
+                return
+            work, settle = call
             try:
                 outcome = work()
                 if asyncio.iscoroutine(outcome):
@@ -57,10 +66,19 @@ class _Worker:
 
 
 class DeadlineCaller:
-    """Runs blocking calls off the event loop, each abandoned if it outlives its deadline."""
+    """Runs blocking calls off the event loop, each abandoned if it outlives its deadline.
+
+    ``close()`` ends its thread; a thread stuck in an abandoned call ends when the call returns.
+    """
 
     def __init__(self) -> None:
         self._worker: _Worker | None = None
+
+    def close(self) -> None:
+        """Let the worker thread end (it may be used again: a new one starts)."""
+        if self._worker is not None:
+            self._worker.stop()
+            self._worker = None
 
     async def call(self, limit_s: float, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` (driven to completion if it returns a coroutine), or ``DeadlinePassed``
@@ -88,7 +106,8 @@ class DeadlineCaller:
         worker.calls.put((lambda: fn(*args), settle))
         done, _ = await asyncio.wait({future}, timeout=limit_s)
         if not done:
-            # The worker may be stuck in this call for good: later calls get a new one.
-            self._worker = None
+            # The worker may be stuck in this call for good: later calls get a new one, and
+            # this one ends if the call ever returns.
+            self.close()
             raise DeadlinePassed(f"the call did not return within {limit_s:g} s")
         return future.result()

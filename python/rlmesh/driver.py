@@ -375,6 +375,7 @@ class EvaluationRun:
             steps.append(handler.close)
         if self.lanes is not None and (self.settings.close_env or self._owns_env):
             steps.append(self.lanes.close)
+        steps.append(self.deadlines.close)
         if self.hooks is not None:
             hooks = self.hooks
             steps.append(lambda: hooks.run_end(result, error))
