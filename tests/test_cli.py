@@ -248,13 +248,18 @@ def test_ctrl_c_keeps_completed_episodes_and_resume_completes_the_run(tmp_path, 
         text=True,
         env={**os.environ, "SLOW_POLICY": "0.002"},
     )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if out.exists() and len(out.read_text().splitlines()) >= 4:  # header + 3 episodes
-            break
-        time.sleep(0.02)
-    process.send_signal(signal.SIGINT)
-    _, err = process.communicate(timeout=60)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if out.exists() and len(out.read_text().splitlines()) >= 4:  # header + 3 episodes
+                break
+            time.sleep(0.02)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:  # the test failed with the run still going
+            process.kill()
+            process.wait()
     assert process.returncode == 130, err
     assert "Resume with: rlmesh eval" in err and "--resume" in err
     _, partial = read_results(out)

@@ -244,6 +244,7 @@ class EvaluationRun:
         self.hooks_argument = hooks
         self.results = results
         self.core = active if core is None else load_core(core)
+        self.core_name = "python" if self.core is load_core("python") else "rust"
         self.env = env
         self.model = model
         self.hooks: HookDispatcher | None = None
@@ -406,7 +407,7 @@ class EvaluationRun:
             wasted_steps=0 if runner is None else runner.wasted_steps,
             telemetry=telemetry,
             observer_errors=0 if self.hooks is None else self.hooks.observer_errors,
-            core="python" if self.core is load_core("python") else "rust",
+            core=self.core_name,
             success_rule=rule,
             episodes_requested=(
                 settings.episodes if settings.indices is None else len(settings.indices)
@@ -534,7 +535,7 @@ class EvaluationRun:
             "execution_horizon": settings.execution_horizon,
             "chunked": self.handler.chunked,
             "corner": self.handler.corner,
-            "core": "python" if self.core is load_core("python") else "rust",
+            "core": self.core_name,
             "plan": self.plan.describe(),
             # Episodes a resumed results file already holds (they are not run again).
             "completed_episodes": () if self.results is None else self.results.episodes,
