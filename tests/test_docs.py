@@ -31,6 +31,8 @@ DOCUMENTED_MODULES = (
     "rlmesh.settings",
     "rlmesh.stats",
     "rlmesh.cli",
+    "rlmesh.spaces",
+    "rlmesh.remote.codec",
 )
 
 
