@@ -33,6 +33,8 @@ DOCUMENTED_MODULES = (
     "rlmesh.cli",
     "rlmesh.spaces",
     "rlmesh.remote.codec",
+    "rlmesh.remote.address",
+    "rlmesh.remote.connection",
 )
 
 

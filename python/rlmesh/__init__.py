@@ -19,6 +19,7 @@ from .errors import (
     ModelOutputError,
     ObservationError,
     OperationTimeout,
+    RemoteError,
     ResultsFileError,
     ResultsFileLockedError,
     RlmeshError,
@@ -53,6 +54,9 @@ __all__ = [
     "OperationTimeout",
     "Plan",
     "PredictContext",
+    "RemoteEnv",
+    "RemoteError",
+    "RemoteModel",
     "ResultsFile",
     "ResultsFileError",
     "ResultsFileLockedError",
@@ -73,4 +77,26 @@ __all__ = [
     "episode_seed",
     "read_results",
     "run",
+    "serve_env",
+    "serve_model",
 ]
+
+# Served envs and models need the `remote` extra (grpcio); `import rlmesh` stays light and
+# imports them on first use.
+_REMOTE = {
+    "RemoteEnv": "rlmesh.remote.env_client",
+    "RemoteModel": "rlmesh.remote.model_client",
+    "serve_env": "rlmesh.remote.env_server",
+    "serve_model": "rlmesh.remote.model_server",
+}
+
+
+def __getattr__(name: str) -> object:
+    if name not in _REMOTE:
+        raise AttributeError(f"module 'rlmesh' has no attribute {name!r}")
+    from .remote import require_grpc
+
+    require_grpc(name)
+    import importlib
+
+    return getattr(importlib.import_module(_REMOTE[name]), name)

@@ -97,6 +97,22 @@ class EnvError(RlmeshError):
     """
 
 
+class RemoteError(RlmeshError):
+    """A served env or model failed: it could not be reached, refused the handshake or the
+    token, went away mid-run, or answered with an error.
+
+    Attributes:
+        address: the server's address as the user gave it (``"tcp://127.0.0.1:50051"``).
+        code: the wire's error code name (``"ENV_ERROR_CODE_TIMEOUT"``), or the gRPC status
+            name (``"UNAVAILABLE"``), or None.
+    """
+
+    def __init__(self, message: str, *, address: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.address = address
+        self.code = code
+
+
 class ResultsFileError(RlmeshError):
     """A results file cannot be written or resumed as asked.
 

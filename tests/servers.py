@@ -1,0 +1,118 @@
+"""Servers in their own processes for the remote tests: ours (``rlmesh serve ...``) and the
+published rlmesh 0.1.0's, in a virtual environment of its own.
+
+``served(argv)`` starts a process that prints the address it listens on (``tcp://...`` or
+``unix://...``) on a line of its stdout, waits for that line, yields the address, and kills
+the process (and its group) on exit, whatever happened. ``peer_python()`` is the Python of a
+venv holding ``rlmesh==0.1.0`` and Gymnasium: made once and cached under
+``$RLMESH_PEER_VENV`` (default ``~/.cache/rlmesh-tests/peer-0.1.0``); a test that needs it
+skips, saying why, only when the install itself fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+import venv
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+PEER_VERSION = "0.1.0"
+PEER_REQUIREMENTS = [f"rlmesh=={PEER_VERSION}", "gymnasium>=1.0,<2", "numpy"]
+_ADDRESS = re.compile(r"((?:tcp|unix)://\S+)")
+
+
+def peer_venv_dir() -> Path:
+    default = Path.home() / ".cache" / "rlmesh-tests" / f"peer-{PEER_VERSION}"
+    return Path(os.environ.get("RLMESH_PEER_VENV", default))
+
+
+def peer_python() -> str:
+    """The Python of the peer's venv, made on first use; ``pytest.skip`` if pip cannot
+    install the published package."""
+    root = peer_venv_dir()
+    python = root / "bin" / "python"
+    marker = root / ".installed"
+    if marker.exists() and python.exists():
+        return str(python)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    venv.EnvBuilder(with_pip=True, clear=True).create(root)
+    install = subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", *PEER_REQUIREMENTS],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if install.returncode != 0:
+        pytest.skip(
+            f"cannot install the published peer ({' '.join(PEER_REQUIREMENTS)}) into {root}: "
+            f"{install.stderr.strip().splitlines()[-1:]}"
+        )
+    marker.write_text(PEER_VERSION)
+    return str(python)
+
+
+@contextlib.contextmanager
+def served(
+    argv: Sequence[str], *, ready_timeout: float = 60.0, env: dict[str, str] | None = None
+) -> Iterator[str]:
+    """Run ``argv`` until the block ends; yields the first address it prints on stdout."""
+    process = subprocess.Popen(
+        list(argv),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, **(env or {})},
+    )
+    try:
+        yield _read_address(process, ready_timeout)
+    finally:
+        stop(process)
+
+
+def _read_address(process: subprocess.Popen[str], timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    selector = selectors.DefaultSelector()
+    selector.register(process.stdout, selectors.EVENT_READ)
+    seen: list[str] = []
+    while time.monotonic() < deadline:
+        if not selector.select(timeout=max(0.0, deadline - time.monotonic())):
+            break
+        line = process.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        match = _ADDRESS.search(line)
+        if match:
+            return match.group(1)
+    stop(process)
+    stderr = process.stderr.read() if process.stderr else ""
+    raise AssertionError(
+        f"{' '.join(process.args)} printed no address within {timeout} s; "
+        f"stdout: {''.join(seen)!r}; stderr: {stderr[-2000:]!r}"
+    )
+
+
+def stop(process: subprocess.Popen[str]) -> None:
+    """Kill ``process`` and its session, and reap it."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
+    for stream in (process.stdout, process.stderr):
+        if stream is not None:
+            stream.close()
+
+
+def rlmesh_cli(*args: str) -> list[str]:
+    """``rlmesh ARGS`` with this interpreter (so the checkout under test is what runs)."""
+    return [sys.executable, "-m", "rlmesh", *args]
