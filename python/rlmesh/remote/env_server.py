@@ -336,6 +336,8 @@ class Session:
 
     def open(self) -> None:
         n = self.num_lanes
+        self._last_step_key: tuple[int, ...] | None = None
+        self._last_step_lanes = self.all_lanes
         self.running = np.zeros(n, dtype=np.bool_)
         self.episode_ids = np.full(n, "", dtype=object)
         self.seeds: list[int | None] = [None] * n
@@ -423,10 +425,10 @@ class Session:
         )
 
     def step(self, request: wire.StepRequest) -> wire.StepResponse:
-        lanes = self._lanes_of(request.env_indices, "StepRequest")
+        lanes = self._step_lanes(request.env_indices)
         count = len(lanes)
-        idle = ~self.running[lanes]
-        if idle.any():
+        if not self.running[lanes].all():
+            idle = ~self.running[lanes]
             raise RequestError(
                 Code.ENV_ERROR_CODE_NOT_READY,
                 f"lanes {lanes[idle].tolist()} have no running episode (never reset, or it "
@@ -487,6 +489,14 @@ class Session:
         return response
 
     # ---------------------------------------------------------------- helpers
+
+    def _step_lanes(self, env_indices: Sequence[int]) -> np.ndarray:
+        # A driver steps the same lanes round after round: they are checked once per change.
+        key = tuple(env_indices)
+        if key != self._last_step_key:
+            self._last_step_lanes = self._lanes_of(key, "StepRequest")
+            self._last_step_key = key
+        return self._last_step_lanes
 
     def _lanes_of(self, env_indices: Sequence[int], what: str) -> np.ndarray:
         if not len(env_indices):
@@ -685,7 +695,8 @@ def check_values(
     """The first row that breaks a check, and what is wrong with it; None when all conform."""
     if not checks:
         return None
-    leaves = batch_leaves(space, batch)
+    composite = isinstance(space, (spaces.Dict, spaces.Tuple))
+    leaves = batch_leaves(space, batch) if composite else [batch]
     for position, where, expected, check in checks:
         leaf = np.asarray(leaves[position])
         bad = check(leaf)
