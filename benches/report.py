@@ -11,7 +11,8 @@ calls long enough to dwarf the timer.
 
 Sections: the core micro-benchmarks (Rust vs Python core), end to end (``rlmesh.run`` vs a
 hand-written loop of the same policy and seeds), chunked runs, the summary of a 1M-episode
-results file against its time and memory budget, and with ``--peer`` the
+results file against its time and memory budget, a served env over loopback against the same
+run in-process, and with ``--peer`` the
 published ``rlmesh==0.1.0`` (run in its own virtual environment, see ``peer.py``). Each row
 gives its workload, both figures, the ratio (how many times better rlmesh's side is) and the
 target from the issues, and says MISSED where the ratio falls short. Targets are reported,
@@ -58,6 +59,18 @@ from test_bench_driver import (
     sync_vector_loop,
 )
 from test_bench_ledger import EPISODE_STEPS, LANE_COUNTS, LedgerStepLoop
+from test_bench_remote_env import (
+    ONE_LANE_SEEDS,
+    REMOTE_EPISODES,
+    REMOTE_LANES,
+    our_server,
+    rounds_of,
+    run_local_lanes,
+    run_local_one_lane,
+    run_remote_lanes,
+    run_remote_one_lane,
+    served,
+)
 from test_bench_summary import REPORT_EPISODES, results_file, summary_in_subprocess
 
 PEER_VERSION = "0.1.0"
@@ -549,6 +562,81 @@ def peer_rows(settings: Settings, ours: dict) -> list[Row]:
     ]
 
 
+def remote_rows(settings: Settings, with_peer: bool) -> list[Row]:
+    """A served CartPole (``rlmesh serve env``, its own process) driven by ``rlmesh.run``,
+    beside the same run in-process and, with ``--peer``, beside rlmesh 0.1.0's ``EnvServer``
+    driven by 0.1.0's own run (both in its venv)."""
+    section = "served env over loopback (rlmesh-wire-v1), lane-steps/s"
+    seeds = ONE_LANE_SEEDS[: 2 if settings is QUICK else None]
+    episodes = REMOTE_EPISODES // 2 if settings is QUICK else REMOTE_EPISODES
+    workloads = {
+        1: (
+            f"CartPole, 1 lane, {len(seeds)} seeded episodes, served",
+            lambda address: run_remote_one_lane(address, seeds),
+            lambda: run_local_one_lane(seeds),
+        ),
+        REMOTE_LANES: (
+            f"CartPole, {REMOTE_LANES} lanes, {episodes} episodes, served",
+            lambda address: run_remote_lanes(address, episodes),
+            lambda: run_local_lanes(episodes),
+        ),
+    }
+    rows = []
+    for width, (workload, remote, local) in workloads.items():
+        with our_server(width) as address:
+            result = remote(address)
+            steps, rounds = result.total_steps, rounds_of(result)
+            times = interleaved(
+                {"remote": lambda remote=remote: remote(address), "local": local},
+                settings.repeats,
+            )
+        overhead_us = (times["remote"] - times["local"]) / rounds * 1e6
+        rows.append(
+            Row(
+                section,
+                workload,
+                "rlmesh.run in-process",
+                steps / times["local"],
+                "served",
+                steps / times["remote"],
+                "steps/s",
+                0.4 if width > 1 else None,
+                note=f"wire overhead per round: {overhead_us:,.0f} us ({rounds} rounds, one "
+                f"StepRequest each)",
+            )
+        )
+        if with_peer:
+            rows.append(_peer_remote_row(section, workload, width, steps / times["remote"],
+                                         settings, len(seeds), episodes))  # fmt: skip
+    return rows
+
+
+def _peer_remote_row(
+    section: str, workload: str, width: int, ours: float, settings: Settings, seeds: int,
+    episodes: int,
+) -> Row:  # fmt: skip
+    """rlmesh 0.1.0's EnvServer (its own process) driven by 0.1.0's own run."""
+    script = str(HERE / "test_bench_remote_env.py")
+    clean = {"PYTHONPATH": ""}  # 0.1.0's package, not this checkout's
+    try:
+        python = str(peer_python())
+        with served([python, script, "serve", f"--width={width}"], env=clean) as address:
+            command = [python, script, "drive", f"--address={address}", f"--width={width}",
+                       f"--repeats={settings.repeats}", f"--seeds={seeds}",
+                       f"--episodes={episodes}"]  # fmt: skip
+            done = subprocess.run(
+                command, check=True, capture_output=True, text=True, cwd=HERE,
+                env={**os.environ, **clean},
+            )  # fmt: skip
+        peer = json.loads(done.stdout.strip().splitlines()[-1])["steps_per_s"]
+        note = f"0.1.0's EnvServer{'' if width == 1 else f' of a {width}-lane SyncVectorEnv'}"
+    except (OSError, RuntimeError, subprocess.CalledProcessError, json.JSONDecodeError) as error:
+        stderr = getattr(error, "stderr", "") or ""
+        peer, note = None, f"skipped: {(stderr.strip().splitlines() or [str(error)])[-1]}"
+    return Row(section, workload, f"rlmesh {PEER_VERSION}", peer, "served", ours, "steps/s",
+               3.0, note)  # fmt: skip
+
+
 def machine() -> dict:
     """The facts BENCHMARKS.md records next to the table."""
     cpu = (
@@ -589,6 +677,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = core_rows(settings)
     driver, ours = end_to_end_rows(settings)
     rows += driver + chunked_rows(settings) + summary_rows(settings)
+    rows += remote_rows(settings, args.peer)
     if args.peer:
         rows += peer_rows(settings, ours)
     elapsed = time.perf_counter() - started

@@ -94,8 +94,12 @@ def _read_address(process: subprocess.Popen[str], timeout: float) -> str:
         match = _ADDRESS.search(line)
         if match:
             return match.group(1)
-    stop(process)
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
     stderr = process.stderr.read() if process.stderr else ""
+    stop(process)  # closes the streams, so only after reading what it said
     raise AssertionError(
         f"{' '.join(process.args)} printed no address within {timeout} s; "
         f"stdout: {''.join(seen)!r}; stderr: {stderr[-2000:]!r}"

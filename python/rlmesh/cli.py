@@ -5,7 +5,8 @@ Commands:
 - ``rlmesh eval POLICY --env ID [...]``: run the evaluation, optionally into a results file
   (``--out``) that survives a crash and can be resumed (``--resume``);
 - ``rlmesh demo``: ``eval`` of a built-in CartPole heuristic over 8 lanes and 100 episodes;
-- ``rlmesh report FILE``: the summary table of a results file alone.
+- ``rlmesh report FILE``: the summary table of a results file alone;
+- ``rlmesh serve env ID_OR_FACTORY``: serve an env over rlmesh-wire-v1 until SIGINT / SIGTERM.
 
 Exit codes: 0 done; 1 the run failed (the typed error's message, after the completed episodes
 were written); 2 bad input (one line saying what was wrong and what was expected), or another
@@ -117,6 +118,35 @@ class CartPoleHeuristic(Model):
 BUILTIN_POLICIES = ("random", "cartpole-heuristic")
 
 
+def load_object(spec: str, what: str, expected: str) -> Any:
+    """The object ``package.module:Name`` or ``path/to/file.py:Name`` names (``what`` and
+    ``expected`` phrase the ``UsageError`` when it does not load)."""
+    target, _, name = spec.rpartition(":")
+    if not target or not name:
+        raise UsageError(f"{what} {spec!r}: {expected}")
+    try:
+        if target.endswith(".py"):
+            path = Path(target)
+            if not path.is_file():
+                raise UsageError(f"{what} {spec!r}: no file {target}; {expected}")
+            # The file's directory goes on sys.path, so it can import its neighbours.
+            sys.path.insert(0, str(path.resolve().parent))
+            module_spec = importlib.util.spec_from_file_location(path.stem, path)
+            module = importlib.util.module_from_spec(module_spec)
+            module_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(target)
+    except UsageError:
+        raise
+    except Exception as exc:  # any error of the user's module is theirs to fix: one line
+        raise UsageError(
+            f"{what} {spec!r}: importing {target} failed: {type(exc).__name__}: {exc}"
+        ) from None
+    if not hasattr(module, name):
+        raise UsageError(f"{what} {spec!r}: {target} has no attribute {name!r}")
+    return getattr(module, name)
+
+
 def load_policy(spec: str, action_space: Callable[[], gym.Space]) -> Any:
     """The policy ``spec`` names: a built-in, ``package.module:Name`` or ``file.py:Name``.
 
@@ -132,30 +162,8 @@ def load_policy(spec: str, action_space: Callable[[], gym.Space]) -> Any:
         "expected package.module:Name, path/to/file.py:Name, or a built-in "
         f"({', '.join(BUILTIN_POLICIES)})"
     )
-    target, _, name = spec.rpartition(":")
-    if not target or not name:
-        raise UsageError(f"policy {spec!r}: {expected}")
-    try:
-        if target.endswith(".py"):
-            path = Path(target)
-            if not path.is_file():
-                raise UsageError(f"policy {spec!r}: no file {target}; {expected}")
-            # The file's directory goes on sys.path, so it can import its neighbours.
-            sys.path.insert(0, str(path.resolve().parent))
-            module_spec = importlib.util.spec_from_file_location(path.stem, path)
-            module = importlib.util.module_from_spec(module_spec)
-            module_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(target)
-    except UsageError:
-        raise
-    except Exception as exc:  # any error of the user's module is theirs to fix: one line
-        raise UsageError(
-            f"policy {spec!r}: importing {target} failed: {type(exc).__name__}: {exc}"
-        ) from None
-    if not hasattr(module, name):
-        raise UsageError(f"policy {spec!r}: {target} has no attribute {name!r}")
-    policy = getattr(module, name)
+    policy = load_object(spec, "policy", expected)
+    name = spec.rpartition(":")[2]
     if isinstance(policy, type):
         if not issubclass(policy, Model):
             raise UsageError(
@@ -683,7 +691,127 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("file", metavar="FILE", help="a results file (JSON lines)")
     report.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+
+    serve = commands.add_parser(
+        "serve",
+        help="serve an env over rlmesh-wire-v1",
+        description="Serve an env (gRPC, rlmesh-wire-v1) until SIGINT or SIGTERM.",
+        formatter_class=formatter,
+    )
+    served = serve.add_subparsers(dest="served", metavar="WHAT", parser_class=_Parser)
+    _add_serve_env(served, formatter)
     return parser
+
+
+def _add_serve_env(served: Any, formatter: type[argparse.HelpFormatter]) -> None:
+    serve_env = served.add_parser(
+        "env",
+        help="serve an env",
+        description="Serve an env; prints one line with the address it listens on.",
+        epilog="example:\n  rlmesh serve env CartPole-v1 --address 127.0.0.1:50051 --num-envs 8",
+        formatter_class=formatter,
+    )
+    serve_env.add_argument(
+        "env",
+        metavar="ID_OR_FACTORY",
+        help="a Gymnasium id, or package.module:make_env / path/to/file.py:make_env (a "
+        "zero-argument function returning a gymnasium.Env, or a VectorEnv)",
+    )
+    serve_env.add_argument(
+        "--address",
+        default="127.0.0.1:0",
+        help="host:port, tcp://host:port or unix:///path (default 127.0.0.1:0, a free port)",
+    )
+    serve_env.add_argument(
+        "--num-envs", type=_positive_int, default=None, help="lanes served (default 1)"
+    )
+    serve_env.add_argument("--token", help="require this bearer token of every client")
+    serve_env.add_argument(
+        "--max-message-mb",
+        type=_positive_seconds,
+        default=64.0,
+        metavar="M",
+        help="the largest message accepted or sent, in MiB (default 64)",
+    )
+    serve_env.add_argument(
+        "--allow-shutdown", action="store_true", help="accept the Shutdown call of a client"
+    )
+
+
+def load_env(spec: str) -> Any:
+    """What ``rlmesh serve env`` serves: an env factory (``module:fn`` or ``file.py:fn``) or
+    a Gymnasium id (``CartPole-v1``, ``module:Id``), told apart by whether ``fn`` exists."""
+    target, _, name = spec.rpartition(":")
+    factory = target.endswith(".py")
+    if target and not factory:
+        try:
+            factory = hasattr(importlib.import_module(target), name)
+        except Exception:  # check_env says what is wrong with the module
+            factory = False
+    if not factory:
+        check_env(spec)
+        return spec
+    made = load_object(
+        spec, "env", "expected a Gymnasium id, package.module:make_env or file.py:make_env"
+    )
+    if not callable(made):
+        raise UsageError(
+            f"env {spec!r}: {name} is a {type(made).__name__}; expected a zero-argument "
+            f"function returning a gymnasium.Env"
+        )
+    return made
+
+
+def _serve(args: argparse.Namespace) -> int:
+    if args.served != "env":
+        raise UsageError("rlmesh serve: error: say what to serve: rlmesh serve env ID_OR_FACTORY")
+    from .lanes import make_lanes
+    from .remote import require_grpc
+    from .remote.address import parse_address
+
+    try:
+        parse_address(args.address)
+        require_grpc("serve_env")
+    except (ValueError, ImportError) as exc:
+        raise UsageError(f"--address {args.address!r}: {exc}") from None
+    from .remote.env_server import serve_env
+
+    env = load_env(args.env)
+    try:
+        lanes = make_lanes(env, num_envs=args.num_envs)
+    except (RlmeshError, TypeError, ValueError) as exc:
+        raise UsageError(f"env {args.env!r}: {exc}") from None
+    stop = threading.Event()
+    try:
+        server = serve_env(
+            lanes,
+            args.address,
+            token=args.token,
+            max_message_mb=args.max_message_mb,
+            allow_shutdown=args.allow_shutdown,
+        )
+    except RlmeshError as exc:
+        lanes.close()
+        print(f"rlmesh: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    previous = {
+        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        plural = "" if lanes.num_lanes == 1 else "s"
+        print(
+            f"rlmesh: serving {lanes.name} ({lanes.num_lanes} lane{plural}) at {server.address}",
+            flush=True,
+        )
+        # A Shutdown call closes the server from its side; a signal from ours.
+        while not stop.is_set() and not server.wait(0.2):
+            pass
+    finally:
+        server.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    print("rlmesh: server stopped", file=sys.stderr)
+    return EXIT_OK
 
 
 def _demo_args(args: argparse.Namespace) -> argparse.Namespace:
@@ -747,6 +875,8 @@ def _main(argv: list[str]) -> int:
                 return _eval(_demo_args(args), argv)
             if args.command == "report":
                 return _report(args)
+            if args.command == "serve":
+                return _serve(args)
             build_parser().print_help()
             return EXIT_USAGE
         except UsageError as exc:

@@ -42,6 +42,7 @@ from gymnasium.envs.registration import EnvSpec
 
 from .errors import HookError
 from .lanes.vector import vector_spec
+from .remote.address import is_address
 
 if TYPE_CHECKING:
     from .lanes import Lanes
@@ -170,8 +171,8 @@ def rule_for(success: Any, env: Any) -> SuccessRule:
         success: None (the env spec's ``reward_threshold``, else not available), a number R
             (reward >= R), a callable ``fn(EpisodeResult) -> bool``, or a ``SuccessRule``.
         env: the run's env argument: an id (``"CartPole-v1"``, ``"module:Id"``), a
-            ``gymnasium.Env``, a ``VectorEnv``, or a factory (its spec is read from the lanes
-            it builds: ``SuccessRule.for_lanes``).
+            ``gymnasium.Env``, a ``VectorEnv``, or a factory or a served env's address (its spec
+            is read from the lanes it builds: ``SuccessRule.for_lanes``).
 
     Raises:
         TypeError: ``success`` is none of these; ValueError: R is nan.
@@ -197,7 +198,7 @@ def rule_for(success: Any, env: Any) -> SuccessRule:
             f"success= must be None, a reward threshold (a number) or a callable "
             f"fn(EpisodeResult) -> bool, got {type(success).__name__}"
         )
-    if isinstance(env, str):
+    if isinstance(env, str) and not is_address(env):
         return _from_threshold(_id_threshold(env))
     if isinstance(env, (gym.Env, gym.vector.VectorEnv)):
         return _from_threshold(_spec_threshold(env))

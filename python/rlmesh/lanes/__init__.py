@@ -3,6 +3,8 @@
 ``make_lanes`` turns whatever was passed as ``env=`` into ``Lanes`` (``lanes/base.py``, the
 protocol), one of its kinds:
 
+- an address (``"tcp://host:port"``, ``"host:port"``, ``"unix:///path"``): the lanes of the
+  env served there, a ``rlmesh.RemoteEnv`` (``rlmesh/remote/env_client.py``);
 - a Gymnasium id (``"CartPole-v1"``): ``num_envs`` lanes, each ``gymnasium.make(id,
   **env_kwargs)``, in a ``LaneVector``;
 - a ``gymnasium.Env`` instance: a ``LaneVector`` of that one lane;
@@ -51,6 +53,7 @@ import gymnasium
 from gymnasium.vector import VectorEnv
 
 from ..errors import EnvError
+from ..remote.address import is_address
 from ..utils import positive_int
 from .base import TRIAL_INDEX_FLAG, TRIAL_INDEX_OPTION, Lanes, StepBatch
 from .local import LaneVector
@@ -68,8 +71,9 @@ def make_lanes(
     """The lanes for ``env=``: see the module docstring for what each form becomes.
 
     Args:
-        env: a Gymnasium id, a ``gymnasium.Env``, a zero-argument callable returning a
-            ``gymnasium.Env``, a ``gymnasium.vector.VectorEnv``, or ``Lanes`` of any kind
+        env: a served env's address, a Gymnasium id, a ``gymnasium.Env``, a zero-argument
+            callable returning a ``gymnasium.Env``, a ``gymnasium.vector.VectorEnv``, or
+            ``Lanes`` of any kind
             (returned as they are).
         num_envs: how many lanes to build from an id or a factory (default 1). With an env
             instance it may only be 1, with a vector only its ``num_envs``.
@@ -77,6 +81,7 @@ def make_lanes(
 
     Raises:
         EnvError: ``gymnasium.make`` or the factory raised (an unknown id, a bad keyword).
+        RemoteError: no env server answered at the address, or it refused the session.
         TypeError: ``env`` is none of the forms above, or the factory returned something
             other than a ``gymnasium.Env``.
         ValueError: ``num_envs < 1``, a ``num_envs`` the env cannot have, ``env_kwargs``
@@ -101,6 +106,13 @@ def make_lanes(
                 f"env= is Lanes of {env.num_lanes} lanes, but num_envs={num_envs}: omit num_envs"
             )
         return env
+    if isinstance(env, str) and is_address(env):
+        if env_kwargs is not None:
+            raise ValueError(
+                f"env_kwargs is passed to gymnasium.make, but env={env!r} is a served env: "
+                f"give the arguments to the server that builds it"
+            )
+        return _remote(env, num_envs)
     if isinstance(env, str):
         kwargs = dict(env_kwargs or {})
         return LaneVector(
@@ -138,6 +150,23 @@ def make_lanes(
             )
         )
     raise TypeError(f"env= must be {ENV_FORMS}; got {type(env).__name__}")
+
+
+def _remote(address: str, num_envs: int | None) -> Lanes:
+    """The lanes served at ``address``; ``num_envs`` must be the server's width, or None."""
+    from ..remote import require_grpc
+
+    require_grpc("run on a served env")
+    from ..remote.env_client import RemoteEnv
+
+    lanes = RemoteEnv(address)
+    if num_envs not in (None, lanes.num_lanes):
+        lanes.close()
+        raise ValueError(
+            f"the env served at {lanes.address} has {lanes.num_lanes} lane(s), but num_envs="
+            f"{num_envs}: omit num_envs, or serve it with --num-envs {num_envs}"
+        )
+    return lanes
 
 
 def _build(

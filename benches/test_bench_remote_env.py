@@ -1,0 +1,195 @@
+"""A served env over loopback (rlmesh-wire-v1): CartPole at 1 and 16 lanes.
+
+- ours: ``rlmesh serve env CartPole-v1 --num-envs N`` in its own process, ``rlmesh.run`` here
+  (one StepRequest per round for every running lane);
+- the floor: the same ``rlmesh.run`` in-process; the difference per round is the wire's cost;
+- the peer (``report.py --peer``): rlmesh 0.1.0's ``EnvServer`` in its own process, driven by
+  0.1.0's own ``rlmesh.run`` (its ``Model.run``), both in 0.1.0's venv. This file is also that
+  venv's script (``python test_bench_remote_env.py serve|drive ...``), so it imports nothing
+  of this package at module level.
+
+Run: ``pytest benches/test_bench_remote_env.py --benchmark-enable``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import selectors
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+
+from cartpole import ENV_ID, SEEDS, batched_policy, policy
+
+REMOTE_LANES = 16
+ONE_LANE_SEEDS = SEEDS[:4]  # 2,000 steps: a few seconds per sample over the wire
+REMOTE_EPISODES = 32  # 16 lanes: 16,000 lane-steps
+_ADDRESS = re.compile(r"((?:tcp|unix)://\S+)")
+
+
+@contextlib.contextmanager
+def served(argv: Sequence[str], env: dict[str, str] | None = None) -> Iterator[str]:
+    """Run a server process until the block ends; yields the address it prints."""
+    process = subprocess.Popen(
+        list(argv),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, **(env or {})},
+    )
+    try:
+        selector = selectors.DefaultSelector()
+        selector.register(process.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and selector.select(deadline - time.monotonic()):
+            match = _ADDRESS.search(process.stdout.readline() or "\n")
+            if match:
+                yield match.group(1)
+                return
+            if process.poll() is not None:
+                break
+        raise RuntimeError(f"{' '.join(argv)} printed no address within 60 s")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+        process.stdout.close()
+
+
+def our_server(num_lanes: int) -> contextlib.AbstractContextManager[str]:
+    argv = [sys.executable, "-m", "rlmesh", "serve", "env", ENV_ID, "--num-envs", str(num_lanes)]
+    return served(argv)
+
+
+class Batched:
+    """The batched CartPole policy as a model with a batch corner (imports rlmesh late)."""
+
+    def __new__(cls):
+        import rlmesh
+
+        class Model(rlmesh.Model):
+            stateless = True
+
+            def predict_batch(self, obs):
+                return batched_policy(obs)
+
+        return Model()
+
+
+def run_remote_one_lane(address: str, seeds=ONE_LANE_SEEDS, core=None):
+    import rlmesh
+
+    return rlmesh.run(policy, address, seeds=seeds, core=core)
+
+
+def run_local_one_lane(seeds=ONE_LANE_SEEDS, core=None):
+    import rlmesh
+
+    return rlmesh.run(policy, ENV_ID, seeds=seeds, core=core)
+
+
+def run_remote_lanes(address: str, episodes=REMOTE_EPISODES, core=None):
+    import rlmesh
+
+    return rlmesh.run(Batched(), address, episodes=episodes, core=core)
+
+
+def run_local_lanes(episodes=REMOTE_EPISODES, core=None):
+    import rlmesh
+
+    return rlmesh.run(Batched(), ENV_ID, episodes=episodes, num_envs=REMOTE_LANES, core=core)
+
+
+def rounds_of(result) -> int:
+    """The driver rounds a run took (its ``driver.round`` count)."""
+    return next(
+        row.count
+        for row in result.telemetry
+        if row.op == "driver.round" and row.metric == "latency"
+    )
+
+
+def test_remote_cartpole_one_lane(benchmark):
+    benchmark.group = "served env, CartPole 1 lane (vs in-process)"
+    with our_server(1) as address:
+        result = benchmark.pedantic(run_remote_one_lane, args=(address,), rounds=3)
+    assert [e.steps for e in result.episodes] == [e.steps for e in run_local_one_lane().episodes]
+
+
+def test_remote_cartpole_sixteen_lanes(benchmark):
+    benchmark.group = "served env, CartPole 16 lanes (vs in-process)"
+    with our_server(REMOTE_LANES) as address:
+        result = benchmark.pedantic(run_remote_lanes, args=(address,), rounds=3)
+    assert result.total_steps == run_local_lanes().total_steps
+
+
+# ------------------------------------------------------------------------------ the peer's side
+
+
+def _peer_serve(width: int) -> None:
+    import gymnasium as gym
+    import rlmesh
+
+    if width == 1:
+        env = gym.make(ENV_ID)
+    else:
+        env = gym.vector.SyncVectorEnv([lambda: gym.make(ENV_ID) for _ in range(width)])
+    server = rlmesh.EnvServer(env, "127.0.0.1:0")
+    server.start()
+    print(server.address, flush=True)
+    server.wait()
+
+
+def _peer_drive(address: str, width: int, repeats: int, seeds: int, episodes: int) -> None:
+    import rlmesh
+    from rlmesh.numpy import Model
+
+    class BatchedPolicy(Model):
+        workflow_edition = "2026.06"
+
+        def predict(self, obs):
+            return policy(obs)
+
+        def predict_batch(self, obs):
+            return batched_policy(obs)
+
+    samples, steps = [], 0
+    for _ in range(repeats + 1):  # the first run warms up
+        started = time.perf_counter()
+        if width == 1:
+            result = rlmesh.run(BatchedPolicy(), address, seeds=SEEDS[:seeds])
+        else:
+            result = rlmesh.run(BatchedPolicy(), address, episodes=episodes)
+        samples.append(time.perf_counter() - started)
+        steps = result.total_steps
+    print(json.dumps({"steps_per_s": steps / statistics.median(samples[1:]), "steps": steps}))
+
+
+def main() -> None:
+    import warnings
+
+    warnings.simplefilter("ignore")
+    parser = argparse.ArgumentParser(description="the peer's side of the served-env bench")
+    parser.add_argument("mode", choices=("serve", "drive"))
+    parser.add_argument("--address")
+    parser.add_argument("--width", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seeds", type=int, default=len(ONE_LANE_SEEDS))
+    parser.add_argument("--episodes", type=int, default=REMOTE_EPISODES)
+    args = parser.parse_args()
+    if args.mode == "serve":
+        _peer_serve(args.width)
+    else:
+        _peer_drive(args.address, args.width, args.repeats, args.seeds, args.episodes)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,403 @@
+"""Driving a served env: ``RemoteEnv``, the ``Lanes`` kind whose lanes live in an env server.
+
+``rlmesh.run(model, "tcp://host:port")`` (or ``host:port``, ``unix:///path``) builds one
+through ``make_lanes``; ``env=RemoteEnv(address, token=...)`` does the same with options. It
+speaks rlmesh-wire-v1 to an rlmesh env server, ours (``rlmesh serve env``) or rlmesh 0.1.0's
+(``EnvServer``): one handshake, one ``Join`` session, and per round ONE ``StepRequest`` for all
+the running lanes (``env_indices``), so lanes with no episode left cost nothing remotely
+either. Resets carry the driver's seeds and fresh UUIDv7 episode ids, so the episodes are
+exactly those of a local run.
+
+Example:
+    >>> import numpy as np, rlmesh
+    >>> with rlmesh.serve_env("CartPole-v1", num_envs=2) as server:
+    ...     lanes = RemoteEnv(server.address)
+    ...     observations, _ = lanes.reset(np.array([0, 1]), seeds=[0, 1], trials=[0, 1])
+    ...     batch = lanes.step(np.array([1]), np.array([0]))  # lane 0 waits
+    ...     lanes.close()
+    >>> lanes.num_lanes, batch.stepped.tolist(), batch.rewards.tolist()
+    (2, [1], [1.0])
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+import numpy as np
+from gymnasium.envs.registration import EnvSpec
+
+from ..errors import RemoteError
+from ..lanes.base import TRIAL_INDEX_FLAG, TRIAL_INDEX_OPTION, StepBatch
+from ..lanes.local import checked_reset
+from .codec import (
+    WORKFLOW_EDITION,
+    SpaceCodec,
+    WireFormatError,
+    from_meta_map,
+    meta_map,
+    space_from_spec,
+)
+from .connection import (
+    DEFAULT_MAX_MESSAGE_MB,
+    check_handshake,
+    handshake_request,
+    open_channel,
+    remote_failure,
+    token_metadata,
+)
+from .env_server import SPEC_METADATA, SUBSET_STEP, split_rows
+from .wire.core.v1 import env_contract_pb2
+from .wire.env.v1 import interaction_pb2 as wire
+from .wire.env.v1 import service_pb2, service_pb2_grpc
+
+COMPONENT = "rlmesh-driver"
+_END = object()  # ends the Join request stream
+
+
+def uuid7() -> str:
+    """A fresh UUIDv7 (RFC 9562): 48 bits of Unix milliseconds, then random bits, so ids sort
+    by creation time and never repeat.
+
+    Example:
+        >>> import uuid
+        >>> uuid.UUID(uuid7()).version
+        7
+    """
+    millis = time.time_ns() // 1_000_000
+    random = int.from_bytes(os.urandom(10), "big")  # 80 bits: 12 for rand_a, 62 (of 68) rand_b
+    value = (millis & ((1 << 48) - 1)) << 80
+    value |= 0x7 << 76 | (random >> 68) << 64  # version 7, rand_a
+    value |= 0b10 << 62 | (random & ((1 << 62) - 1))  # the RFC variant, rand_b
+    return str(uuid.UUID(int=value))
+
+
+class RemoteEnv:
+    """The lanes of an env served at ``address`` (rlmesh-wire-v1), as ``rlmesh.lanes.Lanes``.
+
+    Connecting handshakes and opens the session; the contract gives the spaces, the number of
+    lanes (the server's ``num_envs``) and the env's spec (``spec``, from its metadata, else
+    None). A server that steps any subset of its lanes (capability ``subset_step``) or has one
+    lane is stepped lane by lane as the driver asks; a wider lockstep server is refused.
+
+    Args:
+        address: ``tcp://host:port``, ``host:port`` or ``unix:///path``.
+        token: the server's bearer token, if it requires one.
+        connect_timeout: seconds to wait for the server to answer.
+        max_message_mb: the largest message sent or accepted, in MiB.
+        request_timeout: seconds the server may take per reset or step (sent as
+            ``timeout_ms``; past it the server answers TIMEOUT); None sends no deadline. The
+            run's ``timeouts=`` apply on this side either way.
+
+    Raises:
+        RemoteError: no server answered, the handshake or the token was refused, the
+            contract cannot be read, or the server is a lockstep vector of several lanes.
+
+    Example:
+        >>> import rlmesh
+        >>> with rlmesh.serve_env("Pendulum-v1", num_envs=3) as server:
+        ...     env = RemoteEnv(server.address)
+        ...     result = rlmesh.run(lambda obs: [0.0], env, episodes=2, max_episode_steps=5)
+        >>> env.num_lanes, [episode.steps for episode in result.episodes]
+        (3, [5, 5])
+    """
+
+    resets_itself = False
+    env_steps = None
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        token: str | None = None,
+        connect_timeout: float = 10.0,
+        max_message_mb: float = DEFAULT_MAX_MESSAGE_MB,
+        request_timeout: float | None = None,
+    ) -> None:
+        self._closed = False
+        self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._responses: Any = None
+        self._call_lock = threading.Lock()
+        self._counter = 0
+        self._timeout_ms = 0 if request_timeout is None else max(1, int(request_timeout * 1000))
+        self._channel, parsed = open_channel(
+            address, connect_timeout=connect_timeout, max_message_mb=max_message_mb
+        )
+        self.address = str(parsed)
+        try:
+            self._connect(token, connect_timeout)
+        except BaseException:
+            self._release()
+            raise
+
+    def _connect(self, token: str | None, connect_timeout: float) -> None:
+        stub = service_pb2_grpc.EnvServiceStub(self._channel)
+        metadata = token_metadata(token)
+        try:
+            answer = stub.Handshake(
+                service_pb2.HandshakeRequest(base=handshake_request(COMPONENT)),
+                metadata=metadata,
+                timeout=connect_timeout,
+            )
+        except grpc.RpcError as err:
+            raise remote_failure(err, self.address, "the env handshake") from None
+        check_handshake(answer.base, self.address)
+        self._read_contract(answer.env_contract, answer.base.capabilities)
+        self._responses = stub.Join(iter(self._requests.get, _END), metadata=metadata)
+        self._call(
+            "configuring the session",
+            "configure",
+            configure=wire.ConfigureEnvRequest(selected_workflow_edition=WORKFLOW_EDITION),
+        )
+
+    def _read_contract(self, contract: env_contract_pb2.EnvContract, capabilities: Any) -> None:
+        try:
+            self.single_observation_space = space_from_spec(
+                contract.spec.observation_space, "observation_space"
+            )
+            self.single_action_space = space_from_spec(contract.spec.action_space, "action_space")
+        except WireFormatError as err:
+            raise RemoteError(
+                f"the env server at {self.address} sent a contract this rlmesh cannot read: {err}",
+                address=self.address,
+            ) from None
+        self.num_lanes = max(1, int(contract.num_envs))
+        self.lockstep = False
+        if self.num_lanes > 1 and capabilities.get(SUBSET_STEP) != "true":
+            raise RemoteError(
+                f"the env server at {self.address} serves {self.num_lanes} lanes that step "
+                f"together (no {SUBSET_STEP!r} capability), which rlmesh cannot seed episode "
+                f"by episode: serve an env id or factory with `rlmesh serve env ID --num-envs "
+                f"{self.num_lanes}` (any subset steps alone), or one env per server",
+                address=self.address,
+            )
+        metadata = from_meta_map(contract.spec.metadata)
+        self.metadata = metadata
+        self.accepts_trial_index = metadata.get(TRIAL_INDEX_FLAG) is True
+        self.name = contract.spec.id or self.address
+        self.spec = _spec_from_metadata(metadata, self.name)
+        self._observation_codec = SpaceCodec(self.single_observation_space)
+        self._action_codec = SpaceCodec(self.single_action_space)
+        self._episode_ids = np.full(self.num_lanes, "", dtype=object)
+
+    # ---------------------------------------------------------------- the Lanes protocol
+
+    def reset(
+        self, lanes: np.ndarray, seeds: Sequence[int | None], trials: Sequence[int | None]
+    ) -> tuple[list[Any], list[dict[str, Any]]]:
+        checked = checked_reset(lanes, seeds, trials, self.num_lanes)
+        count = len(checked)
+        seeded = [seed is not None for seed in seeds]
+        if any(seeded) and not all(seeded):
+            raise ValueError(
+                "a remote reset seeds all the lanes it resets or none (the wire has no unset "
+                f"seed), got seeds {list(seeds)}"
+            )
+        options: dict[str, Any] = {}
+        if self.accepts_trial_index and any(trial is not None for trial in trials):
+            options[TRIAL_INDEX_OPTION] = trials[0] if count == 1 else list(trials)
+        episode_ids = [uuid7() for _ in checked]
+        answer = self._call(
+            f"resetting lanes {checked}",
+            "reset",
+            reset=wire.ResetRequest(
+                seeds=list(seeds) if all(seeded) else [],
+                env_indices=checked,
+                episode_ids=episode_ids,
+                options=meta_map(options) if options else None,
+                timeout_ms=self._timeout_ms,
+            ),
+        ).reset
+        self._episode_ids[checked] = episode_ids
+        observations = self._observations(answer.observation, count, "reset")
+        return observations, self._infos(answer.infos, count)
+
+    def step(self, lanes: np.ndarray, actions: Any) -> StepBatch:
+        lanes = np.asarray(lanes, dtype=np.int64)
+        count = len(lanes)
+        lane_list = lanes.tolist()
+        try:
+            action = self._action_codec.encode(actions, count)
+        except WireFormatError as err:
+            raise WireFormatError(
+                f"the actions for lanes {lane_list} do not fit the action space "
+                f"{self.single_action_space} of {self.address}: {err}"
+            ) from None
+        answer = self._call(
+            "a step",
+            "step",
+            step=wire.StepRequest(
+                action=action,
+                env_indices=lane_list,
+                episode_ids=self._episode_ids[lanes].tolist(),
+                timeout_ms=self._timeout_ms,
+            ),
+        ).step
+        if len(answer.env_indices) and list(answer.env_indices) != lane_list:
+            raise self._malformed(
+                f"a step of lanes {lane_list} was answered for lanes {list(answer.env_indices)}"
+            )
+        rewards = np.array(answer.rewards, dtype=np.float64)
+        if len(rewards) != count:
+            raise self._malformed(f"a step of {count} lanes has {len(rewards)} rewards")
+        return StepBatch(
+            lanes,
+            self._observations(answer.observation, count, "step"),
+            rewards,
+            self._mask(answer.terminated_mask, count, "terminated_mask"),
+            self._mask(answer.truncated_mask, count, "truncated_mask"),
+            self._infos(answer.infos, count),
+        )
+
+    def env_episode_ids(self) -> np.ndarray | None:
+        return None
+
+    def close(self) -> None:
+        """End the session (``Close``, when no call is still waiting on the server) and the
+        channel. Closing again does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        # A call abandoned at its deadline may still hold the stream: then it is cancelled.
+        if self._responses is not None and self._call_lock.acquire(blocking=False):
+            try:
+                self._send("close", close=wire.CloseEnvsRequest(reason="the run ended"))
+                next(self._responses, None)
+            except grpc.RpcError:
+                pass  # the server is gone already: nothing left to close there
+            finally:
+                self._call_lock.release()
+        self._release()
+
+    def _release(self) -> None:
+        self._closed = True
+        self._requests.put(_END)
+        if self._responses is not None:
+            self._responses.cancel()
+        self._channel.close()
+
+    def __enter__(self) -> RemoteEnv:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"RemoteEnv({self.address}, {self.name}, num_lanes={self.num_lanes})"
+
+    # ---------------------------------------------------------------- the session
+
+    def _send(self, kind: str, **message: Any) -> str:
+        self._counter += 1
+        request_id = str(self._counter)
+        self._requests.put(wire.JoinRequest(request_id=request_id, **message))
+        return request_id
+
+    def _call(self, doing: str, kind: str, **message: Any) -> wire.JoinResponse:
+        """Send one request and wait for its answer; a failure as a ``RemoteError``."""
+        if self._closed:
+            raise RemoteError(
+                f"{doing} on {self.address}: this RemoteEnv is closed", address=self.address
+            )
+        with self._call_lock:
+            request_id = self._send(kind, **message)
+            try:
+                response = next(self._responses)
+            except StopIteration:
+                raise RemoteError(
+                    f"the env server at {self.address} ended the session during {doing}",
+                    address=self.address,
+                    code="CLOSED",
+                ) from None
+            except grpc.RpcError as err:
+                raise remote_failure(err, self.address, doing) from None
+        answered = response.WhichOneof("kind")
+        if answered == "error":
+            error = response.error
+            name = wire.EnvErrorCode.Name(error.code) if error.code in _CODES else str(error.code)
+            raise RemoteError(
+                f"{doing} at {self.address} failed with {name}: {error.message}",
+                address=self.address,
+                code=name,
+            )
+        if response.request_id != request_id or answered != kind:
+            raise self._malformed(
+                f"request {request_id} ({kind}) was answered by request {response.request_id!r} "
+                f"({answered})"
+            )
+        return response
+
+    def _observations(self, value: Any, count: int, doing: str) -> list[Any]:
+        try:
+            batch = self._observation_codec.decode(value, count)
+        except WireFormatError as err:
+            raise self._malformed(f"the observations of a {doing}: {err}") from None
+        return split_rows(batch, count)
+
+    def _mask(self, raw: bytes, count: int, name: str) -> np.ndarray:
+        if not raw:  # an empty mask: no lane set
+            return np.zeros(count, dtype=np.bool_)
+        if len(raw) != count:
+            raise self._malformed(f"{name} has {len(raw)} bytes for {count} lanes")
+        return np.frombuffer(raw, dtype=np.uint8) != 0
+
+    def _infos(self, infos: Any, count: int) -> list[dict[str, Any]]:
+        if not infos.entries:
+            return [{} for _ in range(count)]
+        info = from_meta_map(infos)
+        if self.num_lanes == 1:
+            return [info]
+        return split_vector_infos(info, count)
+
+    def _malformed(self, what: str) -> RemoteError:
+        return RemoteError(
+            f"the env server at {self.address} sent a malformed answer: {what}",
+            address=self.address,
+            code="MALFORMED",
+        )
+
+
+_CODES = set(wire.EnvErrorCode.values())
+
+
+def split_vector_infos(info: dict[str, Any], count: int) -> list[dict[str, Any]]:
+    """Gymnasium's vector form of infos (``key`` a list of one value per row, ``_key`` its
+    mask) as ``count`` per-row dicts; a key without a mask goes to every row as it is."""
+    rows: list[dict[str, Any]] = [{} for _ in range(count)]
+    for key, value in info.items():
+        if key.startswith("_") and key[1:] in info:
+            continue
+        mask = info.get(f"_{key}")
+        per_row = isinstance(mask, list) and isinstance(value, list) and len(value) == count
+        for row, target in enumerate(rows):
+            if not per_row:
+                target[key] = value
+            elif mask[row]:
+                target[key] = value[row]
+    return rows
+
+
+def _spec_from_metadata(metadata: dict[str, Any], name: str) -> EnvSpec | None:
+    """The served env's ``EnvSpec`` as its contract metadata describes it, None without."""
+    fields = {
+        field: metadata[key]
+        for key, field in SPEC_METADATA.items()
+        if metadata.get(key) is not None
+    }
+    if not fields:
+        return None
+    fields.setdefault("id", name)
+    try:
+        return EnvSpec(**fields)
+    except Exception:  # an id Gymnasium cannot parse: keep what matters, under a plain name
+        fields["id"] = "remote-env"
+        return EnvSpec(**fields)
+
+
+__all__ = ["RemoteEnv", "split_vector_infos", "uuid7"]

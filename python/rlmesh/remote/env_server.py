@@ -1,0 +1,722 @@
+"""Serving an env over rlmesh-wire-v1: ``serve_env`` and the ``rlmesh.env.v1.EnvService``.
+
+The served env is any ``env=`` ``rlmesh.run`` accepts, turned into ``Lanes`` by
+``rlmesh.lanes.make_lanes``. A driver handshakes (``EnvContract``: spaces, ``num_envs``,
+metadata), then opens one ``Join`` stream and sends requests one at a time, each answered in
+order with its ``request_id``:
+
+- ``ConfigureEnv`` (optional, first when sent): the edition the driver pins; only ``2026.06``;
+- ``Reset``: all lanes, or the ``env_indices`` given, with ``seeds`` and driver-minted
+  ``episode_ids`` aligned to them by position; the ``trial_index`` reset option is an int (every
+  lane) or a list aligned with ``env_indices``;
+- ``Step``: all lanes, or the ``env_indices`` given (any subset, when the lanes step alone:
+  capability ``subset_step``), the action's rows aligned to them; the answer's rows align to
+  the same lanes, and ``completed_episodes`` reports the episodes that ended, with the ids the
+  driver handed in;
+- ``Render``: no frame (the server renders nothing); ``Close``: ends the session.
+
+Infos travel as a ``MetaMap``: a one-lane server sends the lane's info as it is; a wider one
+sends Gymnasium's vector form over the rows of the answer (each key a list of one value per
+row, and ``_key`` the list of rows that have it).
+
+Errors are answered in-band as ``EnvError`` (edition 2026.06): an action that does not fit the
+action space (a wrong leaf count or byte length, a ``Discrete`` value out of its domain, NaN)
+is ``INVALID_ACTION`` and recoverable (the action is never delivered); a step before its
+lane's reset is ``NOT_READY``; a second session while one is open is ``BUSY``; an env that
+raised is ``INTERNAL``, a request past its ``timeout_ms`` is ``TIMEOUT``: those two are not
+recoverable, the env's state being unknown, and end the session. A ``Join`` whose first
+message does not arrive within ``first_message_timeout`` seconds is cancelled.
+
+Example:
+    >>> import rlmesh
+    >>> with rlmesh.serve_env("CartPole-v1", num_envs=2) as server:
+    ...     env = rlmesh.RemoteEnv(server.address)
+    ...     result = rlmesh.run(lambda obs: int(obs[2] > 0), env, episodes=3)
+    >>> [episode.index for episode in result.episodes]
+    [0, 1, 2]
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent import futures
+from typing import Any
+
+import grpc
+import gymnasium
+import numpy as np
+from gymnasium import spaces
+
+from ..errors import RlmeshError
+from ..lanes import Lanes, make_lanes
+from ..lanes.base import TRIAL_INDEX_FLAG, TRIAL_INDEX_OPTION
+from ..spaces import batch_leaves, space_leaves
+from ..utils import lane_actions
+from .codec import (
+    WORKFLOW_EDITION,
+    SpaceCodec,
+    WireFormatError,
+    from_meta_map,
+    meta_map,
+    space_spec,
+)
+from .connection import DEFAULT_MAX_MESSAGE_MB, Server, handshake_response
+from .wire.core.v1 import env_contract_pb2, handshake_pb2
+from .wire.env.v1 import interaction_pb2 as wire
+from .wire.env.v1 import service_pb2, service_pb2_grpc
+
+COMPONENT = "rlmesh-env"
+SUBSET_STEP = "subset_step"
+"""The capability a server advertises when any subset of its lanes steps alone."""
+
+SPEC_METADATA = {
+    "rlmesh.spec.id": "id",
+    "rlmesh.spec.reward_threshold": "reward_threshold",
+    "rlmesh.spec.max_episode_steps": "max_episode_steps",
+}
+"""Contract metadata keys -> the ``EnvSpec`` fields they carry, so a driver rebuilds the
+served env's spec (its ``reward_threshold`` decides success when nothing else does)."""
+
+Code = wire.EnvErrorCode
+
+
+class RequestError(RlmeshError):
+    """A request the server answers with an ``EnvError`` rather than a result."""
+
+    def __init__(self, code: int, message: str, *, recoverable: bool) -> None:
+        super().__init__(message)
+        self.code = code
+        self.recoverable = recoverable
+
+
+def serve_env(
+    env: Any,
+    address: str = "127.0.0.1:0",
+    *,
+    num_envs: int | None = None,
+    token: str | None = None,
+    max_message_mb: float = DEFAULT_MAX_MESSAGE_MB,
+    allow_shutdown: bool = False,
+    first_message_timeout: float = 10.0,
+) -> Server:
+    """Serve ``env`` at ``address`` (rlmesh-wire-v1) until the returned ``Server`` closes.
+
+    Args:
+        env: what ``rlmesh.run``'s ``env=`` takes: a Gymnasium id, a ``gymnasium.Env``, a
+            zero-argument factory, a ``VectorEnv`` or ``Lanes``.
+        address: ``host:port``, ``tcp://host:port`` (port 0 picks one; read
+            ``server.address``) or ``unix:///path``. Loopback unless you name another host.
+        num_envs: the lanes to build from an id or a factory (default 1); a vector serves
+            its own width.
+        token: require ``authorization: Bearer <token>`` on every call (else UNAUTHENTICATED,
+            before the env is touched).
+        max_message_mb: the largest message accepted or sent, in MiB.
+        allow_shutdown: accept the ``Shutdown`` RPC (refused by default).
+        first_message_timeout: seconds a new ``Join`` stream may wait for its first message.
+
+    Returns:
+        The running ``Server`` (``.address``, ``.wait()``, ``.close()``, a context manager).
+        Closing it closes the env.
+
+    Example:
+        >>> server = serve_env("Pendulum-v1", num_envs=4)
+        >>> server.address.startswith("tcp://127.0.0.1:")
+        True
+        >>> server.close()
+    """
+    lanes = make_lanes(env, num_envs=num_envs)
+    try:
+        servicer = EnvServicer(
+            lanes, allow_shutdown=allow_shutdown, first_message_timeout=first_message_timeout
+        )
+        server = Server.start(
+            address,
+            services=[
+                lambda grpc_server: service_pb2_grpc.add_EnvServiceServicer_to_server(
+                    servicer, grpc_server
+                )
+            ],
+            component=COMPONENT,
+            token=token,
+            max_message_mb=max_message_mb,
+            on_close=servicer.close,
+        )
+    except BaseException:
+        lanes.close()
+        raise
+    servicer.server = server
+    return server
+
+
+def env_contract(lanes: Lanes) -> env_contract_pb2.EnvContract:
+    """What the handshake tells a driver of ``lanes``: spaces, width, metadata, autoreset."""
+    metadata: dict[str, Any] = {}
+    if getattr(lanes, "accepts_trial_index", False):
+        metadata[TRIAL_INDEX_FLAG] = True
+    spec = lanes.spec
+    if spec is not None:
+        for key, field in SPEC_METADATA.items():
+            value = getattr(spec, field, None)
+            if value is not None:
+                metadata[key] = value
+    if lanes.resets_itself:
+        autoreset = (
+            env_contract_pb2.AUTORESET_MODE_SAME_STEP
+            if getattr(lanes, "autoreset", None) == "same_step"
+            else env_contract_pb2.AUTORESET_MODE_NEXT_STEP
+        )
+    else:
+        autoreset = env_contract_pb2.AUTORESET_MODE_DISABLED
+    return env_contract_pb2.EnvContract(
+        spec=env_contract_pb2.EnvSpec(
+            id=lanes.name,
+            observation_space=space_spec(lanes.single_observation_space, "observation_space"),
+            action_space=space_spec(lanes.single_action_space, "action_space"),
+            metadata=meta_map(metadata),
+        ),
+        num_envs=lanes.num_lanes,
+        autoreset_mode=autoreset,
+    )
+
+
+class EnvServicer(service_pb2_grpc.EnvServiceServicer):
+    """``rlmesh.env.v1.EnvService`` over ``lanes``: one ``Join`` session at a time."""
+
+    def __init__(
+        self, lanes: Lanes, *, allow_shutdown: bool = False, first_message_timeout: float = 10.0
+    ) -> None:
+        self.lanes = lanes
+        self.server: Server | None = None
+        self.allow_shutdown = allow_shutdown
+        self.first_message_timeout = first_message_timeout
+        self.contract = env_contract(lanes)
+        self.capabilities = {} if lanes.lockstep else {SUBSET_STEP: "true"}
+        self._session_slot = threading.Lock()
+        # Held by whatever runs an env call, so an op abandoned at its deadline keeps the env
+        # from the next request until it returns.
+        self._env_lock = threading.Lock()
+        self._deadline_pool: futures.ThreadPoolExecutor | None = None
+        self._session = Session(self)
+
+    # ---------------------------------------------------------------- unary calls
+
+    def Handshake(  # noqa: N802 - the gRPC method's name
+        self, request: service_pb2.HandshakeRequest, context: grpc.ServicerContext
+    ) -> service_pb2.HandshakeResponse:
+        base = handshake_response(request.base, COMPONENT, self.capabilities)
+        return service_pb2.HandshakeResponse(
+            base=base, env_contract=self.contract if base.compatible else None
+        )
+
+    def Shutdown(  # noqa: N802
+        self, request: service_pb2.ShutdownRequest, context: grpc.ServicerContext
+    ) -> service_pb2.ShutdownResponse:
+        if not self.allow_shutdown or self.server is None:
+            return service_pb2.ShutdownResponse(
+                base=handshake_pb2.ShutdownResponse(
+                    accepted=False,
+                    message="remote shutdown is disabled for this env server: serve it with "
+                    "allow_shutdown=True to allow it",
+                )
+            )
+        # Closing waits for open calls, this one included: it must happen after we answer.
+        threading.Thread(target=self.server.close, name="rlmesh-env-shutdown").start()
+        reason = request.base.reason or "no reason given"
+        return service_pb2.ShutdownResponse(
+            base=handshake_pb2.ShutdownResponse(accepted=True, message=f"shutting down: {reason}")
+        )
+
+    # ---------------------------------------------------------------- the session stream
+
+    def Join(  # noqa: N802
+        self, request_iterator: Iterator[wire.JoinRequest], context: grpc.ServicerContext
+    ) -> Iterator[wire.JoinResponse]:
+        # Clients that wait for the response headers before sending (tonic's do) get them now.
+        context.send_initial_metadata(())
+        # An idle client that never sends must not hold a thread (or the session) for good.
+        watchdog = threading.Timer(self.first_message_timeout, context.cancel)
+        watchdog.daemon = True
+        watchdog.start()
+        if not self._session_slot.acquire(blocking=False):
+            try:
+                first = next(request_iterator, None)
+            finally:
+                watchdog.cancel()
+            if first is not None:
+                yield _error_response(
+                    first.request_id,
+                    RequestError(
+                        Code.ENV_ERROR_CODE_BUSY,
+                        "this env server already has an open session (one driver at a time): "
+                        "wait for it to close, or serve another instance",
+                        recoverable=True,
+                    ),
+                )
+            return
+        session = self._session
+        try:
+            session.open()
+            first = True
+            for request in request_iterator:
+                if first:
+                    watchdog.cancel()
+                    first = False
+                response, end = session.handle(request)
+                yield response
+                if end:
+                    return
+        finally:
+            watchdog.cancel()
+            session.end()
+            self._session_slot.release()
+
+    # ---------------------------------------------------------------- env calls
+
+    def call_env(self, fn: Callable[[], Any], timeout_ms: int, doing: str) -> Any:
+        """``fn()`` under the env lock; past ``timeout_ms`` (0: none) a TIMEOUT error, the
+        call left to finish on its own thread (holding the env until it does)."""
+        try:
+            return self._run(fn, timeout_ms, doing)
+        except RequestError:
+            raise
+        except Exception as err:
+            raise RequestError(
+                Code.ENV_ERROR_CODE_INTERNAL,
+                f"the served env's {doing} raised {type(err).__name__}: {err}",
+                recoverable=False,
+            ) from err
+
+    def _run(self, fn: Callable[[], Any], timeout_ms: int, doing: str) -> Any:
+        if not timeout_ms:
+            with self._env_lock:
+                return fn()
+        if self._deadline_pool is None:
+            self._deadline_pool = futures.ThreadPoolExecutor(1, thread_name_prefix="rlmesh-env")
+
+        def locked() -> Any:
+            with self._env_lock:
+                return fn()
+
+        future = self._deadline_pool.submit(locked)
+        try:
+            return future.result(timeout=timeout_ms / 1000)
+        except futures.TimeoutError:
+            raise RequestError(
+                Code.ENV_ERROR_CODE_TIMEOUT,
+                f"{doing} did not finish within its timeout_ms={timeout_ms}; the env's state is "
+                f"unknown, so the session ends",
+                recoverable=False,
+            ) from None
+
+    def close(self) -> None:
+        """Release the env (the ``Server``'s ``on_close``)."""
+        if self._deadline_pool is not None:
+            self._deadline_pool.shutdown(wait=False, cancel_futures=True)
+        self.lanes.close()
+
+
+class Session:
+    """The state of the open ``Join`` session: which lanes run an episode, with what id, seed,
+    steps and reward so far."""
+
+    def __init__(self, servicer: EnvServicer) -> None:
+        self.servicer = servicer
+        lanes = servicer.lanes
+        self.lanes = lanes
+        self.num_lanes = lanes.num_lanes
+        self.all_lanes = np.arange(self.num_lanes, dtype=np.int64)
+        self.observation_codec = SpaceCodec(lanes.single_observation_space)
+        self.action_codec = SpaceCodec(lanes.single_action_space)
+        self.observation_space = lanes.single_observation_space
+        self.action_checks = value_checks(lanes.single_action_space)
+        self.observation_checks = value_checks(lanes.single_observation_space)
+        self.open()
+
+    def open(self) -> None:
+        n = self.num_lanes
+        self._last_step_key: tuple[int, ...] | None = None
+        self._last_step_lanes = self.all_lanes
+        self.running = np.zeros(n, dtype=np.bool_)
+        self.episode_ids = np.full(n, "", dtype=object)
+        self.seeds: list[int | None] = [None] * n
+        self.steps = np.zeros(n, dtype=np.int64)
+        self.returns = np.zeros(n, dtype=np.float64)
+        self.started_ns = np.zeros(n, dtype=np.int64)
+
+    def end(self) -> None:
+        self.running[:] = False
+
+    def handle(self, request: wire.JoinRequest) -> tuple[wire.JoinResponse, bool]:
+        """The answer to one request, and whether the session ends with it."""
+        started = time.perf_counter_ns()
+        kind = request.WhichOneof("kind")
+        try:
+            if kind == "step":
+                response = wire.JoinResponse(step=self.step(request.step))
+            elif kind == "reset":
+                response = wire.JoinResponse(reset=self.reset(request.reset))
+            elif kind == "configure":
+                response = wire.JoinResponse(configure=self.configure(request.configure))
+            elif kind == "render":
+                response = wire.JoinResponse(render=wire.RenderResponse())
+            elif kind == "close":
+                response = wire.JoinResponse(
+                    close=wire.CloseEnvsResponse(final_episodes=self.interrupt_all())
+                )
+                response.request_id = request.request_id
+                return response, True
+            else:
+                raise RequestError(
+                    Code.ENV_ERROR_CODE_UNSUPPORTED,
+                    "an empty or unknown Join request: expected configure, reset, step, render "
+                    "or close",
+                    recoverable=True,
+                )
+        except RequestError as err:
+            if not err.recoverable:
+                self.interrupt_all()
+            return _error_response(request.request_id, err), not err.recoverable
+        response.request_id = request.request_id
+        response.endpoint_total_ns = time.perf_counter_ns() - started
+        return response, False
+
+    # ---------------------------------------------------------------- requests
+
+    def configure(self, request: wire.ConfigureEnvRequest) -> wire.ConfigureEnvResponse:
+        edition = request.selected_workflow_edition
+        if edition and edition != WORKFLOW_EDITION:
+            raise RequestError(
+                Code.ENV_ERROR_CODE_UNSUPPORTED,
+                f"the driver pinned workflow edition {edition!r}; this server follows only "
+                f"{WORKFLOW_EDITION!r}",
+                recoverable=False,
+            )
+        return wire.ConfigureEnvResponse()
+
+    def reset(self, request: wire.ResetRequest) -> wire.ResetResponse:
+        lanes = self._lanes_of(request.env_indices, "ResetRequest")
+        count = len(lanes)
+        for name, values in (("seeds", request.seeds), ("episode_ids", request.episode_ids)):
+            if len(values) not in (0, count):
+                raise RequestError(
+                    Code.ENV_ERROR_CODE_INVALID_ACTION,
+                    f"ResetRequest.{name} has {len(values)} entries for {count} lanes: give one "
+                    f"per lane reset (aligned with env_indices), or none",
+                    recoverable=True,
+                )
+        seeds: list[int | None] = list(request.seeds) if len(request.seeds) else [None] * count
+        trials = self._trials(from_meta_map(request.options), count)
+        observations, infos = self.servicer.call_env(
+            lambda: self.lanes.reset(lanes, seeds, trials), request.timeout_ms, "reset"
+        )
+        observation = self._observation_value(observations, lanes, "reset")
+        self.running[lanes] = True
+        self.steps[lanes] = 0
+        self.returns[lanes] = 0.0
+        self.started_ns[lanes] = time.time_ns()
+        self.episode_ids[lanes] = list(request.episode_ids) or [""] * count
+        for lane, seed in zip(lanes.tolist(), seeds, strict=True):
+            self.seeds[lane] = seed
+        return wire.ResetResponse(
+            observation=observation,
+            infos=self._encode_infos(infos),
+        )
+
+    def step(self, request: wire.StepRequest) -> wire.StepResponse:
+        lanes = self._step_lanes(request.env_indices)
+        count = len(lanes)
+        if not self.running[lanes].all():
+            idle = ~self.running[lanes]
+            raise RequestError(
+                Code.ENV_ERROR_CODE_NOT_READY,
+                f"lanes {lanes[idle].tolist()} have no running episode (never reset, or it "
+                f"ended): reset them before stepping them",
+                recoverable=True,
+            )
+        try:
+            actions = self.action_codec.decode(request.action, count)
+        except WireFormatError as err:
+            raise RequestError(
+                Code.ENV_ERROR_CODE_INVALID_ACTION,
+                f"StepRequest.action for lanes {lanes.tolist()} does not fit the action space "
+                f"{self.action_codec.space}: {err}",
+                recoverable=True,
+            ) from None
+        problem = check_values(self.action_checks, self.action_codec.space, actions, "action")
+        if problem is not None:
+            row, message = problem
+            raise RequestError(
+                Code.ENV_ERROR_CODE_INVALID_ACTION,
+                f"the action for lane {int(lanes[row])}: {message}; it was not delivered",
+                recoverable=True,
+            )
+        batch = self.servicer.call_env(
+            lambda: self.lanes.step(lanes, actions), request.timeout_ms, "step"
+        )
+        if len(batch.stepped) != count:
+            raise RequestError(
+                Code.ENV_ERROR_CODE_INTERNAL,
+                f"the served lanes moved {batch.stepped.tolist()} when asked to step "
+                f"{lanes.tolist()}",
+                recoverable=False,
+            )
+        rewards = np.asarray(batch.rewards, dtype=np.float64)
+        terminated = np.asarray(batch.terminated, dtype=np.bool_)
+        truncated = np.asarray(batch.truncated, dtype=np.bool_)
+        self.steps[lanes] += 1
+        self.returns[lanes] += rewards
+        response = wire.StepResponse(
+            observation=self._observation_value(batch.observations, lanes, "step"),
+            rewards=rewards.tolist(),
+            terminated_mask=terminated.view(np.uint8).tobytes(),
+            truncated_mask=truncated.view(np.uint8).tobytes(),
+            infos=self._encode_infos(batch.infos),
+            env_indices=request.env_indices,
+        )
+        ended = np.flatnonzero(terminated | truncated)
+        if len(ended):
+            response.completed_episodes.extend(
+                self._complete(
+                    int(lanes[row]),
+                    bool(terminated[row]),
+                    bool(truncated[row]),
+                    batch.infos[row],
+                )
+                for row in ended.tolist()
+            )
+        return response
+
+    # ---------------------------------------------------------------- helpers
+
+    def _step_lanes(self, env_indices: Sequence[int]) -> np.ndarray:
+        # A driver steps the same lanes round after round: they are checked once per change.
+        key = tuple(env_indices)
+        if key != self._last_step_key:
+            self._last_step_lanes = self._lanes_of(key, "StepRequest")
+            self._last_step_key = key
+        return self._last_step_lanes
+
+    def _lanes_of(self, env_indices: Sequence[int], what: str) -> np.ndarray:
+        if not len(env_indices):
+            return self.all_lanes
+        lanes = np.asarray(env_indices, dtype=np.int64)
+        if lanes.max() >= self.num_lanes:
+            raise RequestError(
+                Code.ENV_ERROR_CODE_INVALID_ACTION,
+                f"{what}.env_indices {lanes.tolist()} name lanes out of range: this server has "
+                f"lanes 0..{self.num_lanes - 1}",
+                recoverable=True,
+            )
+        if len(np.unique(lanes)) != len(lanes):
+            raise RequestError(
+                Code.ENV_ERROR_CODE_INVALID_ACTION,
+                f"{what}.env_indices {lanes.tolist()} name a lane twice",
+                recoverable=True,
+            )
+        if self.lanes.lockstep and len(lanes) != self.num_lanes and what == "StepRequest":
+            raise RequestError(
+                Code.ENV_ERROR_CODE_UNSUPPORTED,
+                f"this server's {self.num_lanes} lanes step together (a lockstep vector), so a "
+                f"step must move all of them; it does not offer subset_step",
+                recoverable=True,
+            )
+        return lanes
+
+    def _trials(self, options: dict[str, Any], count: int) -> list[int | None]:
+        unknown = sorted(set(options) - {TRIAL_INDEX_OPTION})
+        if unknown:
+            raise RequestError(
+                Code.ENV_ERROR_CODE_UNSUPPORTED,
+                f"ResetRequest.options has {unknown}: this server takes only the "
+                f"{TRIAL_INDEX_OPTION!r} reset option",
+                recoverable=True,
+            )
+        trial = options.get(TRIAL_INDEX_OPTION)
+        if trial is None:
+            return [None] * count
+        trials = trial if isinstance(trial, list) else [trial] * count
+        if len(trials) != count or not all(isinstance(t, int) for t in trials):
+            raise RequestError(
+                Code.ENV_ERROR_CODE_INVALID_ACTION,
+                f"ResetRequest.options[{TRIAL_INDEX_OPTION!r}] must be an int or a list of "
+                f"{count} ints (one per lane reset), got {trial!r}",
+                recoverable=True,
+            )
+        return trials
+
+    def _observation_value(self, observations: list[Any], lanes: np.ndarray, doing: str) -> Any:
+        """The lanes' observations as one SpaceValue, refused (INTERNAL) where one does not
+        fit the observation space: the served env broke its own contract."""
+        space = self.observation_space
+        batch = stack_rows(space, observations)
+        problem = check_values(self.observation_checks, space, batch, "observation")
+        if problem is not None:
+            row, message = problem
+            raise RequestError(
+                Code.ENV_ERROR_CODE_INTERNAL,
+                f"the env's {doing} of lane {int(lanes[row])} returned an observation outside "
+                f"its space: {message}",
+                recoverable=False,
+            )
+        try:
+            return self.observation_codec.encode(batch, len(lanes))
+        except WireFormatError as err:
+            raise RequestError(
+                Code.ENV_ERROR_CODE_INTERNAL,
+                f"the env's {doing} returned an observation outside its observation space "
+                f"{space}: {err}",
+                recoverable=False,
+            ) from None
+
+    def _encode_infos(self, infos: list[dict[str, Any]]) -> Any:
+        if self.num_lanes == 1:
+            return meta_map(infos[0]) if infos and infos[0] else None
+        if not any(infos):
+            return None
+        return meta_map(vector_infos(infos))
+
+    def _complete(
+        self, lane: int, terminated: bool, truncated: bool, final_info: dict[str, Any] | None
+    ) -> wire.EpisodeMetadata:
+        self.running[lane] = False
+        metadata = wire.EpisodeMetadata(
+            episode_id=self.episode_ids[lane],
+            seed=self.seeds[lane],
+            env_index=lane,
+            step_count=int(self.steps[lane]),
+            cumulative_reward=float(self.returns[lane]),
+            terminated=terminated,
+            truncated=truncated,
+            start_timestamp_ns=int(self.started_ns[lane]),
+            end_timestamp_ns=time.time_ns(),
+        )
+        if final_info:
+            metadata.final_info.CopyFrom(meta_map(final_info))
+        return metadata
+
+    def interrupt_all(self) -> list[wire.EpisodeMetadata]:
+        """End every running episode as truncated (a Close, or a session that failed)."""
+        return [self._complete(lane, False, True, None) for lane in np.flatnonzero(self.running)]
+
+
+def _error_response(request_id: str, err: RequestError) -> wire.JoinResponse:
+    return wire.JoinResponse(
+        request_id=request_id,
+        error=wire.EnvError(code=err.code, message=str(err), is_recoverable=err.recoverable),
+    )
+
+
+# ------------------------------------------------------------------------------ values
+
+
+def stack_rows(space: gymnasium.Space[Any], rows: list[Any]) -> Any:
+    """Per-lane values of ``space`` as one batch (each leaf gains a leading row axis)."""
+    if isinstance(space, spaces.Dict):
+        return {key: stack_rows(child, [row[key] for row in rows]) for key, child in space.items()}
+    if isinstance(space, spaces.Tuple):
+        return tuple(
+            stack_rows(child, [row[i] for row in rows]) for i, child in enumerate(space.spaces)
+        )
+    if isinstance(space, spaces.Text):
+        return list(rows)
+    return np.asarray(rows)
+
+
+def split_rows(batch: Any, count: int) -> list[Any]:
+    """A batch of ``count`` values as a list of per-row values (array rows are views)."""
+    return list(lane_actions(batch, count))
+
+
+LeafCheck = Callable[[np.ndarray], "np.ndarray | None"]
+
+
+def value_checks(space: gymnasium.Space[Any]) -> list[tuple[int, str, str, LeafCheck]]:
+    """The structural checks of the edition's value conformance, per leaf of ``space``:
+    ``(leaf position, path, what is expected, check)``; ``check(batch)`` is a bool mask of the
+    rows that break it, or None when every row is fine. Leaves with nothing to check (an
+    integer ``Box``, ``Text``) are left out."""
+    checks: list[tuple[int, str, str, LeafCheck]] = []
+    for position, (path, leaf) in enumerate(space_leaves(space)):
+        where = "/".join(path) or "value"
+        if isinstance(leaf, spaces.Discrete):
+            low, high = int(leaf.start), int(leaf.start + leaf.n)
+            checks.append(
+                (position, where, f"an integer in [{low}, {high})", _outside(low, high, 0))
+            )
+        elif isinstance(leaf, spaces.MultiDiscrete):
+            low = np.asarray(leaf.start)
+            high = low + np.asarray(leaf.nvec)
+            checks.append(
+                (
+                    position,
+                    where,
+                    f"elements in [start, start + nvec) of {leaf}",
+                    _outside(low, high, leaf.nvec.ndim),
+                )
+            )
+        elif isinstance(leaf, spaces.MultiBinary):
+            checks.append((position, where, "elements 0 or 1", _outside(0, 2, len(leaf.shape))))
+        elif isinstance(leaf, spaces.Box) and np.issubdtype(leaf.dtype, np.floating):
+            axes = tuple(range(1, 1 + len(leaf.shape)))
+            checks.append((position, where, "no NaN element", _nan_rows(axes)))
+    return checks
+
+
+def _outside(low: Any, high: Any, ndim: int) -> LeafCheck:
+    axes = tuple(range(1, 1 + ndim))
+
+    def check(batch: np.ndarray) -> np.ndarray | None:
+        bad = (batch < low) | (batch >= high)
+        if not bad.any():
+            return None
+        return bad.any(axis=axes) if axes else bad
+
+    return check
+
+
+def _nan_rows(axes: tuple[int, ...]) -> LeafCheck:
+    def check(batch: np.ndarray) -> np.ndarray | None:
+        bad = np.isnan(batch)
+        if not bad.any():
+            return None
+        return bad.any(axis=axes) if axes else bad
+
+    return check
+
+
+def check_values(
+    checks: list[tuple[int, str, str, LeafCheck]],
+    space: gymnasium.Space[Any],
+    batch: Any,
+    root: str,
+) -> tuple[int, str] | None:
+    """The first row that breaks a check, and what is wrong with it; None when all conform."""
+    if not checks:
+        return None
+    composite = isinstance(space, (spaces.Dict, spaces.Tuple))
+    leaves = batch_leaves(space, batch) if composite else [batch]
+    for position, where, expected, check in checks:
+        leaf = np.asarray(leaves[position])
+        bad = check(leaf)
+        if bad is not None:
+            row = int(np.flatnonzero(bad)[0])
+            value = leaf[row]
+            shown = value.tolist() if isinstance(value, np.ndarray) else value.item()
+            return row, f"{root} leaf {where!r} is {shown!r}, expected {expected}"
+    return None
+
+
+def vector_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-row info dicts in Gymnasium's vector form: each key a list of one value per row
+    (None where a row lacks it) and ``_key`` the rows that have it."""
+    out: dict[str, Any] = {}
+    keys = list(dict.fromkeys(key for info in infos for key in info))
+    for key in keys:
+        out[key] = [info.get(key) for info in infos]
+        out[f"_{key}"] = [key in info for info in infos]
+    return out
+
+
+__all__ = ["COMPONENT", "SPEC_METADATA", "SUBSET_STEP", "EnvServicer", "env_contract", "serve_env"]

@@ -1,0 +1,255 @@
+"""The env server's defenses, against real gRPC calls on loopback: the token, the message size
+cap, malformed and invalid requests (typed errors, the server keeps serving), one session at a
+time, the first-message deadline, Shutdown, health, and a malformed contract on the client."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import gymnasium as gym
+import numpy as np
+import pytest
+import rlmesh
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from rlmesh.remote.codec import SpaceCodec, space_spec
+from rlmesh.remote.connection import handshake_response, message_options, token_metadata
+from rlmesh.remote.env_client import uuid7
+from rlmesh.remote.wire.core.v1 import env_contract_pb2
+from rlmesh.remote.wire.env.v1 import interaction_pb2 as wire
+from rlmesh.remote.wire.env.v1 import service_pb2, service_pb2_grpc
+from rlmesh.remote.wire.spaces.v1 import value_pb2
+from test_remote_env_cases import CountingEnv
+
+DISCRETE = SpaceCodec(gym.spaces.Discrete(2))
+
+
+class RawSession:
+    """A Join stream driven request by request, as a foreign client would."""
+
+    def __init__(self, address: str, token: str | None = None, max_message_mb: float = 64):
+        target = address.removeprefix("tcp://")
+        self.channel = grpc.insecure_channel(target, options=message_options(max_message_mb))
+        self.stub = service_pb2_grpc.EnvServiceStub(self.channel)
+        self.metadata = token_metadata(token)
+        self.pending: queue.SimpleQueue = queue.SimpleQueue()
+        self.responses = self.stub.Join(
+            iter(self.pending.get, None), metadata=self.metadata, timeout=20
+        )
+        self.count = 0
+
+    def ask(self, **kind) -> wire.JoinResponse:
+        self.count += 1
+        self.pending.put(wire.JoinRequest(request_id=f"r{self.count}", **kind))
+        response = next(self.responses)
+        assert response.request_id == f"r{self.count}"
+        return response
+
+    def close(self) -> None:
+        self.pending.put(None)
+        self.responses.cancel()
+        self.channel.close()
+
+
+def _step(action: value_pb2.SpaceValue, lanes=(0,)) -> dict:
+    return {"step": wire.StepRequest(action=action, env_indices=list(lanes))}
+
+
+def _reset(lanes=(0,), seeds=(1,)) -> dict:
+    ids = [uuid7() for _ in lanes]
+    return {"reset": wire.ResetRequest(env_indices=list(lanes), seeds=list(seeds), episode_ids=ids)}
+
+
+@pytest.fixture
+def counted():
+    calls = {"reset": 0, "step": 0}
+    with rlmesh.serve_env(lambda: CountingEnv(calls), token="s3cret") as server:
+        yield server, calls
+
+
+def test_a_missing_or_wrong_token_is_unauthenticated_and_no_reset_or_step_runs(counted):
+    server, calls = counted
+    for token in (None, "wrong"):
+        with pytest.raises(rlmesh.RemoteError) as caught:
+            rlmesh.RemoteEnv(server.address, token=token)
+        assert caught.value.code == "UNAUTHENTICATED"
+        assert "token" in str(caught.value)
+        session = RawSession(server.address, token=token)
+        try:
+            with pytest.raises(grpc.RpcError) as raw:
+                session.ask(**_reset())
+            assert raw.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        finally:
+            session.close()
+    assert calls == {"reset": 0, "step": 0}
+    with rlmesh.RemoteEnv(server.address, token="s3cret") as env:
+        env.reset(np.array([0]), [3], [None])
+        env.step(np.array([0]), np.array([1]))
+    assert calls == {"reset": 1, "step": 1}
+
+
+def test_the_health_check_needs_no_token_and_says_serving(counted):
+    server, _ = counted
+    with grpc.insecure_channel(server.address.removeprefix("tcp://")) as channel:
+        answer = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
+    assert answer.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_a_message_over_the_cap_is_refused_and_the_server_keeps_serving():
+    with rlmesh.serve_env("CartPole-v1", max_message_mb=1) as server:
+        session = RawSession(server.address, max_message_mb=8)
+        try:
+            session.ask(**_reset())
+            huge = value_pb2.SpaceValue(leaves=[b"\0" * (2 * 1024 * 1024)])
+            with pytest.raises(grpc.RpcError) as caught:
+                session.ask(**_step(huge))
+            assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        finally:
+            session.close()
+        with rlmesh.RemoteEnv(server.address) as env:
+            env.reset(np.array([0]), [0], [None])
+            assert env.step(np.array([0]), np.array([1])).rewards.tolist() == [1.0]
+
+
+def test_malformed_and_invalid_actions_get_typed_errors_and_are_never_delivered():
+    calls = {"reset": 0, "step": 0}
+    with rlmesh.serve_env(lambda: CountingEnv(calls), num_envs=2) as server:
+        session = RawSession(server.address)
+        try:
+            not_ready = session.ask(**_step(DISCRETE.encode(np.array([1]), 1))).error
+            assert not_ready.code == wire.ENV_ERROR_CODE_NOT_READY and not_ready.is_recoverable
+            session.ask(**_reset(lanes=(0, 1), seeds=(4, 5)))
+            bad = {
+                "two leaves for one": value_pb2.SpaceValue(leaves=[b"\0" * 8, b"\0" * 8]),
+                "a byte short": value_pb2.SpaceValue(leaves=[b"\0" * 7]),
+                "out of Discrete(2)": DISCRETE.encode(np.array([2]), 1),
+            }
+            for _ in range(50):  # again and again: the server neither dies nor stops answering
+                for what, action in bad.items():
+                    error = session.ask(**_step(action)).error
+                    assert error.code == wire.ENV_ERROR_CODE_INVALID_ACTION, what
+                    assert error.is_recoverable, what
+            assert (
+                "leaves, expected 1"
+                in session.ask(**_step(bad["two leaves for one"])).error.message
+            )
+            assert "7 bytes, expected 8" in session.ask(**_step(bad["a byte short"])).error.message
+            out_of_domain = session.ask(**_step(bad["out of Discrete(2)"])).error.message
+            assert "lane 0" in out_of_domain and "[0, 2)" in out_of_domain
+            out_of_range = session.ask(**_step(DISCRETE.encode(np.array([0]), 1), lanes=(2,)))
+            assert "out of range" in out_of_range.error.message
+            twice = session.ask(**_step(DISCRETE.encode(np.array([0, 1]), 2), lanes=(1, 1)))
+            assert "twice" in twice.error.message
+            assert calls["step"] == 0
+            answer = session.ask(**_step(DISCRETE.encode(np.array([1]), 1), lanes=(1,))).step
+            assert list(answer.rewards) == [1.0] and list(answer.env_indices) == [1]
+            assert calls["step"] == 1
+        finally:
+            session.close()
+
+
+def test_a_nan_action_is_invalid_and_not_delivered():
+    with rlmesh.serve_env("Pendulum-v1") as server:
+        codec = SpaceCodec(gym.spaces.Box(-2.0, 2.0, (1,), np.float32))
+        session = RawSession(server.address)
+        try:
+            session.ask(**_reset())
+            error = session.ask(**_step(codec.encode(np.array([[np.nan]]), 1))).error
+            assert error.code == wire.ENV_ERROR_CODE_INVALID_ACTION and error.is_recoverable
+            assert "NaN" in error.message
+            assert len(session.ask(**_step(codec.encode(np.array([[0.5]]), 1))).step.rewards) == 1
+        finally:
+            session.close()
+
+
+def test_one_session_at_a_time_a_second_gets_busy():
+    with rlmesh.serve_env("CartPole-v1") as server:
+        first = rlmesh.RemoteEnv(server.address)
+        with pytest.raises(rlmesh.RemoteError) as caught:
+            rlmesh.RemoteEnv(server.address)
+        assert caught.value.code == "ENV_ERROR_CODE_BUSY"
+        first.close()
+        rlmesh.RemoteEnv(server.address).close()
+
+
+def test_a_join_that_sends_nothing_is_ended_at_the_first_message_deadline():
+    with rlmesh.serve_env("CartPole-v1", first_message_timeout=0.5) as server:
+        with grpc.insecure_channel(server.address.removeprefix("tcp://")) as channel:
+            stub = service_pb2_grpc.EnvServiceStub(channel)
+            quiet = threading.Event()
+
+            def nothing():
+                quiet.wait(10)
+                yield from ()
+
+            started = time.monotonic()
+            silent = stub.Join(nothing(), timeout=20)
+            try:
+                with pytest.raises(grpc.RpcError) as caught:
+                    next(silent)
+                assert caught.value.code() == grpc.StatusCode.CANCELLED
+                assert time.monotonic() - started < 5
+            finally:
+                quiet.set()
+                silent.cancel()
+        with rlmesh.RemoteEnv(server.address) as env:  # and the session slot is free again
+            env.reset(np.array([0]), [0], [None])
+
+
+def test_shutdown_is_refused_unless_allowed():
+    request = service_pb2.ShutdownRequest()
+    with rlmesh.serve_env("CartPole-v1") as server:
+        with grpc.insecure_channel(server.address.removeprefix("tcp://")) as channel:
+            answer = service_pb2_grpc.EnvServiceStub(channel).Shutdown(request)
+        assert not answer.base.accepted and "allow_shutdown" in answer.base.message
+        assert not server.wait(0.2)
+    server = rlmesh.serve_env("CartPole-v1", allow_shutdown=True)
+    try:
+        with grpc.insecure_channel(server.address.removeprefix("tcp://")) as channel:
+            answer = service_pb2_grpc.EnvServiceStub(channel).Shutdown(request)
+        assert answer.base.accepted
+        assert server.wait(10)
+    finally:
+        server.close()
+
+
+def test_the_server_binds_loopback_by_default():
+    with rlmesh.serve_env("CartPole-v1") as server:
+        assert server.address.startswith("tcp://127.0.0.1:")
+
+
+class _UnknownDtypeEnv(service_pb2_grpc.EnvServiceServicer):
+    """A foreign server whose contract declares a DataType the wire does not define."""
+
+    def Handshake(self, request, context):  # noqa: N802
+        observation = space_spec(gym.spaces.Box(-1, 1, (3,), np.float32))
+        observation.dtype = 99
+        contract = env_contract_pb2.EnvContract(
+            spec=env_contract_pb2.EnvSpec(
+                id="Odd-v0",
+                observation_space=observation,
+                action_space=space_spec(gym.spaces.Discrete(2)),
+            ),
+            num_envs=1,
+        )
+        return service_pb2.HandshakeResponse(
+            base=handshake_response(request.base, "odd"), env_contract=contract
+        )
+
+
+def test_a_contract_with_an_unknown_dtype_is_a_remote_error_naming_the_leaf():
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    service_pb2_grpc.add_EnvServiceServicer_to_server(_UnknownDtypeEnv(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with pytest.raises(rlmesh.RemoteError) as caught:
+            rlmesh.RemoteEnv(f"127.0.0.1:{port}")
+        message = str(caught.value)
+        assert f"127.0.0.1:{port}" in message and "DataType 99" in message
+        assert "observation_space" in message
+    finally:
+        server.stop(None)
