@@ -119,10 +119,10 @@ def make_pixel_env():
 
 
 class FaultyCartPole(gym.Wrapper):
-    """CartPole that, at step ``at_step`` of the episode seeded ``seed``, exits (``exit``),
-    kills itself (``kill``), hangs (``hang``) or raises (``raise``), if ``marker`` exists (it
-    is deleted first) or always when ``marker`` is None. With ``pid_dir``, each env writes
-    its process id there, so a test can check every worker is gone."""
+    """CartPole that, at step ``at_step`` (0: its reset) of the episode seeded ``seed``, exits
+    (``exit``), kills itself (``kill``), hangs (``hang``) or raises (``raise``), if ``marker``
+    exists (it is deleted first) or always when ``marker`` is None. With ``pid_dir``, each env
+    writes its process id there, so a test can check every worker is gone."""
 
     def __init__(self, mode, seed, at_step, marker=None, pid_dir=None):
         super().__init__(gym.make("CartPole-v1"))
@@ -132,10 +132,16 @@ class FaultyCartPole(gym.Wrapper):
 
     def reset(self, *, seed=None, options=None):
         self.seed_value, self.t = seed, 0
+        self._maybe_fail()
         return self.env.reset(seed=seed, options=options)
 
     def step(self, action):
         self.t += 1
+        self._maybe_fail()
+        return self.env.step(action)
+
+    def _maybe_fail(self):
+        """At step ``at_step`` (0: the reset) of the episode seeded ``fault_seed``."""
         if self.seed_value == self.fault_seed and self.t == self.at_step and self._armed():
             if self.mode == "exit":
                 os._exit(3)
@@ -145,7 +151,6 @@ class FaultyCartPole(gym.Wrapper):
                 time.sleep(600)
             if self.mode == "raise":
                 raise RuntimeError(f"a fault at step {self.t}")
-        return self.env.step(action)
 
     def _armed(self):
         if self.marker is None:

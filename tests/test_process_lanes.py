@@ -169,7 +169,9 @@ def test_lanes_return_what_in_process_lanes_return_type_for_type(factory, action
             a = local.step(stepped, actions(len(stepped)))
             b = process.step(stepped, actions(len(stepped)))
             assert np.array_equal(a.stepped, b.stepped)
-            assert all(_same_value(x, y) for x, y in zip(a.observations, b.observations, strict=True))
+            assert all(
+                _same_value(x, y) for x, y in zip(a.observations, b.observations, strict=True)
+            )
             for field in ("rewards", "terminated", "truncated"):
                 assert _same_value(getattr(a, field), getattr(b, field))
             assert a.infos == b.infos
@@ -242,7 +244,7 @@ def test_a_lambda_policy_needs_no_pickling_the_model_stays_in_the_driver():
 
 
 def test_a_factory_that_does_not_pickle_says_what_to_pass_instead():
-    with pytest.raises(TypeError, match="module-level function .* or a Gymnasium id"):
+    with pytest.raises(TypeError, match=r"module-level function .* or a Gymnasium id"):
         rlmesh.run(cartpole_policy, lambda: gym.make("CartPole-v1"), num_envs=2, workers=2)
     assert not leftovers()
 
