@@ -19,10 +19,13 @@ import textwrap
 import time
 from pathlib import Path
 
+import gymnasium as gym
+import numpy as np
 import pytest
 import rlmesh
 from envs_for_workers import make_faulty, make_recorded_cartpole
 from helpers import CORES, cartpole_policy, comparable
+from rlmesh.lanes import LaneVector, ProcessLanes
 from rlmesh.lanes.process import SHARED_MEMORY_PREFIX
 
 SEEDS = list(range(10, 18))
@@ -239,3 +242,36 @@ def test_ctrl_c_leaves_no_worker_and_no_shared_memory(tmp_path):
     assert not still_alive(workers)
     assert not still_alive(session_processes(run.pid))  # the forkserver went with it too
     assert not leftovers(run.pid)
+
+
+@pytest.mark.parametrize("restarts", [0, 1])
+def test_a_worker_killed_between_steps_is_seen_at_the_next_one(restarts):
+    """Killed from outside while idle: the next step finds its pipe closed, and restarts it
+    (its episodes replayed, so the lanes go on as in-process ones) or names it."""
+    local = LaneVector([gym.make("CartPole-v1") for _ in range(4)])
+    lanes = ProcessLanes("CartPole-v1", num_envs=4, workers=2, restart_workers=restarts)
+    try:
+        every = np.arange(4)
+        for side in (local, lanes):
+            side.reset(every, [1, 2, 3, 4], [0, 1, 2, 3])
+            for _ in range(5):
+                side.step(every, np.array([0, 1, 1, 0]))
+        victim = lanes.worker_pids[1]
+        os.kill(victim, signal.SIGKILL)
+        assert not still_alive([victim])
+        if not restarts:
+            with pytest.raises(rlmesh.EnvError, match=r"worker 1 .*lanes 2..3.* killed by SIGKILL"):
+                lanes.step(every, np.array([0, 1, 1, 0]))
+            return
+        expected = local.step(every, np.array([0, 1, 1, 0]))
+        batch = lanes.step(every, np.array([0, 1, 1, 0]))
+        assert lanes.worker_pids[1] != victim
+        assert all(
+            np.array_equal(a, b)
+            for a, b in zip(expected.observations, batch.observations, strict=True)
+        )
+        assert np.array_equal(expected.rewards, batch.rewards)
+    finally:
+        local.close()
+        lanes.close()
+    assert not leftovers()

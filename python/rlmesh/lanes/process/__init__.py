@@ -466,8 +466,11 @@ class ProcessLanes:
                 first such, once every other worker has answered).
         """
         for w, message in requests.items():
-            self._workers[w].conn.send(message)
             self._in_flight.add(w)
+            try:
+                self._workers[w].conn.send(message)
+            except OSError:  # it died since its last answer
+                self._recover(self._workers[w], message)
         waited = time.perf_counter_ns()
         replies: dict[int, Any] = {}
         while len(replies) < len(requests):
