@@ -106,8 +106,8 @@ QUICK = Settings(
     vector_episodes=16,
     null_episodes=256,
     summary_samples=1,
-    cpu_episodes=16,
-    process_cartpole_episodes=32,
+    cpu_episodes=8,
+    process_cartpole_episodes=16,
 )
 
 
