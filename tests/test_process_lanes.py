@@ -7,6 +7,7 @@ a module-level factory in ``envs_for_workers``; runs are a few short episodes ea
 from __future__ import annotations
 
 import functools
+import json
 import os
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from envs_for_workers import (
 )
 from helpers import CORES, AwaitEveryStep, cartpole_policy, comparable
 from rlmesh import ModelSpec, State
+from rlmesh.cli import main
 from rlmesh.lanes import LaneVector, ProcessLanes, make_lanes
 from rlmesh.lanes.process import SHARED_MEMORY_PREFIX
 
@@ -290,3 +292,16 @@ def test_more_workers_than_lanes_start_one_worker_per_lane(tmp_path):
     assert sorted(recorded_pids(tmp_path)) == sorted(lanes.worker_pids)
     assert not any(alive(pid) for pid in recorded_pids(tmp_path))
     assert not leftovers()
+
+
+def test_the_command_line_runs_workers_with_env_kwargs_as_in_process(capsys):
+    summaries = []
+    for workers in ("1", "2"):
+        argv = ["eval", "random", "--env", "CartPole-v1", "--env-kwargs"]
+        argv += ['{"max_episode_steps": 20}', "--num-envs", "3", "--episodes", "5"]
+        assert main([*argv, "--workers", workers, "--no-progress", "--json"]) == 0
+        summaries.append(json.loads(capsys.readouterr().out))
+    for key in ("episodes", "total_steps", "mean_reward", "episode_length_max"):
+        assert summaries[0][key] == summaries[1][key]
+    assert main(["demo", "--restart-workers", "1", "--episodes", "1"]) == 2
+    assert "--restart-workers needs --workers 2 or more" in capsys.readouterr().err
