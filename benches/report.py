@@ -59,6 +59,15 @@ from test_bench_driver import (
     sync_vector_loop,
 )
 from test_bench_ledger import EPISODE_STEPS, LANE_COUNTS, LedgerStepLoop
+from test_bench_process_lanes import (
+    CARTPOLE_LANES,
+    CPU_LANES,
+    async_vector_loop,
+    rate,
+    run_cartpole,
+    run_cpu,
+    worker_start_s,
+)
 from test_bench_remote_env import (
     ONE_LANE_SEEDS,
     REMOTE_EPISODES,
@@ -89,6 +98,8 @@ class Settings:
     vector_episodes: int
     null_episodes: int
     summary_samples: int  # fresh processes summarizing the 1M-episode file
+    cpu_episodes: int  # episodes of the CPU-heavy env (8 lanes, 40..119 steps each)
+    process_cartpole_episodes: int  # CartPole episodes over 16 process lanes
 
 
 FULL = Settings(
@@ -98,6 +109,8 @@ FULL = Settings(
     vector_episodes=VECTOR_EPISODES,
     null_episodes=NULL_EPISODES_PER_LANE * NULL_LANES,
     summary_samples=5,
+    cpu_episodes=48,
+    process_cartpole_episodes=64,
 )
 QUICK = Settings(
     repeats=3,
@@ -106,6 +119,8 @@ QUICK = Settings(
     vector_episodes=16,
     null_episodes=256,
     summary_samples=1,
+    cpu_episodes=8,
+    process_cartpole_episodes=16,
 )
 
 
@@ -461,6 +476,103 @@ def chunked_rows(settings: Settings) -> list[Row]:
     return rows
 
 
+def scored_fields(result: rlmesh.RunResult) -> list[tuple]:
+    """Each episode's index, seed, steps, reward, terminated, truncated and lane."""
+    return [
+        (e.index, e.seed, e.steps, e.reward, e.terminated, e.truncated, e.env_index)
+        for e in result.episodes
+    ]
+
+
+def interleaved_values(sides: dict[str, Callable[[], float]], repeats: int) -> dict[str, float]:
+    """The median of what each side returns (a rate it measured itself), sampled A B A B ..."""
+    samples: dict[str, list[float]] = {name: [] for name in sides}
+    for _ in range(repeats):
+        for name, call in sides.items():
+            samples[name].append(call())
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def process_lanes_rows(settings: Settings) -> list[Row]:
+    """Process lanes: a CPU-heavy env at workers=2 vs workers=1 and vs ``AsyncVectorEnv(8)``
+    in scored lane-steps/s, and what a round costs more than in-process on CartPole."""
+    section = "process lanes (workers=W): scored lane-steps/s, time per round"
+    episodes = settings.cpu_episodes
+    one, two = run_cpu(1, episodes), run_cpu(2, episodes)
+    equal = "equal" if scored_fields(one) == scored_fields(two) else "DIFFER"
+    step_ms = next(row.avg for row in one.telemetry if row.op == "env.step")
+    loops: list = []
+
+    def vector_rate() -> float:
+        loops.append(async_vector_loop(episodes))
+        return loops[-1].scored_steps / loops[-1].seconds
+
+    rates = interleaved_values(
+        {
+            "workers=1": lambda: rate(run_cpu(1, episodes), "lane-steps"),
+            "workers=2": lambda: rate(run_cpu(2, episodes), "lane-steps"),
+            "vector": vector_rate,
+        },
+        settings.repeats,
+    )
+    start_s = statistics.median(worker_start_s() for _ in range(settings.repeats))
+    wasted = statistics.median(loop.wasted_steps for loop in loops)
+    stepped = statistics.median(loop.lane_steps for loop in loops)
+    workload = f"CPU-heavy env ({step_ms:.2f} ms/step), {CPU_LANES} lanes, {episodes} episodes"
+    rows = [
+        Row(
+            section,
+            workload,
+            "workers=1",
+            rates["workers=1"],
+            "workers=2",
+            rates["workers=2"],
+            "steps/s",
+            1.7,
+            note=f"per-episode results of workers=1 and workers=2 {equal}; starting 2 workers "
+            f"with their envs (and closing them) takes {start_s:.2f} s, outside these rates",
+        ),
+        Row(
+            section,
+            workload + ", vs a hand-written AsyncVectorEnv loop",
+            f"AsyncVectorEnv({CPU_LANES})",
+            rates["vector"],
+            "workers=2",
+            rates["workers=2"],
+            "steps/s",
+            1.0,
+            note=f"scored lane-steps/s; the vector stepped {stepped:.0f} lane-steps of which "
+            f"{wasted:.0f} ({wasted / stepped:.0%}) were surplus or autoreset steps, rlmesh "
+            f"{two.wasted_steps}",
+        ),
+    ]
+    cartpole = settings.process_cartpole_episodes
+    rounds = interleaved_values(
+        {
+            str(workers): lambda workers=workers: rate(run_cartpole(workers, cartpole), "steps")
+            for workers in (1, 2)
+        },
+        settings.repeats,
+    )
+    in_process_s, process_s = 1 / rounds["1"], 1 / rounds["2"]
+    overhead_us = (process_s - in_process_s) * 1e6
+    rows.append(
+        Row(
+            section,
+            f"CartPole, {CARTPOLE_LANES} lanes, {cartpole} episodes, time per round",
+            "workers=1",
+            in_process_s,
+            "workers=2",
+            process_s,
+            "s",
+            note=f"process lanes add {overhead_us:.0f} us per round "
+            f"({overhead_us / CARTPOLE_LANES:.1f} us per lane-step): with env steps much "
+            f"shorter than that, keep workers=1",
+        )
+    )
+    return rows
+
+
 def summary_rows(settings: Settings) -> list[Row]:
     """``rlmesh report`` of a 1M-episode results file (read + summary) in a fresh process each
     time, against the issue's budget: seconds (median) and peak resident memory (largest)."""
@@ -676,7 +788,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     rows = core_rows(settings)
     driver, ours = end_to_end_rows(settings)
-    rows += driver + chunked_rows(settings) + summary_rows(settings)
+    rows += driver + chunked_rows(settings) + process_lanes_rows(settings) + summary_rows(settings)
     rows += remote_rows(settings, args.peer)
     if args.peer:
         rows += peer_rows(settings, ours)

@@ -26,6 +26,8 @@ DOCUMENTED_MODULES = (
     "rlmesh.numpy",
     "rlmesh.lanes",
     "rlmesh.lanes.local",
+    "rlmesh.lanes.process",
+    "rlmesh.lanes.process.layout",
     "rlmesh.utils",
     "rlmesh.deadlines",
     "rlmesh.settings",

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -237,6 +238,16 @@ def _positive_int(text: str) -> int:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
     return value
 
 
@@ -462,10 +473,11 @@ def _eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
     progress = _Progress(
         episodes, enabled=not args.no_progress and not args.json and sys.stderr.isatty()
     )
+    # One env per lane; a partial of gym.make pickles, so worker processes can build them too.
     env = (
         args.env
         if not args.env_kwargs
-        else (lambda: gym.make(args.env, **args.env_kwargs))  # one env per lane
+        else functools.partial(gym.make, args.env, **args.env_kwargs)
     )
     status, result = EXIT_OK, None
     try:
@@ -477,6 +489,8 @@ def _eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
             episodes=episodes,
             seed=base_seed,
             num_envs=args.num_envs,
+            workers=args.workers,
+            restart_workers=args.restart_workers,
             execution_horizon=args.horizon,
             max_episode_steps=args.max_episode_steps,
             max_episode_seconds=args.max_episode_seconds,
@@ -590,6 +604,19 @@ class _Parser(argparse.ArgumentParser):
 def _add_run_options(parser: argparse.ArgumentParser, *, episodes: int | None) -> None:
     parser.add_argument(
         "--num-envs", type=_positive_int, default=None, help="lanes run in parallel (default 1)"
+    )
+    parser.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=1,
+        help="worker processes stepping the lanes (default 1: the lanes run in this process)",
+    )
+    parser.add_argument(
+        "--restart-workers",
+        type=_non_negative_int,
+        default=0,
+        help="restart a worker that dies up to this many times, replaying its episodes "
+        "(needs --workers 2 or more; default 0)",
     )
     parser.add_argument(
         "--episodes",
@@ -867,6 +894,11 @@ def _main(argv: list[str]) -> int:
         warnings.showwarning = _show_warning
         try:
             args = build_parser().parse_args(argv)
+            if args.command in ("eval", "demo") and args.restart_workers and args.workers < 2:
+                raise UsageError(
+                    f"rlmesh {args.command}: error: --restart-workers needs --workers 2 or more "
+                    f"(with --workers 1 the envs run in this process)"
+                )
             if args.command == "eval":
                 if args.resume and args.out is None:
                     raise UsageError("rlmesh eval: error: --resume needs --out FILE to resume")

@@ -103,6 +103,8 @@ async def arun(
     run_info: dict[str, Any] | None = None,
     allow_changed_policy: bool = False,
     success: Any = None,
+    workers: int = 1,
+    restart_workers: int = 0,
 ) -> RunResult:
     """Evaluate ``model`` on ``env``: the coroutine behind ``rlmesh.run``.
 
@@ -147,6 +149,12 @@ async def arun(
             bool``, or a number R (success iff the episode's reward >= R). Default: reward
             >= the env spec's ``reward_threshold``, else success is not available (None).
             Recorded in the results file header, checked on resume.
+        workers: run the lanes in this many worker processes (``rlmesh.lanes.ProcessLanes``;
+            ``env`` an id or a picklable factory). The default 1 keeps them in this process.
+            Results are the same for any number of workers.
+        restart_workers: with ``workers > 1``, restart a worker that dies up to this many
+            times, replaying its episodes in flight, so the results equal an uninterrupted
+            run; 0 (default): a dead worker raises ``EnvError``.
 
     Returns:
         The ``RunResult``: M episodes sorted by index (with ``results_path``, every episode in
@@ -169,6 +177,8 @@ async def arun(
         timeouts=timeouts,
         close_env=close_env,
         indices=indices,
+        workers=workers,
+        restart_workers=restart_workers,
     )
     success_rule = rule_for(success, env)
     results = None
@@ -324,7 +334,13 @@ class EvaluationRun:
         self.handler = handler = ModelHandler(
             self.model, execution_horizon=settings.execution_horizon
         )
-        self.lanes = lanes = make_lanes(self.env, num_envs=settings.num_envs)
+        self.lanes = lanes = make_lanes(
+            self.env,
+            num_envs=settings.num_envs,
+            workers=settings.workers,
+            restart_workers=settings.restart_workers,
+            record_latency=self._record_lanes_latency,
+        )
         handler.fit_lanes(lanes.num_lanes)
         self.success_rule = self.success_rule.for_lanes(lanes)  # an env factory's spec
         if lanes.resets_itself and (settings.max_episode_steps or settings.max_episode_seconds):
@@ -356,6 +372,10 @@ class EvaluationRun:
         )
         self.hooks.record_latency = lambda ns: telemetry.record("hooks", ns)
         self._yielded_ns = time.perf_counter_ns()
+
+    def _record_lanes_latency(self, op: str, ns: int) -> None:
+        """Where lanes that time work of their own (worker processes) report it."""
+        self.telemetry.record(op, ns)
 
     async def _teardown(
         self, result: RunResult, error: BaseException | None

@@ -40,6 +40,8 @@ class RunSettings:
     timeouts: dict[str, float]
     close_env: bool
     indices: list[int] | None = None
+    workers: int = 1
+    restart_workers: int = 0
 
 
 def check_settings(
@@ -56,6 +58,8 @@ def check_settings(
     timeouts: dict[str, float] | None,
     close_env: bool,
     indices: Sequence[int] | None = None,
+    workers: int = 1,
+    restart_workers: int = 0,
 ) -> RunSettings:
     """The run's arguments checked, with the defaults DESIGN.md gives; ValueError otherwise.
 
@@ -81,6 +85,16 @@ def check_settings(
         isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**64
     ):
         raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
+    workers = positive_int("workers", workers)
+    if isinstance(restart_workers, bool) or not isinstance(restart_workers, (int, np.integer)):
+        raise ValueError(f"restart_workers must be a non-negative integer, got {restart_workers!r}")
+    if restart_workers < 0:
+        raise ValueError(f"restart_workers must be a non-negative integer, got {restart_workers}")
+    if restart_workers and workers == 1:
+        raise ValueError(
+            f"restart_workers={restart_workers} restarts worker processes, but workers=1 runs "
+            f"the envs in this process: pass workers=2 or more"
+        )
     return RunSettings(
         seeds=seeds,
         episodes=positive_int("episodes", episodes),
@@ -105,4 +119,6 @@ def check_settings(
         },
         close_env=bool(close_env),
         indices=None if indices is None else list(indices),
+        workers=workers,
+        restart_workers=int(restart_workers),
     )

@@ -19,6 +19,10 @@ What one latency sample is, so that a figure means the same at any number of lan
 - ``env.step``: one lane-step, one env's transition. Lanes rlmesh steps one by one are timed
   one by one; a vector stepped in one call shares that call's time among its lanes.
 - ``env.reset``, ``hooks``: one call, whatever it covers; ``driver.round``: one round.
+- With process lanes (``workers=W``), per step of the lanes: ``worker{w}.step``, the time
+  worker ``w`` spent inside its envs' ``step`` calls (one sample per step it took part in),
+  and ``driver.wait``, the time the driver waited for the workers' answers. The lanes report
+  them through the ``record_latency`` the driver hands ``make_lanes``.
 
 Example:
     >>> telemetry = Telemetry(window_s=1.0, started_ns=0)
@@ -41,7 +45,7 @@ from . import core as _core_selection
 from .results import TelemetryRow
 from .utils import shares
 
-# The ops the driver records.
+# The ops the driver records (process lanes add "worker{w}.step" and "driver.wait").
 OPS = ("model.predict", "env.step", "env.reset", "driver.round", "hooks")
 NS_PER_MS = 1e6
 NS_PER_S = 1e9

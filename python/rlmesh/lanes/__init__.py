@@ -11,10 +11,12 @@ protocol), one of its kinds:
 - a zero-argument callable returning a ``gymnasium.Env``: a ``LaneVector`` of ``num_envs``
   lanes, one call each;
 - a ``gymnasium.vector.VectorEnv``: ``VectorLanes`` over its lanes (``lanes/vector.py``);
-- anything that implements ``Lanes`` itself, as it is.
+- anything that implements ``Lanes`` itself, as it is;
+- with ``workers=W > 1``, an id or a picklable factory: ``ProcessLanes``, ``num_envs`` lanes
+  in ``W`` worker processes that build their envs themselves (``lanes/process``).
 
-``LaneVector`` lives in ``lanes/local.py``. A new kind of lanes (worker processes, a remote
-env) implements the same protocol; the driver needs no change for it.
+``LaneVector`` lives in ``lanes/local.py``. A new kind of lanes (a remote env) implements the
+same protocol; the driver needs no change for it.
 
 A ``LaneVector`` steps any subset of its lanes and never resets a lane by itself: the driver
 resets every episode with its seed, and a lane left without an episode simply stops being
@@ -66,7 +68,13 @@ ENV_FORMS = (
 
 
 def make_lanes(
-    env: Any, *, num_envs: int | None = None, env_kwargs: Mapping[str, Any] | None = None
+    env: Any,
+    *,
+    num_envs: int | None = None,
+    env_kwargs: Mapping[str, Any] | None = None,
+    workers: int = 1,
+    restart_workers: int = 0,
+    record_latency: Callable[[str, int], None] | None = None,
 ) -> Lanes:
     """The lanes for ``env=``: see the module docstring for what each form becomes.
 
@@ -78,6 +86,9 @@ def make_lanes(
         num_envs: how many lanes to build from an id or a factory (default 1). With an env
             instance it may only be 1, with a vector only its ``num_envs``.
         env_kwargs: keyword arguments for ``gymnasium.make``; only with an id.
+        workers: with more than 1, ``ProcessLanes``: the lanes run in this many worker
+            processes (``lanes/process``), built there from an id or a picklable factory.
+        restart_workers, record_latency: with ``workers > 1``, passed to ``ProcessLanes``.
 
     Raises:
         EnvError: ``gymnasium.make`` or the factory raised (an unknown id, a bad keyword).
@@ -85,7 +96,8 @@ def make_lanes(
         TypeError: ``env`` is none of the forms above, or the factory returned something
             other than a ``gymnasium.Env``.
         ValueError: ``num_envs < 1``, a ``num_envs`` the env cannot have, ``env_kwargs``
-            without an id, or a factory that returned the same env twice.
+            without an id, a factory that returned the same env twice, or ``workers > 1``
+            with an env that cannot be rebuilt in a worker (an instance, a vector, lanes).
 
     Example:
         >>> lanes = make_lanes("Pendulum-v1", num_envs=2, env_kwargs={"g": 9.81})
@@ -99,6 +111,10 @@ def make_lanes(
         raise ValueError(
             f"env_kwargs is passed to gymnasium.make, so it needs env= to be a Gymnasium id, "
             f"got {type(env).__name__}: build the env with its arguments yourself"
+        )
+    if workers > 1:
+        return _process_lanes(
+            env, num_envs or 1, env_kwargs, workers, restart_workers, record_latency
         )
     if isinstance(env, Lanes):
         if num_envs not in (None, env.num_lanes):
@@ -116,7 +132,7 @@ def make_lanes(
     if isinstance(env, str):
         kwargs = dict(env_kwargs or {})
         return LaneVector(
-            _build(
+            build_envs(
                 lambda: gymnasium.make(env, **kwargs),
                 num_envs or 1,
                 f"gymnasium.make({env!r})",
@@ -142,7 +158,7 @@ def make_lanes(
     if callable(env):
         name = getattr(env, "__qualname__", type(env).__name__)
         return LaneVector(
-            _build(
+            build_envs(
                 env,
                 num_envs or 1,
                 f"the env factory {name}()",
@@ -169,14 +185,47 @@ def _remote(address: str, num_envs: int | None) -> Lanes:
     return lanes
 
 
-def _build(
-    factory: Callable[[], Any], count: int, what: str, expected: str
+def _process_lanes(
+    env: Any,
+    num_envs: int,
+    env_kwargs: Mapping[str, Any] | None,
+    workers: int,
+    restart_workers: int,
+    record_latency: Callable[[str, int], None] | None,
+) -> Lanes:
+    if isinstance(env, str) and is_address(env):
+        raise ValueError(
+            f"workers={workers} builds the envs in local worker processes, but env={env!r} is "
+            f"a served env: its server steps its lanes; omit workers"
+        )
+    for kind, what in ((Lanes, "Lanes"), (VectorEnv, "a VectorEnv"), (gymnasium.Env, "an env")):
+        if isinstance(env, kind):
+            raise ValueError(
+                f"workers={workers} builds the envs inside worker processes, but env= is "
+                f"{what} instance ({type(env).__name__}), which cannot be rebuilt there: pass "
+                f"a Gymnasium id or a module-level zero-argument factory"
+            )
+    from .process import ProcessLanes
+
+    return ProcessLanes(
+        env,
+        num_envs=num_envs,
+        workers=workers,
+        env_kwargs=env_kwargs,
+        restart_workers=restart_workers,
+        record_latency=record_latency,
+    )
+
+
+def build_envs(
+    factory: Callable[[], Any], count: int, what: str, expected: str, *, first_lane: int = 0
 ) -> list[gymnasium.Env[Any, Any]]:
-    """``count`` envs from ``factory``; the ones already built are closed if one fails."""
+    """``count`` envs from ``factory``, for lanes ``first_lane..first_lane+count-1`` (how
+    messages number them); the ones already built are closed if one fails."""
     envs: list[gymnasium.Env[Any, Any]] = []
     lane_of: dict[int, int] = {}  # id(env) -> its lane, to refuse an env returned twice
     try:
-        for lane in range(count):
+        for lane in range(first_lane, first_lane + count):
             try:
                 env = factory()
             except Exception as err:
@@ -205,7 +254,18 @@ __all__ = [
     "TRIAL_INDEX_OPTION",
     "LaneVector",
     "Lanes",
+    "ProcessLanes",
     "StepBatch",
     "VectorLanes",
+    "build_envs",
     "make_lanes",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # ProcessLanes imports multiprocessing machinery: only on first use.
+    if name == "ProcessLanes":
+        from .process import ProcessLanes
+
+        return ProcessLanes
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

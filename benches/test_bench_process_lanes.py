@@ -1,0 +1,139 @@
+"""Process lanes (``workers=W``) beside in-process lanes and Gymnasium's ``AsyncVectorEnv``.
+
+- A CPU-heavy env (``cpu_env.py``, about 1 ms of CPU a step), 8 lanes: ``rlmesh.run`` with
+  ``workers=2`` vs ``workers=1``, and vs ``AsyncVectorEnv(8)`` stepped by a hand-written loop
+  until as many episodes completed, in *scored* lane-steps/s (the vector's surplus steps,
+  which it cannot avoid, count for nothing; rlmesh's runs have none).
+- CartPole, 16 lanes: what one round costs more with process lanes than in-process, the
+  overhead that tells a user when not to use workers.
+
+Throughputs come from the run's own telemetry (``driver`` ``lane-steps`` / ``steps`` rows),
+which span the rounds and not the workers' start; the vector's loop is timed after it is made
+likewise. The start of the workers is reported on its own.
+
+Run: ``pytest benches/test_bench_process_lanes.py --benchmark-enable``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import rlmesh
+from cartpole import ENV_ID, batched_policy
+from cpu_env import cpu_policy, make_cpu_env
+from rlmesh.lanes import ProcessLanes
+
+CPU_LANES = 8
+CPU_EPISODES = 16
+CARTPOLE_LANES, CARTPOLE_EPISODES = 16, 32
+
+
+class BatchedPolicy(rlmesh.Model):
+    """A batched corner for a plain batched function, so every lane count calls it once."""
+
+    stateless = True
+
+    def __init__(self, fn) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def predict_batch(self, obs):
+        return self.fn(obs)
+
+
+def rate(result: rlmesh.RunResult, metric: str) -> float:
+    """The run's ``driver`` throughput row ``metric`` (``lane-steps`` or ``steps``), per s."""
+    return next(row.avg for row in result.telemetry if row.op == "driver" and row.metric == metric)
+
+
+def run_cpu(workers: int, episodes: int = CPU_EPISODES) -> rlmesh.RunResult:
+    """``rlmesh.run`` on ``CPU_LANES`` CPU-heavy lanes in ``workers`` processes (1: none)."""
+    return rlmesh.run(
+        BatchedPolicy(cpu_policy),
+        make_cpu_env,
+        episodes=episodes,
+        num_envs=CPU_LANES,
+        workers=workers,
+    )
+
+
+@dataclass
+class VectorLoop:
+    """What the hand-written ``AsyncVectorEnv`` loop did."""
+
+    seconds: float
+    scored_steps: int  # the lane-steps of the episodes it counted
+    lane_steps: int  # every lane-step it took, surplus and autoreset steps included
+
+    @property
+    def wasted_steps(self) -> int:
+        return self.lane_steps - self.scored_steps
+
+
+def async_vector_loop(episodes: int = CPU_EPISODES) -> VectorLoop:
+    """``AsyncVectorEnv`` of ``CPU_LANES`` CPU-heavy envs, stepped until ``episodes`` episodes
+    completed (the first to complete: a lockstep loop cannot do better without waste); the
+    loop alone is timed, as a user would write it (its default NEXT_STEP autoreset)."""
+    vector = gym.vector.AsyncVectorEnv([make_cpu_env] * CPU_LANES)
+    try:
+        obs, _ = vector.reset(seed=list(range(CPU_LANES)))
+        started = time.perf_counter()
+        lengths = np.zeros(CPU_LANES, dtype=np.int64)
+        restarting = np.zeros(CPU_LANES, dtype=bool)
+        completed = scored = lane_steps = 0
+        while completed < episodes:
+            obs, _, terminated, truncated, _ = vector.step(cpu_policy(obs))
+            lane_steps += CPU_LANES
+            lengths[~restarting] += 1  # a restarting lane's step is the autoreset, no step
+            ended = (terminated | truncated) & ~restarting
+            for lane in np.flatnonzero(ended)[: episodes - completed]:
+                scored += int(lengths[lane])
+                completed += 1
+            lengths[ended] = 0
+            restarting = ended
+        return VectorLoop(time.perf_counter() - started, scored, lane_steps)
+    finally:
+        vector.close()
+
+
+def run_cartpole(workers: int, episodes: int = CARTPOLE_EPISODES) -> rlmesh.RunResult:
+    return rlmesh.run(
+        BatchedPolicy(batched_policy),
+        ENV_ID,
+        episodes=episodes,
+        num_envs=CARTPOLE_LANES,
+        workers=workers,
+        max_episode_steps=200,
+    )
+
+
+def worker_start_s(env=make_cpu_env, num_envs: int = CPU_LANES, workers: int = 2) -> float:
+    """Seconds to start ``workers`` workers with their envs and close them again."""
+    started = time.perf_counter()
+    ProcessLanes(env, num_envs=num_envs, workers=workers).close()
+    return time.perf_counter() - started
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_run_cpu_heavy_env_eight_lanes(benchmark, workers):
+    benchmark.group = "process lanes, CPU-heavy env, 8 lanes"
+    result = benchmark.pedantic(run_cpu, args=(workers, 4), rounds=1)
+    assert result.wasted_steps == 0 and rate(result, "lane-steps") > 0
+
+
+def test_async_vector_loop_cpu_heavy_env_eight_lanes(benchmark):
+    benchmark.group = "process lanes, CPU-heavy env, 8 lanes"
+    benchmark.extra_info["floor"] = "AsyncVectorEnv(8) stepped by hand"
+    loop = benchmark.pedantic(async_vector_loop, args=(4,), rounds=1)
+    assert loop.scored_steps > 0 and loop.wasted_steps >= 0
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_run_cartpole_sixteen_lanes_process_lanes(benchmark, workers):
+    benchmark.group = "process lanes, CartPole 16 lanes"
+    result = benchmark.pedantic(run_cartpole, args=(workers, 16), rounds=1)
+    assert rate(result, "steps") > 0

@@ -1,0 +1,590 @@
+"""Process lanes: lanes stepped in worker processes, one more kind of ``Lanes``.
+
+``ProcessLanes`` splits ``num_lanes`` lanes into ``workers`` contiguous blocks, one per worker
+process. Each worker builds its envs itself, from a Gymnasium id or a picklable zero-argument
+factory (a module-level function, a ``functools.partial`` of one), so the envs never cross a
+process boundary. Observations, actions, rewards and flags travel through one shared-memory
+buffer laid out from the spaces, one slot per lane (``layout.py``); only small control messages
+(which lanes, seeds, infos) go through the pipes. The driver steps any subset of lanes: each
+worker steps its lanes of the subset while the others step theirs, and a worker with none of
+them is not asked. Resets are the driver's, seeded per episode as with in-process lanes, so
+every episode is what ``LaneVector`` would have played, whatever the number of workers.
+
+Workers start with ``forkserver`` (a server process forked from a fresh interpreter, so no
+thread of the driver is ever forked), or ``spawn`` where ``forkserver`` is not available. As
+with any ``multiprocessing`` program, a script that runs process lanes keeps its top-level
+code under ``if __name__ == "__main__":``.
+
+Faults: a worker that dies (a segfault, ``os._exit``, an OOM kill) raises ``EnvError`` naming
+the worker, its lanes and the episodes in flight, by trial (``EpisodeResult.trial``, that is
+``trial_index_base + index``). With ``restart_workers=K`` a dead worker is restarted, up to K
+times per worker: the new worker builds its envs, replays every episode in flight from its
+seed and the actions it took (kept for this purpose only when K > 0), and the request the
+dead worker left unanswered is sent again. For a deterministic env (the determinism contract)
+the run then goes on exactly as if nothing happened. A worker that hangs is the driver's
+``timeouts=`` to catch; closing the lanes then kills it.
+
+Example:
+    >>> import numpy as np
+    >>> lanes = ProcessLanes("CartPole-v1", num_envs=4, workers=2)
+    >>> lanes
+    ProcessLanes(CartPole-v1, num_lanes=4, workers=2)
+    >>> observations, _ = lanes.reset(np.arange(4), seeds=[0, 1, 2, 3], trials=[0, 1, 2, 3])
+    >>> batch = lanes.step(np.array([0, 3]), np.array([1, 0]))  # lanes 1 and 2 wait
+    >>> batch.stepped.tolist(), batch.rewards.tolist(), observations[0].dtype
+    ([0, 3], [1.0, 1.0], dtype('float32'))
+    >>> lanes.close()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import pickle
+import signal
+import time
+import uuid
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from multiprocessing import connection, shared_memory
+from typing import Any
+
+import numpy as np
+
+from ...errors import EnvError
+from ..base import StepBatch, reset_options
+from ..local import checked_reset
+from .layout import SharedLayout, SharedViews
+from .worker import serve
+
+START_TIMEOUT_S = 300.0
+"""How long a worker may take to build its envs before the lanes give up on it."""
+CLOSE_GRACE_S = 5.0
+"""How long closing waits for a worker to close its envs and exit before killing it."""
+SHARED_MEMORY_PREFIX = "rlmesh-lanes-"
+"""Every buffer's name in ``/dev/shm`` starts with this, then the driver's pid."""
+
+LatencyRecorder = Callable[[str, int], None]
+
+
+def start_context() -> Any:
+    """The ``multiprocessing`` context workers start in: ``forkserver`` with this package
+    preloaded (a worker then starts in milliseconds), else ``spawn``."""
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        context = multiprocessing.get_context("forkserver")
+        # Takes effect when the server starts (the first process lanes of this process).
+        context.set_forkserver_preload(["__main__", "rlmesh.lanes.process.worker"])
+        return context
+    return multiprocessing.get_context("spawn")
+
+
+class WorkerTraceback(Exception):  # noqa: N818 - it carries a traceback, it is not raised alone
+    """The traceback of an exception raised in a worker process (the ``__cause__`` of the
+    ``EnvError`` the driver raises for it)."""
+
+
+class _WorkerDied(Exception):  # noqa: N818 - a signal inside this module, never raised out
+    """A worker died or did not answer while starting; the message says which and how."""
+
+
+@dataclass
+class _Worker:
+    index: int
+    lanes: list[int]
+    process: Any = None
+    conn: Any = None
+    restarts: int = 0
+
+    def describe(self) -> str:
+        pid = None if self.process is None else self.process.pid
+        return f"worker {self.index} (pid {pid}, lanes {_span(self.lanes)})"
+
+
+@dataclass
+class _Resources:
+    """What must not outlive the lanes: the worker processes and the shared buffer. Released
+    by ``close``, or by a finalizer if the lanes are dropped (or the interpreter exits)
+    without it."""
+
+    processes: list[Any] = field(default_factory=list)
+    memory: shared_memory.SharedMemory | None = None
+
+    def release(self) -> None:
+        for process in self.processes:
+            _stop(process, grace_s=0.0)
+        self.processes.clear()
+        memory, self.memory = self.memory, None
+        if memory is not None:
+            with contextlib.suppress(BufferError):  # a view is still referenced: it keeps the map
+                memory.close()
+            with contextlib.suppress(FileNotFoundError):
+                memory.unlink()
+
+
+def _stop(process: Any, grace_s: float) -> None:
+    """Wait up to ``grace_s`` for ``process`` to exit, then terminate it, then kill it."""
+    if process.pid is None:
+        return
+    process.join(grace_s)
+    if process.is_alive():
+        process.terminate()
+        process.join(1.0)
+    if process.is_alive():
+        process.kill()
+        process.join(5.0)
+
+
+def _span(lanes: list[int]) -> str:
+    if len(lanes) > 1 and lanes == list(range(lanes[0], lanes[-1] + 1)):
+        return f"{lanes[0]}..{lanes[-1]}"
+    return ", ".join(map(str, lanes))
+
+
+def _exit_cause(process: Any) -> str:
+    process.join(1.0)
+    code = process.exitcode
+    if code is None:
+        return "its pipe closed"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def env_source(env: Any, env_kwargs: Mapping[str, Any] | None) -> tuple[str, Any, Any]:
+    """What a worker builds its envs from: ``("id", env_id, kwargs)`` or ``("factory", the
+    pickled factory, None)``.
+
+    Raises:
+        TypeError: ``env`` is neither an id nor a callable, or it (or ``env_kwargs``) cannot be
+            pickled, which workers need: the message says what to pass instead.
+    """
+    if isinstance(env, str):
+        kwargs = dict(env_kwargs or {})
+        try:
+            pickle.dumps(kwargs)
+        except Exception as err:
+            raise TypeError(
+                f"env_kwargs for {env!r} cannot be sent to worker processes ({type(err).__name__}"
+                f": {err}): pass values that pickle, or a module-level factory that builds the "
+                f"env with them"
+            ) from err
+        return ("id", env, kwargs)
+    if callable(env) and not isinstance(env, type):
+        name = getattr(env, "__qualname__", type(env).__name__)
+        try:
+            blob = pickle.dumps(env)
+        except Exception as err:
+            raise TypeError(
+                f"the env factory {name} cannot be sent to worker processes, which build their "
+                f"envs themselves ({type(err).__name__}: {err}): pass a module-level function "
+                f"(or a functools.partial of one) that the workers can import, or a Gymnasium "
+                f"id; a lambda or a function defined inside another cannot be pickled"
+            ) from err
+        return ("factory", blob, None)
+    raise TypeError(
+        f"with workers > 1, env= must be a Gymnasium id or a picklable zero-argument factory "
+        f"(each worker builds its own envs), got {type(env).__name__}"
+    )
+
+
+class ProcessLanes:
+    """``num_envs`` lanes stepped in ``workers`` processes, any subset at a time.
+
+    Args:
+        env: a Gymnasium id, or a picklable zero-argument callable returning a
+            ``gymnasium.Env`` (called in the workers, once per lane).
+        num_envs: ``N``, the lanes.
+        workers: ``W``, the worker processes (at most ``N`` are started: a worker owns at
+            least one lane). Worker ``w`` owns lanes ``w*N//W .. (w+1)*N//W - 1``.
+        env_kwargs: keyword arguments for ``gymnasium.make``, with an id only.
+        restart_workers: how many times each worker may be restarted after dying (0: a dead
+            worker ends the run with ``EnvError``).
+        record_latency: ``fn(op, ns)`` receiving, per step, each worker's time inside its
+            envs' ``step`` calls (``op`` ``"worker{w}.step"``) and the time the driver waited
+            for the workers (``"driver.wait"``); the run's telemetry.
+
+    Raises:
+        TypeError: an env the workers cannot get (see ``env_source``), or a factory that
+            returned something other than a ``gymnasium.Env`` (in a worker).
+        ValueError: a factory that returned the same env twice.
+        EnvError: a worker could not build its envs, died or did not start within
+            ``START_TIMEOUT_S``, or lanes whose spaces differ.
+    """
+
+    lockstep = False
+    resets_itself = False
+    env_steps = None
+
+    def __init__(
+        self,
+        env: Any,
+        *,
+        num_envs: int,
+        workers: int,
+        env_kwargs: Mapping[str, Any] | None = None,
+        restart_workers: int = 0,
+        record_latency: LatencyRecorder | None = None,
+    ) -> None:
+        self._source = env_source(env, env_kwargs)
+        self.num_lanes = num_envs
+        count = min(workers, num_envs)
+        bounds = [w * num_envs // count for w in range(count + 1)]
+        self._workers = [_Worker(w, list(range(bounds[w], bounds[w + 1]))) for w in range(count)]
+        self._owner = np.repeat(np.arange(count), np.diff(bounds))
+        self._restart_workers = restart_workers
+        self._record = record_latency
+        self._context = start_context()
+        self._resources = _Resources()
+        self._finalizer = weakref.finalize(self, self._resources.release)
+        self._closed = False
+        self._broken: str | None = None
+        self._in_flight: set[int] = set()  # workers with a request not yet answered
+        # Per lane: the trial of its episode in flight (None between episodes), and with
+        # restarts, [seed, options, actions taken] of that episode, to replay it.
+        self._trials: list[int | None] = [None] * num_envs
+        self._episodes: list[list[Any] | None] = [None] * num_envs
+        try:
+            self._start()
+        except BaseException:
+            self._finalizer()
+            raise
+
+    # ---------------------------------------------------------------- start and stop
+
+    def _start(self) -> None:
+        for worker in self._workers:
+            self._launch(worker)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        try:
+            ready = {w.index: self._started(w, deadline) for w in self._workers}
+        except _WorkerDied as died:
+            raise EnvError(str(died)) from None
+        first = ready[0]
+        self.name: str = first["name"]
+        self.spec = first["spec"]
+        self.accepts_trial_index: bool = first["accepts_trial_index"]
+        _, self.single_observation_space, self.single_action_space = first["spaces"][0]
+        self._check_spaces([lane for info in ready.values() for lane in info["spaces"]])
+        self._layout = SharedLayout.of(
+            self.single_observation_space, self.single_action_space, self.num_lanes
+        )
+        memory = shared_memory.SharedMemory(
+            name=f"{SHARED_MEMORY_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}",
+            create=True,
+            size=self._layout.size,
+        )
+        self._resources.memory = memory
+        self._views: SharedViews | None = self._layout.views(memory.buf)
+        try:
+            for worker in self._workers:
+                self._attach(worker, deadline)
+        except _WorkerDied as died:
+            raise EnvError(str(died)) from None
+
+    def _launch(self, worker: _Worker) -> None:
+        ours, theirs = self._context.Pipe()
+        process = self._context.Process(
+            target=serve,
+            args=(theirs, self._source, worker.lanes, worker.index),
+            name=f"rlmesh-lanes-worker{worker.index}",
+            daemon=True,  # multiprocessing ends it if the driver exits without closing
+        )
+        process.start()
+        theirs.close()  # only the worker holds its end: its death closes the pipe
+        worker.process, worker.conn = process, ours
+        self._resources.processes.append(process)
+
+    def _started(self, worker: _Worker, deadline: float) -> dict[str, Any]:
+        """Wait for ``worker``'s envs; raise what building them raised, as in-process."""
+        reply = self._startup_reply(worker, deadline, "build its envs")
+        if reply[0] == "failed":
+            _, description, remote_traceback = reply
+            kind, _, message = description.partition(": ")
+            error_type = {"TypeError": TypeError, "ValueError": ValueError}.get(kind, EnvError)
+            text = description if error_type is EnvError else message
+            raise error_type(f"{text} (in {worker.describe()})") from WorkerTraceback(
+                remote_traceback
+            )
+        return reply[1]
+
+    def _attach(self, worker: _Worker, deadline: float) -> None:
+        assert self._resources.memory is not None
+        worker.conn.send(("attach", self._resources.memory.name, self._layout))
+        self._startup_reply(worker, deadline, "map the shared buffer")
+
+    def _startup_reply(self, worker: _Worker, deadline: float, what: str) -> Any:
+        remaining = deadline - time.monotonic()
+        ready = connection.wait([worker.conn, worker.process.sentinel], max(remaining, 0))
+        if worker.conn in ready:
+            try:
+                return worker.conn.recv()
+            except EOFError:
+                pass
+        elif not ready:
+            raise _WorkerDied(
+                f"{worker.describe()} did not {what} within {START_TIMEOUT_S:g} s (START_TIMEOUT_S)"
+            )
+        raise _WorkerDied(
+            f"{worker.describe()} {_exit_cause(worker.process)} before it could {what}"
+        )
+
+    def _check_spaces(self, spaces: list[tuple[int, Any, Any]]) -> None:
+        observation, action = self.single_observation_space, self.single_action_space
+        for lane, lane_observation, lane_action in spaces:
+            if (lane_observation, lane_action) != (observation, action):
+                raise EnvError(
+                    f"lane {lane} ({self.name}) has observation space {lane_observation} and "
+                    f"action space {lane_action}, but lane 0 has {observation} and {action}: "
+                    f"every lane must share lane 0's spaces"
+                )
+
+    def close(self) -> None:
+        """Close every worker's envs and stop the workers; the shared buffer is unlinked. A
+        worker still busy with a request (one the driver gave up on) is killed. Closing again
+        does nothing.
+
+        Raises:
+            EnvError: an env's ``close`` raised in a worker (after everything was stopped).
+        """
+        if self._closed:
+            return
+        self._closed = True
+        failure = None
+        asked = []
+        for worker in self._workers:
+            if worker.process is None or worker.index in self._in_flight:
+                continue
+            try:
+                worker.conn.send(("close",))
+                asked.append(worker)
+            except OSError:  # it is gone already
+                pass
+        deadline = time.monotonic() + CLOSE_GRACE_S
+        for worker in asked:
+            try:
+                if worker.conn.poll(max(deadline - time.monotonic(), 0)):
+                    reply = worker.conn.recv()
+                    if reply[0] == "closed" and reply[1] and failure is None:
+                        failure = EnvError(f"{self.name} {reply[1]} (in {worker.describe()})")
+            except (EOFError, OSError):
+                pass
+            _stop(worker.process, max(deadline - time.monotonic(), 0))
+        self._views = None  # the buffer can only be closed once no view of it is left
+        self._finalizer()
+        for worker in self._workers:
+            if worker.conn is not None:
+                worker.conn.close()
+        if failure is not None:
+            raise failure
+
+    # ---------------------------------------------------------------- the Lanes protocol
+
+    def reset(
+        self, lanes: np.ndarray, seeds: Sequence[int | None], trials: Sequence[int | None]
+    ) -> tuple[list[Any], list[dict[str, Any]]]:
+        checked = checked_reset(lanes, seeds, trials, self.num_lanes)
+        options = [reset_options(self.accepts_trial_index, trial) for trial in trials]
+        rows = np.asarray(checked, dtype=np.int64)
+        requests = {}
+        for worker, positions in self._by_worker(rows):
+            requests[worker] = (
+                "reset",
+                [checked[p] for p in positions],
+                [seeds[p] for p in positions],
+                [options[p] for p in positions],
+            )
+        infos, loose = self._exchange(requests, rows)
+        for lane, seed, option, trial in zip(checked, seeds, options, trials, strict=True):
+            self._trials[lane] = trial
+            if self._restart_workers:
+                self._episodes[lane] = [seed, option, []]
+        return self._views_now().take_observations(rows, loose), infos
+
+    def step(self, lanes: np.ndarray, actions: Any) -> StepBatch:
+        rows = np.asarray(lanes, dtype=np.int64)
+        if not len(rows):
+            empty = np.zeros(0, dtype=np.bool_)
+            return StepBatch(rows, [], np.zeros(0), empty, empty.copy(), [])
+        views = self._views_now()
+        loose_actions = views.put_actions(rows, actions)
+        requests = {}
+        for worker, positions in self._by_worker(rows):
+            requests[worker] = (
+                "step",
+                rows[positions].tolist(),
+                None if loose_actions is None else [loose_actions[p] for p in positions],
+            )
+        infos, loose = self._exchange(requests, rows)
+        rewards = views.rewards[rows]
+        terminated = views.terminated[rows]
+        truncated = views.truncated[rows]
+        self._note_steps(rows, loose_actions, terminated | truncated)
+        return StepBatch(
+            rows, views.take_observations(rows, loose), rewards, terminated, truncated, infos
+        )
+
+    def env_episode_ids(self) -> np.ndarray | None:
+        return None
+
+    def __repr__(self) -> str:
+        return (
+            f"ProcessLanes({self.name}, num_lanes={self.num_lanes}, workers={len(self._workers)})"
+        )
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """The pid of each worker process, in worker order (a restarted worker's new pid)."""
+        return [worker.process.pid for worker in self._workers]
+
+    # ---------------------------------------------------------------- requests
+
+    def _views_now(self) -> SharedViews:
+        if self._closed or self._views is None:
+            raise EnvError(f"{self!r} is closed")
+        if self._broken is not None:
+            raise EnvError(f"{self!r} cannot go on after an earlier failure: {self._broken}")
+        return self._views
+
+    def _by_worker(self, rows: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """The positions in ``rows`` of each worker's lanes, for the workers that have any."""
+        owners = self._owner[rows]
+        return [(int(w), np.flatnonzero(owners == w)) for w in np.unique(owners)]
+
+    def _exchange(
+        self, requests: dict[int, tuple[Any, ...]], rows: np.ndarray
+    ) -> tuple[list[Any], list[Any]]:
+        """Send each worker its request, wait for every reply (restarting a dead worker where
+        allowed), and return the infos and loose observations in the order of ``rows``.
+
+        Raises:
+            EnvError: a worker died (beyond its restarts), or an env raised in a worker (the
+                first such, once every other worker has answered).
+        """
+        for w, message in requests.items():
+            self._in_flight.add(w)
+            try:
+                self._workers[w].conn.send(message)
+            except OSError:  # it died since its last answer
+                self._recover(self._workers[w], message)
+        waited = time.perf_counter_ns()
+        replies: dict[int, Any] = {}
+        while len(replies) < len(requests):
+            pending = [self._workers[w] for w in requests if w not in replies]
+            waitables = [x for worker in pending for x in (worker.conn, worker.process.sentinel)]
+            ready = connection.wait(waitables)
+            for worker in pending:
+                if worker.conn in ready or worker.process.sentinel in ready:
+                    try:
+                        replies[worker.index] = worker.conn.recv()
+                        self._in_flight.discard(worker.index)
+                    except (EOFError, OSError):
+                        self._recover(worker, requests[worker.index])
+        waited = time.perf_counter_ns() - waited
+        kind = next(iter(requests.values()))[0]
+        infos: list[Any] = [None] * len(rows)
+        loose: list[Any] = [None] * len(rows)
+        failure = None
+        for w, reply in sorted(replies.items()):
+            if reply[0] == "error":
+                failure = failure or self._env_error(self._workers[w], reply)
+                continue
+            _, worker_infos, worker_loose, spent_ns = reply
+            for position, info, extra in zip(
+                np.flatnonzero(self._owner[rows] == w).tolist(),
+                worker_infos,
+                worker_loose,
+                strict=True,
+            ):
+                infos[position] = info
+                loose[position] = extra
+            if kind == "step" and self._record is not None:
+                self._record(f"worker{w}.step", spent_ns)
+        if failure is not None:
+            raise failure
+        if kind == "step" and self._record is not None:
+            self._record("driver.wait", waited)
+        return infos, loose
+
+    def _env_error(self, worker: _Worker, reply: tuple[Any, ...]) -> EnvError:
+        _, lane, method, description, remote_traceback = reply
+        where = self.name if lane is None else f"lane {lane} ({self.name})"
+        error = EnvError(f"{where}: {method}() raised {description} (in {worker.describe()})")
+        error.__cause__ = WorkerTraceback(remote_traceback)
+        return error
+
+    def _note_steps(self, rows: np.ndarray, loose_actions: list[Any] | None, ended: Any) -> None:
+        """Keep each stepped lane's episode up to date: ended episodes are no longer in
+        flight; with restarts, the others keep the action just taken, for a replay."""
+        keep = self._restart_workers > 0
+        views = self._views
+        for k, (lane, done) in enumerate(zip(rows.tolist(), ended.tolist(), strict=True)):
+            if done:
+                self._trials[lane] = None
+                self._episodes[lane] = None
+            elif keep:
+                episode = self._episodes[lane]
+                if episode is not None:
+                    action = views.take_action(lane) if loose_actions is None else loose_actions[k]
+                    episode[2].append(action)
+
+    # ---------------------------------------------------------------- faults
+
+    def _recover(self, worker: _Worker, message: tuple[Any, ...]) -> None:
+        """``worker`` died with ``message`` unanswered: restart it, replay its episodes in
+        flight and send ``message`` again, or raise the ``EnvError`` that names it."""
+        while True:
+            cause = _exit_cause(worker.process)
+            if self._closed or worker.restarts >= self._restart_workers:
+                self._in_flight.discard(worker.index)
+                raise self._death_error(worker, message[0], cause)
+            worker.restarts += 1
+            try:
+                worker.conn.close()
+                self._launch(worker)
+                deadline = time.monotonic() + START_TIMEOUT_S
+                self._started(worker, deadline)
+                self._attach(worker, deadline)
+                resetting = set(message[1]) if message[0] == "reset" else set()
+                episodes = [
+                    (lane, *self._episodes[lane])
+                    for lane in worker.lanes
+                    if self._episodes[lane] is not None and lane not in resetting
+                ]
+                if episodes:
+                    worker.conn.send(("replay", episodes))
+                    reply = worker.conn.recv()
+                    if reply[0] == "error":
+                        self._broken = f"replaying its episodes in {worker.describe()} failed"
+                        raise self._env_error(worker, reply)
+                worker.conn.send(message)
+                return
+            except (EOFError, OSError, _WorkerDied):
+                continue  # it died again: another restart, if any is left
+
+    def _death_error(self, worker: _Worker, request: str, cause: str) -> EnvError:
+        in_flight = [
+            (lane, self._trials[lane]) for lane in worker.lanes if self._trials[lane] is not None
+        ]
+        episodes = ", ".join(f"trial {trial} on lane {lane}" for lane, trial in in_flight) or "none"
+        restarts = (
+            f"it was restarted {worker.restarts} times already (restart_workers="
+            f"{self._restart_workers})"
+            if self._restart_workers
+            else "pass restart_workers=K to restart a dead worker and re-run its episodes from "
+            "their seeds"
+        )
+        self._broken = f"{worker.describe()} died"
+        error = EnvError(
+            f"{self.name}: {worker.describe()} {cause} during {request}; episodes in flight: "
+            f"{episodes}. The episodes completed before it are kept (err.partial_result); "
+            f"{restarts}"
+        )
+        error.worker = worker.index  # type: ignore[attr-defined]
+        error.lanes = list(worker.lanes)  # type: ignore[attr-defined]
+        error.trials = [trial for _, trial in in_flight]  # type: ignore[attr-defined]
+        return error

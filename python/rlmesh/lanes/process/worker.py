@@ -1,0 +1,230 @@
+"""The worker side of process lanes: one process owning a fixed set of lanes.
+
+A worker builds its envs, reports their spaces, maps the shared buffer and then serves the
+driver's requests one at a time, in order, until it is told to close or its pipe closes (the
+driver went away). Requests and replies are small tuples through the pipe:
+
+- ``("reset", lanes, seeds, options)`` -> ``("ok", infos, loose, ns)``
+- ``("step", lanes, actions or None)`` -> ``("ok", infos, loose, ns)``: actions None means
+  they are in the buffer; ``ns`` is the time spent inside the envs' ``step`` calls;
+- ``("replay", [(lane, seed, options, actions), ...])`` -> ``("ok",)``: a restarted worker
+  brings its lanes back to where the dead one left them;
+- ``("close",)`` -> ``("closed", error or None)``, then the process exits.
+
+An env that raises is answered ``("error", lane, method, message, traceback)`` and the worker
+goes on serving: what happens next is the driver's call, as with in-process lanes.
+
+The worker ignores SIGINT: a Ctrl-C in the terminal reaches the whole process group, and the
+driver, not each worker, decides how the run ends (it closes the workers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+import signal
+import time
+import traceback
+from multiprocessing import shared_memory
+from multiprocessing.connection import Connection
+from typing import Any
+
+import gymnasium
+
+from ...utils import env_label
+from ..base import declares_trial_index
+from .layout import SharedLayout
+
+
+def build_env_factory(source: tuple[str, Any, Any]) -> Any:
+    """The zero-argument env factory a worker calls once per lane, from what the driver sent:
+    ``("id", env_id, kwargs)`` or ``("factory", pickled factory, None)``."""
+    kind, payload, kwargs = source
+    if kind == "id":
+        return lambda: gymnasium.make(payload, **kwargs)
+    return pickle.loads(payload)
+
+
+def serve(conn: Connection, source: tuple[str, Any, Any], lanes: list[int], worker: int) -> None:
+    """The worker's main function: build ``lanes``' envs from ``source``, then serve ``conn``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    envs: dict[int, gymnasium.Env[Any, Any]] = {}
+    try:
+        try:
+            envs = _build(source, lanes)
+        except Exception as err:
+            conn.send(("failed", _describe(err), traceback.format_exc()))
+            return
+        first = envs[lanes[0]]
+        spaces = [(lane, env.observation_space, env.action_space) for lane, env in envs.items()]
+        conn.send(
+            (
+                "ready",
+                {
+                    "name": env_label(first),
+                    "spaces": spaces,
+                    "spec": _picklable_spec(first.spec),
+                    "accepts_trial_index": declares_trial_index(first),
+                },
+            )
+        )
+        message = conn.recv()
+        if message[0] != "attach":
+            return
+        _, memory_name, layout = message
+        memory = shared_memory.SharedMemory(name=memory_name)
+        try:
+            _Server(conn, envs, layout.views(memory.buf), layout).run()
+        finally:
+            with contextlib.suppress(BufferError):  # a view still referenced: it goes with us
+                memory.close()
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        pass  # the driver is gone: nothing left to answer
+    finally:
+        for env in envs.values():
+            with contextlib.suppress(Exception):  # the driver is gone: no one to report to
+                env.close()
+
+
+def _build(source: tuple[str, Any, Any], lanes: list[int]) -> dict[int, gymnasium.Env[Any, Any]]:
+    from .. import build_envs
+
+    kind, payload, _ = source
+    what = f"gymnasium.make({payload!r})" if kind == "id" else "the env factory"
+    try:
+        factory = build_env_factory(source)
+    except Exception as err:
+        raise TypeError(
+            f"the env factory could not be loaded in the worker process ({_describe(err)}): "
+            f"define it at module level in a module the workers can import (not in an "
+            f"interactive session), or pass a Gymnasium id"
+        ) from err
+    expected = (
+        "env= as a str must be an id registered with Gymnasium in the worker processes too: "
+        "use 'module:EnvId' so each worker imports the module that registers it"
+        if kind == "id"
+        else "env= as a callable must build a gymnasium.Env when called with no arguments"
+    )
+    envs = build_envs(factory, len(lanes), what, expected, first_lane=lanes[0])
+    return dict(zip(lanes, envs, strict=True))
+
+
+def _picklable_spec(spec: Any) -> Any:
+    """The env's spec if it pickles; else the spec without what does not (its entry point and
+    kwargs), keeping the id and ``reward_threshold`` the driver reads."""
+    if spec is None:
+        return None
+    try:
+        pickle.dumps(spec)
+        return spec
+    except Exception:
+        from dataclasses import replace
+
+        return replace(spec, entry_point=str(spec.entry_point), kwargs={})
+
+
+def _describe(err: BaseException) -> str:
+    return f"{type(err).__name__}: {err}"
+
+
+class _Server:
+    """The request loop of a worker whose envs are built and whose buffer is mapped."""
+
+    def __init__(
+        self,
+        conn: Connection,
+        envs: dict[int, gymnasium.Env[Any, Any]],
+        views: Any,
+        layout: SharedLayout,
+    ) -> None:
+        self.conn = conn
+        self.envs = envs
+        self.views = views
+        self.layout = layout
+
+    def run(self) -> None:
+        conn = self.conn
+        conn.send(("attached",))
+        handlers = {"step": self.step, "reset": self.reset, "replay": self.replay}
+        while True:
+            message = conn.recv()
+            kind = message[0]
+            if kind == "close":
+                conn.send(("closed", self.close()))
+                return
+            reply = handlers[kind](*message[1:])
+            try:
+                data = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as err:  # what the env returned does not pickle
+                data = pickle.dumps(
+                    (
+                        "error",
+                        message[1][0] if message[1] else None,
+                        kind,
+                        f"what it returned cannot be pickled to reach the driver "
+                        f"({_describe(err)}): process lanes send infos, and observation leaves "
+                        f"that do not fit the space's slots, through a pipe",
+                        traceback.format_exc(),
+                    )
+                )
+            conn.send_bytes(data)
+
+    def step(self, lanes: list[int], actions: list[Any] | None) -> tuple[Any, ...]:
+        views, envs = self.views, self.envs
+        infos, loose = [], []
+        spent_ns = 0
+        lane = None
+        try:
+            for k, lane in enumerate(lanes):
+                action = views.take_action(lane) if actions is None else actions[k]
+                started = time.perf_counter_ns()
+                observation, reward, terminated, truncated, info = envs[lane].step(action)
+                spent_ns += time.perf_counter_ns() - started
+                loose.append(views.put_observation(lane, observation))
+                views.rewards[lane] = reward
+                views.terminated[lane] = terminated
+                views.truncated[lane] = truncated
+                infos.append(info)
+        except Exception as err:
+            return ("error", lane, "step", _describe(err), traceback.format_exc())
+        return ("ok", infos, loose, spent_ns)
+
+    def reset(
+        self, lanes: list[int], seeds: list[int | None], options: list[dict[str, Any] | None]
+    ) -> tuple[Any, ...]:
+        infos, loose = [], []
+        lane = None
+        started = time.perf_counter_ns()
+        try:
+            for lane, seed, option in zip(lanes, seeds, options, strict=True):
+                observation, info = self.envs[lane].reset(seed=seed, options=option)
+                loose.append(self.views.put_observation(lane, observation))
+                infos.append(info)
+        except Exception as err:
+            return ("error", lane, "reset", _describe(err), traceback.format_exc())
+        return ("ok", infos, loose, time.perf_counter_ns() - started)
+
+    def replay(self, episodes: list[tuple[int, int | None, Any, list[Any]]]) -> tuple[Any, ...]:
+        lane = None
+        method = "reset"
+        try:
+            for lane, seed, option, actions in episodes:
+                method = "reset"
+                env = self.envs[lane]
+                env.reset(seed=seed, options=option)
+                method = "step"
+                for action in actions:
+                    env.step(action)
+        except Exception as err:
+            return ("error", lane, f"{method} (replaying its episode)", _describe(err), "")
+        return ("ok",)
+
+    def close(self) -> str | None:
+        failure = None
+        for lane, env in self.envs.items():
+            try:
+                env.close()
+            except Exception as err:
+                failure = failure or f"lane {lane}: close() raised {_describe(err)}"
+        self.envs = {}
+        return failure
