@@ -388,6 +388,9 @@ class _JoinStream:
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._closing = False
+        # Callers waiting for an answer: one still waiting at close (a predict abandoned at
+        # its deadline) means the server is stuck, and Close would not be answered either.
+        self._asking = 0
         self._call = stub.Join(self._outgoing(), metadata=metadata)
         self._reader = threading.Thread(target=self._read, name="rlmesh-model-join", daemon=True)
         self._reader.start()
@@ -436,7 +439,14 @@ class _JoinStream:
     def ask(self, doing: str, request: Any, timeout: float | None = None) -> Any:
         """Send ``request`` and wait for its answer; an in-band ``ModelError`` is raised as a
         ``RemoteError`` with the error's code."""
-        response = self.send(request).result(timeout)
+        future = self.send(request)
+        with self._lock:
+            self._asking += 1
+        try:
+            response = future.result(timeout)
+        finally:
+            with self._lock:
+                self._asking -= 1
         if response.WhichOneof("kind") == "error":
             error = response.error
             code = interaction_pb2.ModelErrorCode.Name(error.code)
@@ -450,7 +460,7 @@ class _JoinStream:
     def close(self, wait_s: float) -> None:
         """Send ``Close``, wait up to ``wait_s`` for its answer, then hang up."""
         self._closing = True
-        if self.broken is None:
+        if self.broken is None and not self._asking:
             # A dead or hung server: hang up all the same.
             with contextlib.suppress(Exception):
                 self.ask(

@@ -501,6 +501,9 @@ class ModelService(service_pb2_grpc.ModelServiceServicer):
     def Join(  # noqa: N802
         self, request_iterator: Iterator[interaction_pb2.JoinRequest], context: grpc.ServicerContext
     ) -> Iterator[interaction_pb2.JoinResponse]:
+        # Headers go out at once: a client may wait for them before it sends its first request
+        # (rlmesh 0.1.0's does), and gRPC would otherwise hold them until the first answer.
+        context.send_initial_metadata(())
         session = _Session(self)
         try:
             for request in request_iterator:
