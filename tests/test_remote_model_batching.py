@@ -117,14 +117,14 @@ def test_a_per_lane_model_is_called_per_row_and_gives_the_solo_results():
 def test_per_episode_contexts_live_on_the_server_and_match_a_local_run(core):
     with rlmesh.serve_model(ContextCounter(), max_wait_ms=100) as server:
         results = run_drivers(server.address, core, count=4, episodes=3, num_envs=2)
-        chunked = rlmesh.run(
+        wide = rlmesh.run(
             rlmesh.RemoteModel(server.address), "CartPole-v1", episodes=5, num_envs=3, core=core
         )
     for i, remote in enumerate(results):
         local = rlmesh.run(ContextCounter(), "CartPole-v1", seed=i, episodes=3, num_envs=2)
         assert comparable(remote) == comparable(local)
     local = rlmesh.run(ContextCounter(), "CartPole-v1", episodes=5, num_envs=3, core=core)
-    assert comparable(chunked) == comparable(local)
+    assert comparable(wide) == comparable(local)
 
 
 def test_drivers_of_other_horizons_get_their_own_chunks():
