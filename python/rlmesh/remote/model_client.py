@@ -31,7 +31,6 @@ import os
 import queue
 import threading
 import time
-from concurrent.futures import Future
 from typing import Any
 
 import grpc
@@ -376,24 +375,22 @@ _END = object()
 
 
 class _JoinStream:
-    """One Join call: requests go through a queue, a reader thread hands each answer to the
-    caller waiting for its ``request_id``. A broken stream fails every waiting caller, and
-    every later one, with the ``RemoteError`` that broke it."""
+    """One Join call. Requests go through a queue (gRPC's sender thread takes them); the
+    caller waiting for an answer reads the stream itself, one caller at a time, until its
+    ``request_id`` comes, passing over the answers of requests nobody waits for
+    (``ResetAdapter``). A broken stream fails that caller, and every later one, with the
+    ``RemoteError`` that broke it."""
 
     def __init__(self, stub: Any, metadata: Any, address: str) -> None:
         self.address = address
         self.broken: RemoteError | None = None
         self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._waiting: dict[str, Future[Any]] = {}
-        self._lock = threading.Lock()
+        # Held while a caller reads: still held at close, it is a predict abandoned at its
+        # deadline, so the server is stuck and would not answer Close either.
+        self._reading = threading.Lock()
         self._ids = itertools.count(1)
         self._closing = False
-        # Callers waiting for an answer: one still waiting at close (a predict abandoned at
-        # its deadline) means the server is stuck, and Close would not be answered either.
-        self._asking = 0
         self._call = stub.Join(self._outgoing(), metadata=metadata)
-        self._reader = threading.Thread(target=self._read, name="rlmesh-model-join", daemon=True)
-        self._reader.start()
 
     def _outgoing(self) -> Any:
         while True:
@@ -402,51 +399,20 @@ class _JoinStream:
                 return
             yield request
 
-    def _read(self) -> None:
-        try:
-            for response in self._call:
-                with self._lock:
-                    future = self._waiting.pop(response.request_id, None)
-                if future is not None:
-                    future.set_result(response)
-        except grpc.RpcError as err:
-            doing = "closing the model stream" if self._closing else "the model stream"
-            self._break(remote_failure(err, self.address, doing))
-            return
-        self._break(
-            RemoteError(f"the model at {self.address} ended the Join stream", address=self.address)
-        )
-
-    def _break(self, error: RemoteError) -> None:
-        with self._lock:
-            if self.broken is None:
-                self.broken = error
-            waiting, self._waiting = self._waiting, {}
-        for future in waiting.values():
-            future.set_exception(error)
-
-    def send(self, request: Any) -> Future[Any]:
-        """Send ``request`` (its ``request_id`` set here); the future of its answer."""
+    def send(self, request: Any) -> str:
+        """Send ``request`` (its ``request_id`` set here) without waiting; its id."""
+        if self.broken is not None:
+            raise self.broken
         request.request_id = f"r{next(self._ids)}"
-        future: Future[Any] = Future()
-        with self._lock:
-            if self.broken is not None:
-                raise self.broken
-            self._waiting[request.request_id] = future
         self._requests.put(request)
-        return future
+        return request.request_id
 
-    def ask(self, doing: str, request: Any, timeout: float | None = None) -> Any:
+    def ask(self, doing: str, request: Any) -> Any:
         """Send ``request`` and wait for its answer; an in-band ``ModelError`` is raised as a
         ``RemoteError`` with the error's code."""
-        future = self.send(request)
-        with self._lock:
-            self._asking += 1
-        try:
-            response = future.result(timeout)
-        finally:
-            with self._lock:
-                self._asking -= 1
+        with self._reading:
+            request_id = self.send(request)
+            response = self._answer_to(request_id)
         if response.WhichOneof("kind") == "error":
             error = response.error
             code = interaction_pb2.ModelErrorCode.Name(error.code)
@@ -457,22 +423,40 @@ class _JoinStream:
             )
         return response
 
+    def _answer_to(self, request_id: str) -> Any:
+        try:
+            for response in self._call:
+                if response.request_id == request_id:
+                    return response
+        except grpc.RpcError as err:
+            doing = "closing the model stream" if self._closing else "the model stream"
+            self.broken = remote_failure(err, self.address, doing)
+            raise self.broken from None
+        self.broken = RemoteError(
+            f"the model at {self.address} ended the Join stream", address=self.address
+        )
+        raise self.broken
+
     def close(self, wait_s: float) -> None:
         """Send ``Close``, wait up to ``wait_s`` for its answer, then hang up."""
         self._closing = True
-        if self.broken is None and not self._asking:
-            # A dead or hung server: hang up all the same.
-            with contextlib.suppress(Exception):
-                self.ask(
-                    "close",
-                    interaction_pb2.JoinRequest(
-                        close=interaction_pb2.CloseParticipantRequest(reason="the run ended")
-                    ),
-                    timeout=wait_s,
-                )
-        self._requests.put(_END)
-        self._call.cancel()
-        self._reader.join(timeout=wait_s)
+        hang_up = threading.Timer(wait_s, self._call.cancel)
+        hang_up.start()
+        try:
+            if self.broken is None and self._reading.acquire(blocking=False):
+                self._reading.release()
+                # A dead or hung server: hang up all the same.
+                with contextlib.suppress(Exception):
+                    self.ask(
+                        "close",
+                        interaction_pb2.JoinRequest(
+                            close=interaction_pb2.CloseParticipantRequest(reason="the run ended")
+                        ),
+                    )
+        finally:
+            hang_up.cancel()
+            self._requests.put(_END)
+            self._call.cancel()
 
 
 __all__ = ["RemoteModel", "uuid7"]

@@ -11,7 +11,7 @@ Frame stacks and chunk queues live on the driver: a predict carries the payload 
 spec asks for (the driver assembled it), described by the resolved env spec's observation
 space, and the answer is ``actions[0..H-1]``, one frame per step of the chunk.
 
-Cross-driver batching: the model is called from one thread only. Predicts from all streams
+Cross-driver batching: the model gets one call at a time (``Batcher``). Predicts from all streams
 whose adapters share an observation space and horizon are queued and answered by one call of
 the model's batched corner (``predict_batch`` / ``predict_chunk_batch``), of at most
 ``max_batch`` rows, gathered for at most ``max_wait_ms`` after the first arrived (at once when
@@ -214,19 +214,14 @@ class _Work:
         self.done.set()
 
 
-class _Ends:
-    """Ended episodes, to tell the model of in the model's thread."""
-
-    def __init__(self, handler: ModelHandler, episode_ids: list[int]) -> None:
-        self.handler = handler
-        self.episode_ids = episode_ids
-        self.done = threading.Event()
-        self.error: BaseException | None = None
-
-
 class Batcher:
-    """The one thread that calls the model: gathers predicts into batches, and runs episode
-    ends between them, so the model never sees two calls at once."""
+    """Calls the model, one call at a time, for every stream: gathers their predicts into
+    batches and runs episode ends between them.
+
+    No thread of its own: a stream's thread that finds no call in progress leads, calling the
+    model for the queued batches until its own predicts are answered, then hands over (a
+    waiting stream leads next). So a lone driver's predict never changes threads on the server.
+    """
 
     def __init__(self, handler: ModelHandler, *, max_batch: int | None, max_wait_s: float):
         self.handler = handler
@@ -234,18 +229,16 @@ class Batcher:
         self.max_wait_s = max_wait_s
         self.stats = BatchStats()
         self._handlers = {handler.execution_horizon: handler}
-        self._queue: collections.deque[_Work | _Ends] = collections.deque()
+        self._queue: collections.deque[_Work] = collections.deque()
         self._cond = threading.Condition()
+        self._leading = False  # a thread is calling the model (or gathering a batch for it)
         # Streams that hold an adapter of each batching key: how many predicts of that key can
         # be in flight at once (each stream answers its requests one at a time).
         self._streams_per_key: collections.Counter[Any] = collections.Counter()
         self._closed = False
+        # The model's async corners and lifecycle run here, in the leading thread.
         self._loop = asyncio.new_event_loop()
         self._loop.run_until_complete(handler.load())
-        self._thread = threading.Thread(
-            target=self._serve, name="rlmesh-model-batcher", daemon=True
-        )
-        self._thread.start()
 
     def handler_for(self, execution_horizon: int) -> ModelHandler:
         """The model's handler for drivers of ``execution_horizon``."""
@@ -268,75 +261,89 @@ class Batcher:
             self._cond.notify_all()
 
     def predict(self, works: Sequence[_Work]) -> None:
-        """Queue ``works`` and wait until each is settled."""
+        """Queue ``works`` and return once each is settled (its output or its error)."""
         with self._cond:
-            if self._closed:
-                raise RequestError(
-                    Code.MODEL_ERROR_CODE_CLOSED, "the model server is closing", False
-                )
+            self._refuse_if_closed()
             self._queue.extend(works)
             self._cond.notify_all()
-        for work in works:
-            work.done.wait()
+        while True:
+            with self._cond:
+                while self._leading and not all(work.done.is_set() for work in works):
+                    self._cond.wait()
+                if all(work.done.is_set() for work in works):
+                    return
+                self._refuse_if_closed()
+                self._leading = True
+            try:
+                self._lead(works)
+            finally:
+                self._hand_over()
 
     def end_episodes(self, handler: ModelHandler, episode_ids: list[int]) -> None:
-        """Tell the model these episodes ended (``on_episode_end``), in its thread."""
+        """Tell the model these episodes ended (``on_episode_end``), between its calls."""
         if not episode_ids:
             return
-        ends = _Ends(handler, episode_ids)
         with self._cond:
+            while self._leading and not self._closed:
+                self._cond.wait()
             if self._closed:
                 return
-            self._queue.append(ends)
-            self._cond.notify_all()
-        ends.done.wait()
-        if ends.error is not None:
-            raise ends.error
+            self._leading = True
+        try:
+            self._loop.run_until_complete(handler.end_episodes(episode_ids, episode_ids))
+        finally:
+            self._hand_over()
 
     def close(self) -> None:
-        """Stop the thread (queued work is refused) and close the model."""
+        """Refuse new work, answer the queued predicts with CLOSED, and close the model."""
         with self._cond:
             if self._closed:
                 return
             self._closed = True
             self._cond.notify_all()
-        self._thread.join(timeout=30)
-        for pending in self._queue:
-            if isinstance(pending, _Work):
-                pending.settle(
-                    error=RequestError(
-                        Code.MODEL_ERROR_CODE_CLOSED,
-                        "the model server closed before this predict ran",
-                        False,
-                    )
+            self._cond.wait_for(lambda: not self._leading, timeout=30)
+            pending, self._queue = list(self._queue), collections.deque()
+        for work in pending:
+            work.settle(
+                error=RequestError(
+                    Code.MODEL_ERROR_CODE_CLOSED,
+                    "the model server closed before this predict ran",
+                    False,
                 )
-            else:
-                pending.done.set()
-        self._queue.clear()
+            )
+        with self._cond:
+            self._cond.notify_all()
         try:
             self._loop.run_until_complete(self.handler.close())
         finally:
             self._loop.close()
 
-    # ------------------------------------------------------------------ the model's thread
+    def _refuse_if_closed(self) -> None:
+        if self._closed:
+            raise RequestError(Code.MODEL_ERROR_CODE_CLOSED, "the model server is closing", False)
 
-    def _serve(self) -> None:
-        while True:
+    def _hand_over(self) -> None:
+        with self._cond:
+            self._leading = False
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ the leading thread
+
+    def _lead(self, works: Sequence[_Work]) -> None:
+        """Run queued batches, oldest first, until ``works`` are all settled."""
+        while not all(work.done.is_set() for work in works):
             with self._cond:
-                while not self._queue and not self._closed:
-                    self._cond.wait()
-                if self._closed:
+                if not self._queue:
                     return
                 first = self._queue.popleft()
-            if isinstance(first, _Ends):
-                self._run_ends(first)
-                continue
-            batch = self._gather(first)
-            self._run_batch(batch)
+            self._run_batch(self._gather(first))
+            with self._cond:
+                self._cond.notify_all()
 
     def _gather(self, first: _Work) -> list[_Work]:
         """``first`` and the queued predicts of its key that join it, within ``max_batch`` rows
-        and ``max_wait_s`` after it arrived."""
+        and ``max_wait_s`` after it arrived (at once when every stream that could add to it
+        already has)."""
         batch, rows = [first], first.rows
         limit = self.max_batch
         deadline = first.arrived + self.max_wait_s
@@ -358,15 +365,6 @@ class Batcher:
                     break
                 self._cond.wait(remaining)
         return batch
-
-    def _run_ends(self, ends: _Ends) -> None:
-        try:
-            self._loop.run_until_complete(
-                ends.handler.end_episodes(ends.episode_ids, ends.episode_ids)
-            )
-        except BaseException as err:
-            ends.error = err
-        ends.done.set()
 
     def _run_batch(self, batch: list[_Work]) -> None:
         handler = batch[0].handler
