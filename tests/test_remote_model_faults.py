@@ -334,3 +334,46 @@ def test_shutdown_is_accepted_only_when_enabled():
         assert server.wait(timeout=10)
     finally:
         server.close()
+
+
+def test_a_grouped_predict_answers_each_group_and_fails_a_bad_one_alone():
+    model = Counted()
+    with rlmesh.serve_model(model) as server:
+        stream = RawStream(server.address)
+        try:
+            for env_id in ("env-a", "env-b"):
+                assert (
+                    stream.resolve(env_id, CARTPOLE_SPACE).WhichOneof("kind") == "resolve_adapter"
+                )
+
+            def group(env_id, leaves, episodes):
+                return interaction_pb2.PredictRequest(
+                    context=interaction_pb2.AdapterContext(env_id=env_id, request_id=env_id),
+                    observation=value_pb2.SpaceValue(leaves=leaves),
+                    episode_info=[interaction_pb2.EpisodeInfo(episode_id=e) for e in episodes],
+                )
+
+            leaning = np.array([[0, 0, 0.1, 0], [0, 0, -0.1, 0]], np.float32)
+            answer = stream.ask(
+                grouped_predict=interaction_pb2.GroupedPredictRequest(
+                    groups=[
+                        group("env-a", [leaning.tobytes()], ["a1", "a2"]),
+                        group("env-b", [leaning[:1].tobytes()[:7]], ["b1"]),
+                        group("env-b", [leaning[1:].tobytes()], ["b1"]),
+                        group("env-c", [leaning[:1].tobytes()], ["c1"]),
+                    ]
+                )
+            ).grouped_predict
+        finally:
+            stream.close()
+    outcomes = [result.WhichOneof("outcome") for result in answer.results]
+    assert outcomes == ["response", "error", "response", "error"]
+    actions = [
+        np.frombuffer(answer.results[i].response.actions[0].leaves[0], "<i8").tolist()
+        for i in (0, 2)
+    ]
+    assert actions == [[1, 0], [0]]
+    assert answer.results[1].error.code == Code.MODEL_ERROR_CODE_INVALID_REQUEST
+    assert answer.results[3].error.code == Code.MODEL_ERROR_CODE_NOT_CONFIGURED
+    # The two good groups share one observation space: one model call for both.
+    assert model.calls == 1 and model.rows == 3
