@@ -39,6 +39,8 @@ from pathlib import Path
 
 import numpy as np
 import rlmesh
+from bench_remote_model import DRIVERS, EPISODES_PER_DRIVER
+from bench_remote_model import measure as measure_served_model
 from cartpole import SEEDS, VECTOR_EPISODES
 from ratios import format_time
 from rlmesh.core import load_core
@@ -445,6 +447,39 @@ def end_to_end_rows(settings: Settings) -> tuple[list[Row], dict]:
     return rows, {"one_lane": ours, "rows": (one_lane, sixteen)}
 
 
+def served_model_rows(settings: Settings) -> list[Row]:
+    """8 one-lane drivers against one model server: batched across drivers, or not at all."""
+    episodes = 3 if settings is QUICK else EPISODES_PER_DRIVER
+    samples: dict[str, list[dict]] = {"unbatched": [], "batched": []}
+    for _ in range(1 if settings is QUICK else 3):  # interleaved; each a fresh server process
+        samples["unbatched"].append(measure_served_model(episodes, max_batch=1))
+        samples["batched"].append(measure_served_model(episodes))
+
+    def median(side: str, key: str) -> float:
+        return statistics.median(sample[key] for sample in samples[side])
+
+    def figures(side: str) -> str:
+        return (
+            f"{median(side, 'calls_per_lane_step'):.3f} model calls per lane-step, mean batch "
+            f"{median(side, 'mean_batch'):.2f}, predict p50 {median(side, 'p50_ms'):.2f} ms / "
+            f"p99 {median(side, 'p99_ms'):.2f} ms"
+        )
+
+    return [
+        Row(
+            "served model: one model server, 8 drivers of 1 CartPole lane, lane-steps/s",
+            f"{DRIVERS} drivers x {episodes} episodes, cheap batched model (server in its own "
+            f"process, drivers threads)",
+            "max_batch=1",
+            median("unbatched", "lane_steps_per_s"),
+            "batched (max_wait_ms=2)",
+            median("batched", "lane_steps_per_s"),
+            "steps/s",
+            note=f"batched: {figures('batched')}; max_batch=1: {figures('unbatched')}",
+        )
+    ]
+
+
 def chunked_rows(settings: Settings) -> list[Row]:
     """A chunk policy on 16 CartPole lanes at H = 1, 4, 16; both cores, interleaved."""
     rows = []
@@ -789,7 +824,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = core_rows(settings)
     driver, ours = end_to_end_rows(settings)
     rows += driver + chunked_rows(settings) + process_lanes_rows(settings) + summary_rows(settings)
-    rows += remote_rows(settings, args.peer)
+    rows += remote_rows(settings, args.peer) + served_model_rows(settings)
     if args.peer:
         rows += peer_rows(settings, ours)
     elapsed = time.perf_counter() - started

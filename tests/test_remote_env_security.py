@@ -16,8 +16,7 @@ import pytest
 import rlmesh
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rlmesh.remote.codec import SpaceCodec, space_spec
-from rlmesh.remote.connection import handshake_response, message_options, token_metadata
-from rlmesh.remote.env_client import uuid7
+from rlmesh.remote.connection import handshake_response, message_options, token_metadata, uuid7
 from rlmesh.remote.wire.core.v1 import env_contract_pb2
 from rlmesh.remote.wire.env.v1 import interaction_pb2 as wire
 from rlmesh.remote.wire.env.v1 import service_pb2, service_pb2_grpc

@@ -7,6 +7,8 @@ Commands:
 - ``rlmesh demo``: ``eval`` of a built-in CartPole heuristic over 8 lanes and 100 episodes;
 - ``rlmesh report FILE``: the summary table of a results file alone;
 - ``rlmesh serve env ID_OR_FACTORY``: serve an env over rlmesh-wire-v1 until SIGINT / SIGTERM.
+- ``rlmesh serve model POLICY --address ADDR``: serve a policy over rlmesh-wire-v1 until
+  SIGINT / SIGTERM (``rlmesh eval tcp://host:port --env ...`` evaluates it).
 
 Exit codes: 0 done; 1 the run failed (the typed error's message, after the completed episodes
 were written); 2 bad input (one line saying what was wrong and what was expected), or another
@@ -15,6 +17,8 @@ the message says how to resume); 141 stdout was closed early (``rlmesh eval ... 
 nothing printed, as ``cat`` does).
 
 ``POLICY`` and ``--env`` may name modules in the current directory, as ``python -m`` finds them.
+A ``POLICY`` that is an address (``tcp://host:port``, ``host:port``, ``unix:///path``) is a
+served model.
 
 Example:
     >>> main(["eval", "random", "--env", "CartPole-v1", "--episodes", "0"])  # a one-line error
@@ -53,6 +57,7 @@ from .adapters import Action, Custom, ModelSpec
 from .errors import ModelDefinitionError, ResultsFileError, RlmeshError
 from .hooks import RunHooks, RuntimeHooks
 from .model import Model
+from .remote.address import is_address
 from .results import LOCK_SUFFIX, EpisodeResult, dumps, read_columns, read_results, read_run
 from .stats import format_summary, summarize
 from .success import rule_for
@@ -454,13 +459,21 @@ def _eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
         finally:
             env.close()
 
-    try:
-        policy = load_policy(args.policy, action_space)
-    except gym.error.Error as exc:  # making the env for `random` failed: bad --env-kwargs
-        raise UsageError(f"--env-kwargs for {args.env}: {exc}") from None
-    except TypeError as exc:
-        raise UsageError(f"--env-kwargs for {args.env}: {exc}") from None
-    policy_name, policy_sha256 = policy_identity(args.policy)
+    if is_address(args.policy):  # a served model
+        try:
+            policy = _served_policy(args.policy, args.policy_token)
+        except RlmeshError as exc:
+            print(f"rlmesh: error: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+        policy_name, policy_sha256 = args.policy, None
+    else:
+        try:
+            policy = load_policy(args.policy, action_space)
+        except gym.error.Error as exc:  # making the env for `random` failed: bad --env-kwargs
+            raise UsageError(f"--env-kwargs for {args.env}: {exc}") from None
+        except TypeError as exc:
+            raise UsageError(f"--env-kwargs for {args.env}: {exc}") from None
+        policy_name, policy_sha256 = policy_identity(args.policy)
     timeouts = {
         op: limit
         for op, limit in (
@@ -535,6 +548,54 @@ def _eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
         return status
     _print_summary(result.summary(), as_json=args.json)
     return status
+
+
+def _served_policy(address: str, token: str | None) -> Any:
+    """``rlmesh.RemoteModel(address)``: needs the remote extra."""
+    from .remote import require_grpc
+
+    try:
+        require_grpc("RemoteModel")
+    except ImportError as exc:
+        raise UsageError(f"policy {address!r} is a served model: {exc}") from None
+    from .remote.model_client import RemoteModel
+
+    return RemoteModel(address, token=token)
+
+
+def _serve_model(args: argparse.Namespace) -> int:
+    """Serve ``args.policy`` until SIGINT / SIGTERM (or an accepted Shutdown call)."""
+    from .remote import require_grpc
+
+    try:
+        require_grpc("serve_model")
+    except ImportError as exc:
+        raise UsageError(str(exc)) from None
+    from .remote.model_server import serve_model
+
+    def no_action_space() -> gym.Space:
+        raise UsageError(
+            "rlmesh serve model: the random policy needs an env's action space; serve a Model "
+            "subclass, a Model instance or a function fn(obs) -> action"
+        )
+
+    policy = load_policy(args.policy, no_action_space)
+    try:
+        server = serve_model(
+            policy,
+            args.address,
+            max_batch=args.max_batch,
+            max_wait_ms=args.max_wait_ms,
+            token=args.token,
+            max_message_mb=args.max_message_mb,
+            allow_shutdown=args.allow_shutdown,
+        )
+    except ValueError as exc:  # a malformed address
+        raise UsageError(f"rlmesh serve model: {exc}") from None
+    except RlmeshError as exc:  # the address cannot be bound, or the model failed to load
+        print(f"rlmesh: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    return _serve_until_stopped(server, f"rlmesh: serving model {args.policy} at {server.address}")
 
 
 def _raise_interrupt(signum: int, frame: Any) -> NoReturn:
@@ -652,7 +713,11 @@ def build_parser() -> argparse.ArgumentParser:
         "policy",
         metavar="POLICY",
         help="package.module:Name, path/to/file.py:Name (a Model subclass, a Model instance or "
-        f"a callable), or a built-in: {', '.join(BUILTIN_POLICIES)}",
+        f"a callable), a built-in: {', '.join(BUILTIN_POLICIES)}, or the address of a served "
+        "model (tcp://host:port, host:port, unix:///path)",
+    )
+    evaluate.add_argument(
+        "--policy-token", metavar="T", help="the bearer token of a served POLICY (an address)"
     )
     evaluate.add_argument("--env", required=True, help="a Gymnasium id, e.g. CartPole-v1")
     evaluate.add_argument(
@@ -721,12 +786,45 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser(
         "serve",
-        help="serve an env over rlmesh-wire-v1",
-        description="Serve an env (gRPC, rlmesh-wire-v1) until SIGINT or SIGTERM.",
+        help="serve an env or a model over rlmesh-wire-v1",
+        description="Serve an env or a model (gRPC, rlmesh-wire-v1) until SIGINT or SIGTERM.",
         formatter_class=formatter,
     )
     served = serve.add_subparsers(dest="served", metavar="WHAT", parser_class=_Parser)
     _add_serve_env(served, formatter)
+    serve_model = served.add_parser(
+        "model",
+        help="serve a policy",
+        description="Serve POLICY on ADDR; evaluate it with `rlmesh eval ADDR --env ID`.",
+        epilog="example:\n  rlmesh serve model my_policy.py:Policy --address 127.0.0.1:50051",
+        formatter_class=formatter,
+    )
+    serve_model.add_argument(
+        "policy", metavar="POLICY", help="package.module:Name or path/to/file.py:Name"
+    )
+    serve_model.add_argument(
+        "--address",
+        default="127.0.0.1:0",
+        help="host:port (port 0: any free one), tcp://host:port or unix:///path (default "
+        "127.0.0.1:0, loopback)",
+    )
+    serve_model.add_argument(
+        "--max-batch", type=_positive_int, metavar="N", help="most rows per model call"
+    )
+    serve_model.add_argument(
+        "--max-wait-ms",
+        type=float,
+        default=2.0,
+        metavar="W",
+        help="how long a predict waits for other drivers' predicts to batch with (default 2)",
+    )
+    serve_model.add_argument("--token", metavar="T", help="require this bearer token")
+    serve_model.add_argument(
+        "--max-message-mb", type=float, default=64.0, metavar="M", help="largest message (64)"
+    )
+    serve_model.add_argument(
+        "--allow-shutdown", action="store_true", help="accept the Shutdown call"
+    )
     return parser
 
 
@@ -790,8 +888,37 @@ def load_env(spec: str) -> Any:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    if args.served == "model":
+        return _serve_model(args)
     if args.served != "env":
-        raise UsageError("rlmesh serve: error: say what to serve: rlmesh serve env ID_OR_FACTORY")
+        raise UsageError(
+            "rlmesh serve: error: say what to serve: rlmesh serve env ID_OR_FACTORY, or "
+            "rlmesh serve model POLICY"
+        )
+    return _serve_env(args)
+
+
+def _serve_until_stopped(server: Any, line: str) -> int:
+    """Print ``line`` (the bound address in it), then serve until SIGINT / SIGTERM or an
+    accepted Shutdown call, and close the server."""
+    stop = threading.Event()
+    previous = {
+        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        print(line, flush=True)
+        # Short waits, so the signal handlers run promptly.
+        while not stop.is_set() and not server.wait(0.2):
+            pass
+    finally:
+        server.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    print("rlmesh: server stopped", file=sys.stderr)
+    return EXIT_OK
+
+
+def _serve_env(args: argparse.Namespace) -> int:
     from .lanes import make_lanes
     from .remote import require_grpc
     from .remote.address import parse_address
@@ -808,7 +935,6 @@ def _serve(args: argparse.Namespace) -> int:
         lanes = make_lanes(env, num_envs=args.num_envs)
     except (RlmeshError, TypeError, ValueError) as exc:
         raise UsageError(f"env {args.env!r}: {exc}") from None
-    stop = threading.Event()
     try:
         server = serve_env(
             lanes,
@@ -821,24 +947,10 @@ def _serve(args: argparse.Namespace) -> int:
         lanes.close()
         print(f"rlmesh: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    previous = {
-        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
-    }
-    try:
-        plural = "" if lanes.num_lanes == 1 else "s"
-        print(
-            f"rlmesh: serving {lanes.name} ({lanes.num_lanes} lane{plural}) at {server.address}",
-            flush=True,
-        )
-        # A Shutdown call closes the server from its side; a signal from ours.
-        while not stop.is_set() and not server.wait(0.2):
-            pass
-    finally:
-        server.close()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    print("rlmesh: server stopped", file=sys.stderr)
-    return EXIT_OK
+    plural = "" if lanes.num_lanes == 1 else "s"
+    return _serve_until_stopped(
+        server, f"rlmesh: serving {lanes.name} ({lanes.num_lanes} lane{plural}) at {server.address}"
+    )
 
 
 def _demo_args(args: argparse.Namespace) -> argparse.Namespace:

@@ -107,7 +107,9 @@ class DeadlineCaller:
         done, _ = await asyncio.wait({future}, timeout=limit_s)
         if not done:
             # The worker may be stuck in this call for good: later calls get a new one, and
-            # this one ends if the call ever returns.
+            # this one ends if the call ever returns. Its outcome, if one comes, has no taker:
+            # the cancelled future drops it (a set but unread exception would be logged).
+            future.cancel()
             self.close()
             raise DeadlinePassed(f"the call did not return within {limit_s:g} s")
         return future.result()

@@ -352,6 +352,9 @@ class EvaluationRun:
         self.plan = plan = compile_spec(
             handler.spec, lanes.single_observation_space, lanes.single_action_space
         )
+        handler.fit_route(
+            lanes.name, lanes.single_observation_space, lanes.single_action_space, plan
+        )
         self.runner = self.core.RoundRunner(
             lanes.num_lanes,
             settings.episodes,

@@ -43,6 +43,7 @@ from __future__ import annotations
 import inspect
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -59,7 +60,9 @@ from .errors import (
 from .utils import leaves, map_leaves, path_text
 
 if TYPE_CHECKING:
-    from .adapters import ModelSpec
+    import gymnasium
+
+    from .adapters import ModelSpec, Plan
 
 CORNERS = ("predict", "predict_batch", "predict_chunk", "predict_chunk_batch")
 # The corner a run uses is the first one the model defines, in this order: batched before
@@ -90,6 +93,25 @@ PROBE_SPLIT_THRESHOLD = 0.99
 QUICK_PROBE_CALLS = 5
 
 
+@dataclass(frozen=True)
+class Route:
+    """What a run tells its model before the first prediction (``Model.on_route``).
+
+    Attributes:
+        env: how the run names the env (``Lanes.name``).
+        observation_space, action_space: one lane's raw spaces.
+        plan: the model's spec compiled against them: what each payload holds and how each
+            action is applied.
+        execution_horizon: the actions a lane replays from one chunk (1: un-chunked).
+    """
+
+    env: str
+    observation_space: gymnasium.Space[Any]
+    action_space: gymnasium.Space[Any]
+    plan: Plan
+    execution_horizon: int
+
+
 class Model:
     """The base class of a user model: override any subset of the four corners.
 
@@ -108,6 +130,7 @@ class Model:
             False: the probe runs.
 
     The lifecycle methods are no-ops here; override those you need. The driver calls
+    ``on_route(route)`` once when the run is configured (the spaces and plan it will use),
     ``load()`` once before the first prediction, ``on_episode_end(episode_id)`` (or
     ``on_episode_end()`` when it takes no argument) then ``reset()`` each time an episode the
     model predicted on ends, and ``close()`` at the end, also on failure. Any of them, and any
@@ -160,6 +183,11 @@ class Model:
         raise _missing(self, "predict_chunk_batch")
 
     # ------------------------------------------------------------------ lifecycle
+
+    def on_route(self, route: Route) -> None:
+        """Called once per run, before ``load()``, with the run's ``Route``: a model that
+        forwards predictions elsewhere (``rlmesh.RemoteModel``) learns there what the payloads
+        and actions will be. Synchronous."""
 
     def load(self) -> None:
         """Called once, before the first prediction: load weights, warm up."""
@@ -284,6 +312,7 @@ class ModelHandler:
                 UserWarning,
                 stacklevel=2,
             )
+        self.execution_horizon = execution_horizon
         self._horizon_asked = execution_horizon if self.chunked else 1
         order = CHUNKED_ORDER if self.chunked else UNCHUNKED_ORDER
         self._use_corner(next(corner for corner in order if corner in self._defined))
@@ -312,6 +341,27 @@ class ModelHandler:
         self._synchronous = not _is_async(method)
         # The running episodes' contexts, when the corner declares a `context` parameter.
         self.contexts = EpisodeContexts() if accepts_context(method) else None
+
+    def fit_route(
+        self,
+        env: str,
+        observation_space: gymnasium.Space[Any],
+        action_space: gymnasium.Space[Any],
+        plan: Plan,
+    ) -> None:
+        """Tell the model the run's route (``Model.on_route``), once, before ``load``."""
+        on_route = getattr(self.model, "on_route", None)
+        if on_route is not None:
+            on_route(Route(env, observation_space, action_space, plan, self.execution_horizon))
+
+    def with_horizon(self, execution_horizon: int) -> ModelHandler:
+        """A handler of the same model for runs of another ``execution_horizon``, sharing this
+        one's load: a served model answers drivers of several horizons. Closing it does
+        nothing (this handler closes the model)."""
+        other = ModelHandler(self.model, execution_horizon=execution_horizon)
+        other._loaded = self._loaded
+        other._closed = True
+        return other
 
     def fit_lanes(self, num_lanes: int) -> None:
         """Pick the cheapest corner for a run of ``num_lanes`` lanes, before its first call.
@@ -815,5 +865,6 @@ __all__ = [
     "Model",
     "ModelHandler",
     "RoundModel",
+    "Route",
     "defined_corners",
 ]

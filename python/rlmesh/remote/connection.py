@@ -14,9 +14,12 @@ Example:
 
 from __future__ import annotations
 
+import os
 import platform
 import sys
 import threading
+import time
+import uuid
 from collections.abc import Callable, Sequence
 from concurrent import futures
 from typing import Any
@@ -108,8 +111,9 @@ class Server:
             raise ValueError(f"max_message_mb must be positive, got {max_message_mb!r}")
         parsed = parse_address(address)
         interceptors = [] if token is None else [_TokenCheck(token)]
+        executor = futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=component)
         server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=component),
+            executor,
             interceptors=interceptors,
             options=message_options(max_message_mb),
         )
@@ -129,7 +133,14 @@ class Server:
                 raise RemoteError(f"cannot listen on {address}: the port is taken", address=address)
             parsed = parsed.with_port(port)
         server.start()
-        return cls(server, parsed, on_close)
+
+        def release() -> None:
+            try:
+                on_close()
+            finally:  # grpc leaves its handler threads to the executor's owner
+                executor.shutdown(wait=False)
+
+        return cls(server, parsed, release)
 
     @property
     def address(self) -> str:
@@ -268,6 +279,26 @@ def remote_failure(err: grpc.RpcError, address: str, doing: str) -> RemoteError:
     )
 
 
+# ------------------------------------------------------------------------------ ids
+
+
+def uuid7() -> str:
+    """A fresh UUIDv7 (RFC 9562): 48 bits of Unix milliseconds, then random bits, so ids sort
+    by creation time and never repeat.
+
+    Example:
+        >>> import uuid
+        >>> uuid.UUID(uuid7()).version
+        7
+    """
+    millis = time.time_ns() // 1_000_000
+    random = int.from_bytes(os.urandom(10), "big")  # 80 bits: 12 for rand_a, 62 (of 68) rand_b
+    value = (millis & ((1 << 48) - 1)) << 80
+    value |= 0x7 << 76 | (random >> 68) << 64  # version 7, rand_a
+    value |= 0b10 << 62 | (random & ((1 << 62) - 1))  # the RFC variant, rand_b
+    return str(uuid.UUID(int=value))
+
+
 __all__ = [
     "DEFAULT_MAX_MESSAGE_MB",
     "Server",
@@ -279,4 +310,5 @@ __all__ = [
     "peer_info",
     "remote_failure",
     "token_metadata",
+    "uuid7",
 ]

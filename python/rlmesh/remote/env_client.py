@@ -21,11 +21,8 @@ Example:
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
-import time
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,6 +48,7 @@ from .connection import (
     open_channel,
     remote_failure,
     token_metadata,
+    uuid7,
 )
 from .env_server import SPEC_METADATA, SUBSET_STEP, split_rows
 from .wire.core.v1 import env_contract_pb2
@@ -59,23 +57,6 @@ from .wire.env.v1 import service_pb2, service_pb2_grpc
 
 COMPONENT = "rlmesh-driver"
 _END = object()  # ends the Join request stream
-
-
-def uuid7() -> str:
-    """A fresh UUIDv7 (RFC 9562): 48 bits of Unix milliseconds, then random bits, so ids sort
-    by creation time and never repeat.
-
-    Example:
-        >>> import uuid
-        >>> uuid.UUID(uuid7()).version
-        7
-    """
-    millis = time.time_ns() // 1_000_000
-    random = int.from_bytes(os.urandom(10), "big")  # 80 bits: 12 for rand_a, 62 (of 68) rand_b
-    value = (millis & ((1 << 48) - 1)) << 80
-    value |= 0x7 << 76 | (random >> 68) << 64  # version 7, rand_a
-    value |= 0b10 << 62 | (random & ((1 << 62) - 1))  # the RFC variant, rand_b
-    return str(uuid.UUID(int=value))
 
 
 class RemoteEnv:
@@ -400,4 +381,4 @@ def _spec_from_metadata(metadata: dict[str, Any], name: str) -> EnvSpec | None:
         return EnvSpec(**fields)
 
 
-__all__ = ["RemoteEnv", "split_vector_infos", "uuid7"]
+__all__ = ["RemoteEnv", "split_vector_infos"]

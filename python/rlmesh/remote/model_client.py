@@ -1,0 +1,450 @@
+"""Driving a served model: ``RemoteModel``, a model whose predictions come over rlmesh-wire-v1.
+
+``RemoteModel(address)`` handshakes with the server at construction and takes the served
+model's ``ModelSpec`` from it, so the driver assembles exactly the payload the model asks
+for: frame stacks and chunk queues stay on the driver, keyed by episode, and the wire carries
+one payload per round. Per run it mints a UUIDv7 ``env_id``, resolves it with the payload's
+space, the action space and the run's execution horizon, then sends one ``PredictRequest``
+per round for every lane that needs an action (row ``i`` tagged with its episode's UUIDv7 id
+and seed), a ``ResetAdapter`` when an episode it predicted for ends, and ``Close`` at the end.
+
+It plugs into the run through the model-handler seam like any model: a ``Model`` whose
+batched corners call the server (``predict_batch``, and ``predict_chunk_batch`` for chunked
+runs), told the run's spaces by ``on_route``.
+
+Example:
+    >>> import rlmesh
+    >>> server = rlmesh.serve_model(lambda obs: int(obs[2] > 0))
+    >>> result = rlmesh.run(RemoteModel(server.address), "CartPole-v1", episodes=2)
+    >>> [episode.index for episode in result.episodes]
+    [0, 1]
+    >>> server.close()
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import json
+import queue
+import threading
+from typing import Any
+
+import grpc
+import numpy as np
+from gymnasium import spaces
+
+from ..adapters import ModelSpec
+from ..contexts import PredictContext
+from ..errors import ModelOutputError, RemoteError, SpecError
+from ..model import Model, Route
+from ..utils import map_leaves
+from .codec import WORKFLOW_EDITION, SpaceCodec, meta_map, space_spec
+from .connection import (
+    DEFAULT_MAX_MESSAGE_MB,
+    check_handshake,
+    handshake_request,
+    open_channel,
+    remote_failure,
+    token_metadata,
+    uuid7,
+)
+from .model_server import MODEL_SPEC_KEY
+from .wire.core.v1 import env_contract_pb2
+from .wire.model.v1 import interaction_pb2, service_pb2, service_pb2_grpc
+
+COMPONENT = "rlmesh-driver"
+CLOSE_WAIT_S = 5.0
+"""How long ``close`` waits for the server to answer ``Close`` before it hangs up."""
+
+
+class RemoteModel(Model):
+    """A model served elsewhere (``rlmesh.serve_model``, ``rlmesh serve model``, or rlmesh
+    0.1.0's ``Model.serve``), used as ``rlmesh.run(RemoteModel(address), env, ...)``.
+
+    Args:
+        address: ``tcp://host:port``, ``host:port`` or ``unix:///path``.
+        token: the server's bearer token, if it needs one.
+        connect_timeout: seconds to wait for the server to answer at construction.
+        max_message_mb: the largest message sent or taken.
+
+    Attributes:
+        spec: the served model's ``ModelSpec`` from the handshake (None: the raw observation).
+        address: the server's address.
+
+    Raises:
+        RemoteError: no server answered, the handshake was refused, or the token was wrong
+            (code ``UNAUTHENTICATED``).
+
+    Example:
+        >>> import rlmesh
+        >>> with rlmesh.serve_model(lambda obs: 0, token="s3cret") as server:
+        ...     model = RemoteModel(server.address, token="s3cret")
+        ...     model.spec is None
+        True
+    """
+
+    # The server keys what the model remembers by episode id: lanes share it safely.
+    stateless = True
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        token: str | None = None,
+        connect_timeout: float = 10.0,
+        max_message_mb: float = DEFAULT_MAX_MESSAGE_MB,
+    ) -> None:
+        super().__init__()
+        self._token = token
+        self._connect_timeout = connect_timeout
+        self._max_message_mb = max_message_mb
+        self._metadata = token_metadata(token)
+        self._channel, parsed = open_channel(
+            address, connect_timeout=connect_timeout, max_message_mb=max_message_mb
+        )
+        self.address = str(parsed)
+        self._stub = service_pb2_grpc.ModelServiceStub(self._channel)
+        try:
+            self.server_info = self._handshake()
+        except BaseException:
+            self._channel.close()
+            raise
+        spec_json = self.server_info.peer_info.extra.get(MODEL_SPEC_KEY)
+        self.spec = None if spec_json is None else _spec_from_json(spec_json, self.address)
+        self._stream: _JoinStream | None = None
+        self._route: _WireRoute | None = None
+
+    def _handshake(self) -> Any:
+        try:
+            response = self._stub.Handshake(
+                service_pb2.HandshakeRequest(base=handshake_request(COMPONENT)),
+                metadata=self._metadata,
+                timeout=self._connect_timeout,
+            )
+        except grpc.RpcError as err:
+            raise remote_failure(err, self.address, "the model handshake") from None
+        check_handshake(response.base, self.address)
+        return response.base
+
+    def __repr__(self) -> str:
+        return f"RemoteModel({self.address!r})"
+
+    # ------------------------------------------------------------------ the run's lifecycle
+
+    def on_route(self, route: Route) -> None:
+        """Work out the wire's spaces for this run: the payload the driver will assemble and
+        the actions the model answers in; a new ``env_id`` for it."""
+        self._route = _WireRoute(route, self.spec, self.address)
+
+    def load(self) -> None:
+        """Open the Join stream and resolve this run's ``env_id`` on it."""
+        route = self._needs_route("load")
+        if self._stream is None or self._stream.broken is not None:
+            if self._channel is None:
+                self._channel, _ = open_channel(
+                    self.address,
+                    connect_timeout=self._connect_timeout,
+                    max_message_mb=self._max_message_mb,
+                )
+                self._stub = service_pb2_grpc.ModelServiceStub(self._channel)
+                self._handshake()
+            self._stream = _JoinStream(self._stub, self._metadata, self.address)
+        self._stream.ask(
+            "resolve_adapter",
+            interaction_pb2.JoinRequest(
+                resolve_adapter=interaction_pb2.ResolveAdapterRequest(
+                    context=route.context(),
+                    env_spec=route.env_spec,
+                    selected_workflow_edition=WORKFLOW_EDITION,
+                    execution_horizon=route.execution_horizon,
+                )
+            ),
+        )
+
+    def predict_batch(self, obs: Any, context: list[PredictContext]) -> Any:
+        """One action per row: ``actions[0]`` of the server's answer."""
+        return self._predict(obs, context)[0]
+
+    def predict_chunk_batch(
+        self, obs: Any, execution_horizon: int | None = None, context: list[PredictContext] = ()
+    ) -> Any:
+        """Chunks ``[K, H, ...]``: the answer's frames ``actions[0..H-1]`` along axis 1."""
+        frames = self._predict(obs, context)
+        return map_leaves(frames[0], lambda *steps: np.stack(steps, axis=1), *frames[1:])
+
+    def on_episode_end(self, episode_id: int) -> None:
+        """Tell the server the episode ended (``ResetAdapter``), without waiting."""
+        route, stream = self._route, self._stream
+        if route is None or stream is None:
+            return
+        wire_id = route.episodes.pop(episode_id, None)
+        if wire_id is None:
+            return
+        stream.send(
+            interaction_pb2.JoinRequest(
+                reset_adapter=interaction_pb2.ResetAdapterRequest(
+                    context=route.context(), episode_ids=[wire_id]
+                )
+            )
+        )
+
+    def close(self) -> None:
+        """``Close`` the stream (waiting at most ``CLOSE_WAIT_S`` for the answer), then the
+        channel. Closing again does nothing; a later run opens a new stream."""
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.close(CLOSE_WAIT_S)
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+        if self._route is not None:
+            self._route.episodes.clear()
+
+    # ------------------------------------------------------------------ predictions
+
+    def _needs_route(self, doing: str) -> _WireRoute:
+        if self._route is None:
+            raise RemoteError(
+                f"RemoteModel({self.address!r}).{doing}: the model knows no route yet; use it "
+                f"through rlmesh.run(model, env, ...), which tells it the env's spaces first",
+                address=self.address,
+            )
+        return self._route
+
+    def _predict(self, obs: Any, contexts: list[PredictContext]) -> list[Any]:
+        route = self._needs_route("predict")
+        stream = self._stream
+        if stream is None:
+            raise RemoteError(
+                f"RemoteModel({self.address!r}): predict before load() (or after close())",
+                address=self.address,
+            )
+        rows = len(contexts)
+        infos = []
+        for context in contexts:
+            wire_id = route.episodes.get(context["episode_id"])
+            if wire_id is None:
+                wire_id = route.episodes[context["episode_id"]] = uuid7()
+            info = interaction_pb2.EpisodeInfo(episode_id=wire_id)
+            if context["episode_seed"] is not None:
+                info.seed = int(context["episode_seed"])
+            infos.append(info)
+        request = interaction_pb2.JoinRequest(
+            predict=interaction_pb2.PredictRequest(
+                context=route.context(),
+                observation=route.payload.encode(obs, rows),
+                episode_info=infos,
+            )
+        )
+        answer = stream.ask("predict", request).predict
+        if not answer.actions:
+            raise ModelOutputError(
+                f"the model at {self.address} answered a predict of {rows} rows with no action "
+                f"frame: expected actions[0] (one row per episode)"
+            )
+        try:
+            return [route.actions.decode(frame, rows) for frame in answer.actions]
+        except ValueError as err:
+            raise ModelOutputError(
+                f"the model at {self.address} answered actions that do not match the action "
+                f"space {route.actions.space}: {err}"
+            ) from None
+
+
+class _WireRoute:
+    """One run's view of the wire: its env_id, the payload's and actions' codecs, the env spec
+    ResolveAdapter sends, and the run's episodes (our ids -> UUIDv7 ids)."""
+
+    def __init__(self, route: Route, spec: ModelSpec | None, address: str) -> None:
+        self.env_id = uuid7()
+        self.session_id = uuid7()
+        self.execution_horizon = route.execution_horizon
+        payload_space = _payload_space(route, spec, address)
+        action_space = _action_space(route.action_space, spec)
+        self.payload = SpaceCodec(payload_space)
+        self.actions = SpaceCodec(action_space)
+        self.env_spec = env_contract_pb2.EnvSpec(
+            id=route.env,
+            observation_space=space_spec(payload_space, "the payload"),
+            action_space=space_spec(action_space, "the action space"),
+            metadata=meta_map({"rlmesh.payload": "assembled" if spec is not None else "raw"}),
+        )
+        self.episodes: dict[int, str] = {}
+        self._requests = itertools.count(1)
+
+    def context(self) -> interaction_pb2.AdapterContext:
+        return interaction_pb2.AdapterContext(
+            session_id=self.session_id,
+            env_id=self.env_id,
+            request_id=f"{self.env_id}:{next(self._requests)}",
+        )
+
+
+def _payload_space(route: Route, spec: ModelSpec | None, address: str) -> spaces.Space:
+    """The space of the payload the driver assembles: the raw observation space without a
+    spec; else one Box per array leaf (its stacked frame shape, its dtype) and a Text per text
+    leaf, nested as the spec's slots."""
+    if spec is None or spec.input is None:
+        return route.observation_space
+    root: dict[str, Any] = collections.OrderedDict()
+    for leaf in route.plan.observation:
+        if leaf.kind == "custom":
+            raise SpecError(
+                f"{leaf.leaf}: a Custom leaf's output has no declared space, so the model at "
+                f"{address} cannot be sent it; use Image, State, Concat or Text leaves for a "
+                f"served model"
+            )
+        if leaf.kind == "text":
+            space: spaces.Space = spaces.Text(max_length=1 << 20)
+        else:
+            shape = leaf.frame_shape if leaf.stack == 1 else (leaf.stack, *leaf.frame_shape)
+            space = _unbounded_box(shape, np.dtype(leaf.dtype))
+        if not leaf.slot:
+            return space  # the payload is this one leaf
+        node = root
+        for key in leaf.slot[:-1]:
+            node = node.setdefault(key, collections.OrderedDict())
+        node[leaf.slot[-1]] = space
+    return _as_dict_space(root)
+
+
+def _as_dict_space(tree: dict[str, Any]) -> spaces.Dict:
+    return spaces.Dict(
+        collections.OrderedDict(
+            (key, _as_dict_space(value) if isinstance(value, dict) else value)
+            for key, value in tree.items()
+        )
+    )
+
+
+def _unbounded_box(shape: tuple[int, ...], dtype: np.dtype[Any]) -> spaces.Box:
+    if np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype)
+        return spaces.Box(int(info.min), int(info.max), shape, dtype)
+    return spaces.Box(-np.inf, np.inf, shape, dtype)
+
+
+def _action_space(action_space: spaces.Space, spec: ModelSpec | None) -> spaces.Space:
+    """The space the model answers in: the action space, but for a spec that rescales, each
+    Box in float64 over the model's range (rescaling happens on the driver, unrounded)."""
+    if spec is None or spec.output.rescale is None:
+        return action_space
+    low, high = spec.output.rescale
+
+    def model_side(space: spaces.Space) -> spaces.Space:
+        if isinstance(space, spaces.Dict):
+            return spaces.Dict(
+                collections.OrderedDict((k, model_side(v)) for k, v in space.spaces.items())
+            )
+        if isinstance(space, spaces.Box):
+            return spaces.Box(low, high, space.shape, np.float64)
+        return space
+
+    return model_side(action_space)
+
+
+def _spec_from_json(text: str, address: str) -> ModelSpec:
+    try:
+        return ModelSpec.from_dict(json.loads(text))
+    except (ValueError, SpecError) as err:
+        raise RemoteError(
+            f"the model at {address} sent a ModelSpec this rlmesh cannot read "
+            f"({MODEL_SPEC_KEY}): {err}",
+            address=address,
+        ) from None
+
+
+# ---------------------------------------------------------------------------------- the stream
+
+
+_END = object()
+
+
+class _JoinStream:
+    """One Join call. Requests go through a queue (gRPC's sender thread takes them); the
+    caller waiting for an answer reads the stream itself, one caller at a time, until its
+    ``request_id`` comes, passing over the answers of requests nobody waits for
+    (``ResetAdapter``). A broken stream fails that caller, and every later one, with the
+    ``RemoteError`` that broke it."""
+
+    def __init__(self, stub: Any, metadata: Any, address: str) -> None:
+        self.address = address
+        self.broken: RemoteError | None = None
+        self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # Held while a caller reads: still held at close, it is a predict abandoned at its
+        # deadline, so the server is stuck and would not answer Close either.
+        self._reading = threading.Lock()
+        self._ids = itertools.count(1)
+        self._closing = False
+        self._call = stub.Join(self._outgoing(), metadata=metadata)
+
+    def _outgoing(self) -> Any:
+        while True:
+            request = self._requests.get()
+            if request is _END:
+                return
+            yield request
+
+    def send(self, request: Any) -> str:
+        """Send ``request`` (its ``request_id`` set here) without waiting; its id."""
+        if self.broken is not None:
+            raise self.broken
+        request.request_id = f"r{next(self._ids)}"
+        self._requests.put(request)
+        return request.request_id
+
+    def ask(self, doing: str, request: Any) -> Any:
+        """Send ``request`` and wait for its answer; an in-band ``ModelError`` is raised as a
+        ``RemoteError`` with the error's code."""
+        with self._reading:
+            request_id = self.send(request)
+            response = self._answer_to(request_id)
+        if response.WhichOneof("kind") == "error":
+            error = response.error
+            code = interaction_pb2.ModelErrorCode.Name(error.code)
+            raise RemoteError(
+                f"the model at {self.address} refused {doing} with {code}: {error.message}",
+                address=self.address,
+                code=code,
+            )
+        return response
+
+    def _answer_to(self, request_id: str) -> Any:
+        try:
+            for response in self._call:
+                if response.request_id == request_id:
+                    return response
+        except grpc.RpcError as err:
+            doing = "closing the model stream" if self._closing else "the model stream"
+            self.broken = remote_failure(err, self.address, doing)
+            raise self.broken from None
+        self.broken = RemoteError(
+            f"the model at {self.address} ended the Join stream", address=self.address
+        )
+        raise self.broken
+
+    def close(self, wait_s: float) -> None:
+        """Send ``Close``, wait up to ``wait_s`` for its answer, then hang up."""
+        self._closing = True
+        hang_up = threading.Timer(wait_s, self._call.cancel)
+        hang_up.start()
+        try:
+            if self.broken is None and self._reading.acquire(blocking=False):
+                self._reading.release()
+                # A dead or hung server: hang up all the same.
+                with contextlib.suppress(Exception):
+                    self.ask(
+                        "close",
+                        interaction_pb2.JoinRequest(
+                            close=interaction_pb2.CloseParticipantRequest(reason="the run ended")
+                        ),
+                    )
+        finally:
+            hang_up.cancel()
+            self._requests.put(_END)
+            self._call.cancel()
+
+
+__all__ = ["RemoteModel"]
