@@ -848,17 +848,14 @@ impl RoundRunner {
         // `predict_lanes` keep the running lanes' order, so the running lanes meet their
         // shares in order.
         let mut charged = shares(predict_ns as u64, predict_lanes.len());
-        self.predict_ns = self
-            .running
-            .iter()
-            .map(|&lane| {
-                if predicted[lane as usize] {
-                    charged.next().unwrap_or(0) as i64
-                } else {
-                    0
-                }
-            })
-            .collect();
+        self.predict_ns.clear();
+        self.predict_ns.extend(self.running.iter().map(|&lane| {
+            if predicted[lane as usize] {
+                charged.next().unwrap_or(0) as i64
+            } else {
+                0
+            }
+        }));
         self.mark(&predict_lanes, false);
         self.predict_lanes = predict_lanes;
         Ok(())
@@ -1339,9 +1336,11 @@ impl RoundRunner {
         // Each lane's env step, timed on its own: `env.step` telemetry is per lane-step, and
         // each lane's episode is charged its own step.
         let mut lane_ns: Vec<i64> = Vec::new();
+        // One reading ends a round and starts the next: a clock reading is a good part of a
+        // round's own cost on a fast env.
+        let mut round_start = Instant::now();
         loop {
             py.check_signals()?;
-            let round_start = Instant::now();
             let input = self.begin(py, rows)?;
             let count = self.running.len();
             if count == 0 {
@@ -1455,6 +1454,7 @@ impl RoundRunner {
             if self.clock.ns_at(round_end) >= until_ns {
                 break;
             }
+            round_start = round_end;
         }
         Ok((PyArray1::from_vec(py, ended), infos, rounds, lane_steps))
     }
