@@ -582,8 +582,9 @@ class RoundRunner:
         rounds = lane_steps = 0
         ended = np.zeros(0, dtype=np.int64)
         infos: list[dict[str, Any]] = []
+        # One reading ends a round and starts the next, as in the Rust core.
+        round_start = time.perf_counter_ns()
         while True:
-            round_start = time.perf_counter_ns()
             payload, lane_rows = self._begin(rows)
             running, predict_lanes = self._running, self._predict_lanes
             count = len(running)
@@ -643,6 +644,7 @@ class RoundRunner:
                 break
             if round_end >= until_ns:
                 break
+            round_start = round_end
         return ended, infos, rounds, lane_steps
 
     def _predict(
@@ -664,7 +666,9 @@ class RoundRunner:
             if lane_rows is not None:
                 return self._per_lane(model, lane_corner, lane_rows)
             if wants_episode_ids:
-                episode_ids = self._ledger.episode_ids(np.array(self._predict_lanes))
+                episode_ids = self._ledger.episode_ids(
+                    np.array(self._predict_lanes, dtype=np.int64)
+                )
                 return model.predict_now(payload, count, episode_ids), None
             if lane_corner is not None and isinstance(payload, np.ndarray):
                 return self._per_lane(model, lane_corner, [payload[k] for k in range(count)])
