@@ -1266,6 +1266,89 @@ def test_a_per_lane_corner_returning_too_big_an_int_fails_as_the_action_it_is(co
     assert str(raised.value) == str(expected.value)
 
 
+@pytest.mark.parametrize("spec", [None, ModelSpec(input=State(stack=3))], ids=["plain", "stacked"])
+def test_a_per_lane_corner_gets_each_lanes_input_as_an_array_of_its_own(core, spec):
+    """``run_rounds`` hands a per-lane corner each lane's input as an array that owns its
+    data, not a view into one batch of every lane's input, so what a model keeps holds only
+    its own lane's input, and later rounds never write into it. The values are the rows of
+    the payload the phases give, frame windows included."""
+    seen = []
+
+    def policy(observation):
+        seen.append(observation)
+        return int(observation.ravel()[-1]) % 3
+
+    Run(core, lambda: CountEnv(5), 3, 5, spec=spec).by_run_rounds(loaded(policy))
+    rows = []
+
+    def batched(payload, count):
+        rows.extend(np.array(row) for row in payload)
+        return np.array([int(row.ravel()[-1]) % 3 for row in payload])
+
+    Run(core, lambda: CountEnv(5), 3, 5, spec=spec).by_hand(batched)
+    assert all(observation.base is None and observation.flags.owndata for observation in seen)
+    assert all(obs.flags.c_contiguous and obs.flags.writeable for obs in seen)
+    assert [(o.dtype, o.shape, o.tolist()) for o in seen] == [
+        (row.dtype, row.shape, row.tolist()) for row in rows
+    ]
+
+
+class SpaceEnv(CountEnv):
+    """A ``CountEnv`` with the action space it is given."""
+
+    def __init__(self, action_space: gym.Space) -> None:
+        super().__init__(length=5)
+        self.action_space = action_space
+
+
+DISCRETE_SPACES = {
+    "Discrete(3)": gym.spaces.Discrete(3),
+    "start=-1": gym.spaces.Discrete(3, start=-1),
+    # Past the integers float64 holds exactly: the applier's float64 comparison decides.
+    "start=2**60": gym.spaces.Discrete(3, start=2**60),
+    "int32": gym.spaces.Discrete(3, dtype=np.int32),
+}
+
+
+@pytest.mark.parametrize("space", DISCRETE_SPACES)
+@pytest.mark.parametrize("offset", [0, 2, 3, -1], ids=["first", "last", "past", "before"])
+def test_per_lane_ints_reach_a_discrete_env_as_take_actions_makes_them(core, space, offset):
+    """A per-lane corner's plain ints become env actions without a batch in between where the
+    space allows it: the envs receive exactly the values and types ``take_actions`` makes of
+    the stacked ints, and a value out of range fails with its message (lane, episode, step)."""
+    action_space = DISCRETE_SPACES[space]
+
+    def act(observation):
+        # In range for the first steps, then `offset` from the space's start.
+        return action_space.start + (offset if observation[0] >= 2 else 1)
+
+    def received(run):
+        return [
+            [(type(action), int(action)) for actions in env.received for action in actions]
+            for env in run.envs
+        ]
+
+    run = Run(core, lambda: SpaceEnv(action_space), 2, 4)
+    fast = outcome(lambda: run.by_run_rounds(loaded(act)) and received(run))
+    by_hand = Run(core, lambda: SpaceEnv(action_space), 2, 4)
+    reference = loaded(act)
+    expected = outcome(
+        lambda: (
+            by_hand.by_hand(lambda payload, count: reference.predict_now(payload, count))
+            or received(by_hand)
+        )
+    )
+    assert fast == expected
+    if space == "start=2**60":
+        return  # whatever the float64 comparison makes of it, as above
+    if offset in (0, 2):
+        assert fast[0] == "ok"
+        assert {kind for lane in fast[1] for kind, _ in lane} == {action_space.dtype.type}
+    else:
+        assert fast[0] == "raise" and fast[1] is ModelOutputError
+        assert "lane 0 (episode index 0, step 2)" in fast[2]
+
+
 class Fails(rlmesh.Model):
     """Raises ``error`` on its third call, through the corner ``corner``."""
 

@@ -241,8 +241,9 @@ class RoundModel(Protocol):
 
     Attributes:
         lane_corner: a per-lane function ``predict(lane_input) -> action`` the core may call on
-            each row of an array payload itself (then ``combine`` stacks the outputs); None
-            when the model must be called through ``predict_now``.
+            each lane's input itself (a row of an array payload, or an array of the lane's
+            own; then ``combine`` stacks the outputs); None when the model must be called
+            through ``predict_now``.
         wants_episode_ids: when true, ``predict_now`` takes the predict lanes' episode ids
             (``[P]``), and ``lane_corner`` is not used.
         calls_per_lane: a prediction for ``P`` lanes is ``P`` calls of a per-lane corner (for

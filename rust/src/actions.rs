@@ -6,6 +6,7 @@
 //! action straight into a numpy array of the space's dtype. The Python objects (the dicts of a
 //! Dict action space, numpy's conversion of what the model returned) are handled at the edge.
 
+use numpy::npyffi::PY_ARRAY_API;
 use numpy::{
     dtype, Element, IxDyn, PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyUntypedArray,
     PyUntypedArrayMethods,
@@ -705,6 +706,55 @@ impl ActionApplier {
         lane_text: LaneText<'_>,
     ) -> PyResult<Bound<'py, PyAny>> {
         self.apply_node(py, &self.tree, batched_model_output, lanes, lane_text)
+    }
+
+    /// The env actions of a per-lane corner's plain integer outputs, one per lane, as numpy
+    /// int64 scalars: what indexing `apply`'s `[K]` output gives a lane, without the arrays on
+    /// the way. Only for an action space that is one `Discrete` leaf of int64 whose values
+    /// float64 holds exactly (so `apply` would compare and cast each value exactly), and only
+    /// when every value is in range; None otherwise, and `apply` decides (and words any
+    /// refusal).
+    pub(crate) fn discrete_scalars<'py>(
+        &self,
+        py: Python<'py>,
+        values: &[i64],
+    ) -> PyResult<Option<Vec<Bound<'py, PyAny>>>> {
+        let (Node::Leaf(_), [leaf]) = (&self.tree, self.leaves.as_slice()) else {
+            return Ok(None);
+        };
+        let stop = i128::from(leaf.start) + i128::from(leaf.n);
+        let exact = |bound: i128| bound.abs() <= 1 << f64::MANTISSA_DIGITS;
+        let fits = leaf.kind == Kind::Discrete
+            && leaf.out_dtype == OutDtype::I64
+            && leaf.shape.is_empty()
+            && exact(i128::from(leaf.start))
+            && exact(stop);
+        if !fits
+            || values
+                .iter()
+                .any(|&value| value < leaf.start || i128::from(value) >= stop)
+        {
+            return Ok(None);
+        }
+        let int64 = dtype::<i64>(py);
+        values
+            .iter()
+            .map(|&value| {
+                let mut value = value;
+                // SAFETY: numpy copies the 8 bytes of `value` into a new int64 scalar (no base
+                // object), reading the descriptor without taking its reference.
+                unsafe {
+                    let scalar = PY_ARRAY_API.PyArray_Scalar(
+                        py,
+                        (&mut value as *mut i64).cast(),
+                        int64.as_dtype_ptr(),
+                        std::ptr::null_mut(),
+                    );
+                    Bound::from_owned_ptr_or_err(py, scalar)
+                }
+            })
+            .collect::<PyResult<_>>()
+            .map(Some)
     }
 
     fn apply_node<'py>(

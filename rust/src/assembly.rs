@@ -186,6 +186,15 @@ impl Leaf {
         self.kind == Kind::Array && self.stack > 1
     }
 
+    /// The shape of one lane's value of an array leaf: `[stack, *frame_shape]` when stacked.
+    fn row_shape(&self) -> Vec<usize> {
+        let stack = (self.stack > 1).then_some(self.stack);
+        stack
+            .into_iter()
+            .chain(self.frame_shape.iter().copied())
+            .collect()
+    }
+
     /// One lane's sources of an array leaf: read, shape-checked and cast, ready to copy.
     /// Everything that can fail happens here, before any window is touched.
     fn sources_of<'py>(
@@ -747,31 +756,71 @@ impl ObservationAssembler {
         ids: &[i64],
     ) -> PyResult<Bound<'py, PyAny>> {
         let leaf = &self.leaves[index];
-        let mut out_shape = Vec::with_capacity(2 + leaf.frame_shape.len());
+        let mut out_shape = Vec::with_capacity(1 + leaf.row_shape().len());
         out_shape.push(ids.len());
-        if leaf.stack > 1 {
-            out_shape.push(leaf.stack);
-        }
-        out_shape.extend(&leaf.frame_shape);
+        out_shape.extend(leaf.row_shape());
         let mut out = empty_array(py, leaf.dtype.bind(py), &out_shape)?;
         // SAFETY: `out` was just created, as numpy.empty would: C-contiguous, seen by nobody else.
         let out_bytes = unsafe { array_bytes_mut(&mut out) };
         let row_bytes = leaf.frame_bytes * leaf.stack.max(1);
-        let (stacked, frame_bytes) = (leaf.stack > 1, leaf.frame_bytes);
         for (lane, (observation, &episode_id)) in raw.iter().zip(ids).enumerate() {
-            let sources = self.leaves[index].sources_of(observation, lane)?;
             let row = &mut out_bytes[lane * row_bytes..(lane + 1) * row_bytes];
-            if !stacked {
-                self.leaves[index].copy_frame(&sources, row);
-                continue;
-            }
-            let window = self.advance_window(index, episode_id, &sources);
-            // Oldest first: the slot after the newest, around the ring.
-            let (newer, older) = window.frames.split_at((window.newest + 1) * frame_bytes);
-            row[..older.len()].copy_from_slice(older);
-            row[older.len()..].copy_from_slice(newer);
+            self.write_row(index, lane, observation, episode_id, row)?;
         }
         Ok(out.into_any())
+    }
+
+    /// Lane `lane`'s row of array leaf `index` into `row`: its frame, or its episode's window
+    /// (advanced by the frame) oldest first.
+    fn write_row(
+        &mut self,
+        index: usize,
+        lane: usize,
+        observation: &Bound<'_, PyAny>,
+        episode_id: i64,
+        row: &mut [u8],
+    ) -> PyResult<()> {
+        let sources = self.leaves[index].sources_of(observation, lane)?;
+        let (stacked, frame_bytes) = (self.leaves[index].stack > 1, self.leaves[index].frame_bytes);
+        if !stacked {
+            self.leaves[index].copy_frame(&sources, row);
+            return Ok(());
+        }
+        let window = self.advance_window(index, episode_id, &sources);
+        // Oldest first: the slot after the newest, around the ring.
+        let (newer, older) = window.frames.split_at((window.newest + 1) * frame_bytes);
+        row[..older.len()].copy_from_slice(older);
+        row[older.len()..].copy_from_slice(newer);
+        Ok(())
+    }
+
+    /// Each lane's model input as an array of its own, when the plan is one array leaf at the
+    /// payload's root (the payload `assemble_frames` returns is then one `[K, ...]` array):
+    /// row `k` of that payload, without the `[K, ...]` array around the rows. None for any
+    /// other plan. For a caller that hands each lane's input to a per-lane corner; the same
+    /// frame windows advance, and the same errors are raised in the same order.
+    pub(crate) fn assemble_rows<'py>(
+        &mut self,
+        py: Python<'py>,
+        raw: &[Bound<'py, PyAny>],
+        ids: &[i64],
+    ) -> PyResult<Option<Vec<Bound<'py, PyAny>>>> {
+        let [leaf] = self.leaves.as_slice() else {
+            return Ok(None);
+        };
+        if leaf.kind != Kind::Array || !leaf.slot.is_empty() {
+            return Ok(None);
+        }
+        let (dtype, row_shape) = (leaf.dtype.clone_ref(py), leaf.row_shape());
+        let mut rows = Vec::with_capacity(raw.len());
+        for (lane, (observation, &episode_id)) in raw.iter().zip(ids).enumerate() {
+            let mut row = empty_array(py, dtype.bind(py), &row_shape)?;
+            // SAFETY: `row` was just created, C-contiguous, seen by nobody else.
+            let row_bytes = unsafe { array_bytes_mut(&mut row) };
+            self.write_row(0, lane, observation, episode_id, row_bytes)?;
+            rows.push(row.into_any());
+        }
+        Ok(Some(rows))
     }
 }
 

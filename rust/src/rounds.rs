@@ -210,25 +210,35 @@ impl<'py> ModelCalls<'py> {
         })
     }
 
-    /// The model's output for the `count` lanes of `payload` (`episode_ids`: theirs, when
-    /// the model wants them); an error it raises becomes what `failure(error, rounds)`
-    /// returns, the error chained.
+    /// The model's output for the `count` lanes of `input` (`episode_ids`: theirs, when the
+    /// model wants them); an error it raises becomes what `failure(error, rounds)` returns,
+    /// the error chained.
     fn predict(
         &self,
-        payload: &Bound<'py, PyAny>,
+        input: Input<'py>,
         count: usize,
         episode_ids: Option<Vec<i64>>,
         rounds: u64,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let py = payload.py();
-        let called = match (&self.lane_corner, episode_ids) {
-            (_, Some(ids)) => self
+    ) -> PyResult<Output<'py>> {
+        let py = self.failure.py();
+        let called = match (input, &self.lane_corner, episode_ids) {
+            (Input::Rows(rows), Some(corner), None) => self.per_lane(corner, rows),
+            (input, _, Some(ids)) => self
                 .predict_now
-                .call1((payload, count, PyArray1::from_vec(py, ids))),
-            (Some(corner), None) if payload.is_instance_of::<PyUntypedArray>() => {
-                self.per_lane(corner, payload, count)
+                .call1((input.into_batch(py)?, count, PyArray1::from_vec(py, ids)))
+                .map(Output::Batch),
+            (Input::Batch(payload), Some(corner), None)
+                if payload.is_instance_of::<PyUntypedArray>() =>
+            {
+                let rows = (0..count)
+                    .map(|k| payload.get_item(k))
+                    .collect::<PyResult<_>>()?;
+                self.per_lane(corner, rows)
             }
-            _ => self.predict_now.call1((payload, count)),
+            (input, _, None) => self
+                .predict_now
+                .call1((input.into_batch(py)?, count))
+                .map(Output::Batch),
         };
         called.or_else(|err| {
             if !err.is_instance_of::<PyException>(py) {
@@ -245,18 +255,20 @@ impl<'py> ModelCalls<'py> {
         })
     }
 
-    /// The per-lane corner called on each lane's row in lane order, the outputs stacked:
-    /// plain Python ints (or floats) straight into an int64 (float64) array, as `np.asarray`
-    /// stacks them; anything else by `combine`.
+    /// The per-lane corner called on each lane's input in lane order, the outputs stacked:
+    /// plain Python ints kept as integers (an int64 array, as `np.asarray` stacks them, once
+    /// they are made a batch), plain floats straight into a float64 array; anything else by
+    /// `combine`.
     fn per_lane(
         &self,
         corner: &Bound<'py, PyAny>,
-        payload: &Bound<'py, PyAny>,
-        count: usize,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let py = payload.py();
-        let outputs = (0..count)
-            .map(|k| corner.call1((payload.get_item(k)?,)))
+        rows: Vec<Bound<'py, PyAny>>,
+    ) -> PyResult<Output<'py>> {
+        let py = corner.py();
+        let count = rows.len();
+        let outputs = rows
+            .into_iter()
+            .map(|row| corner.call1((row,)))
             .collect::<PyResult<Vec<_>>>()?;
         if outputs
             .iter()
@@ -264,7 +276,7 @@ impl<'py> ModelCalls<'py> {
         {
             let values: Option<Vec<i64>> = outputs.iter().map(|o| o.extract().ok()).collect();
             if let Some(values) = values {
-                return Ok(PyArray1::from_vec(py, values).into_any());
+                return Ok(Output::Integers(values));
             }
         } else if outputs
             .iter()
@@ -274,9 +286,50 @@ impl<'py> ModelCalls<'py> {
                 .iter()
                 .map(|output| output.extract::<f64>())
                 .collect::<PyResult<Vec<_>>>()?;
-            return Ok(PyArray1::from_vec(py, values).into_any());
+            return Ok(Output::Batch(PyArray1::from_vec(py, values).into_any()));
         }
-        self.combine.call1((PyList::new(py, outputs)?, count))
+        self.combine
+            .call1((PyList::new(py, outputs)?, count))
+            .map(Output::Batch)
+    }
+}
+
+/// The model's input for a round's predict lanes.
+enum Input<'py> {
+    /// The payload `begin_round` returns: `[P, ...]` arrays, or a dict of them.
+    Batch(Bound<'py, PyAny>),
+    /// Each lane's input as an array of its own (`ObservationAssembler::assemble_rows`), for
+    /// a per-lane corner.
+    Rows(Vec<Bound<'py, PyAny>>),
+}
+
+impl<'py> Input<'py> {
+    /// The input as the payload `begin_round` returns.
+    fn into_batch(self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        match self {
+            Input::Batch(payload) => Ok(payload),
+            Input::Rows(rows) => numpy(py)?
+                .getattr("stack")?
+                .call1((PyList::new(py, rows)?,)),
+        }
+    }
+}
+
+/// The model's output for a round's predict lanes.
+enum Output<'py> {
+    /// What `take_actions` takes: `[P, ...]` (or chunks, or a dict of them; None for no lane).
+    Batch(Bound<'py, PyAny>),
+    /// A per-lane corner's plain Python ints, one per lane.
+    Integers(Vec<i64>),
+}
+
+impl<'py> Output<'py> {
+    /// The output as `take_actions` takes it.
+    fn into_batch(self, py: Python<'py>) -> Bound<'py, PyAny> {
+        match self {
+            Output::Batch(output) => output,
+            Output::Integers(values) => PyArray1::from_vec(py, values).into_any(),
+        }
     }
 }
 
@@ -725,8 +778,10 @@ impl RoundRunner {
         }
     }
 
-    /// Open a round: set its running and predicted lanes; the payload when some lane predicts.
-    fn begin<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+    /// Open a round: set its running and predicted lanes; the model's input when some lane
+    /// predicts: each lane's own (`Input::Rows`) when `rows` asks for it and the plan allows
+    /// it, else the payload.
+    fn begin<'py>(&mut self, py: Python<'py>, rows: bool) -> PyResult<Option<Input<'py>>> {
         let running = self.ledger.running();
         let mut predict_lanes = running.clone();
         if let Some(queues) = &mut self.queues {
@@ -750,7 +805,14 @@ impl RoundRunner {
         if !predict_lanes.is_empty() {
             let raw = self.raw_observations(py, &predict_lanes);
             let ids = self.ledger.episode_ids_of(&predict_lanes);
-            payload = Some(self.assembler.assemble_frames(py, &raw, &ids)?);
+            let lane_rows = match rows {
+                true => self.assembler.assemble_rows(py, &raw, &ids)?,
+                false => None,
+            };
+            payload = Some(match lane_rows {
+                Some(lane_rows) => Input::Rows(lane_rows),
+                None => Input::Batch(self.assembler.assemble_frames(py, &raw, &ids)?),
+            });
         }
         // Until `take` says otherwise (it is not called when no lane runs), no lane predicted.
         self.predict_ns.clear();
@@ -767,6 +829,12 @@ impl RoundRunner {
         output: &Bound<'py, PyAny>,
         predict_ns: i64,
     ) -> PyResult<Bound<'py, PyAny>> {
+        self.charge(predict_ns)?;
+        self.actions(py, output)
+    }
+
+    /// The open round's predict lanes predicted, in `predict_ns`: each is charged its share.
+    fn charge(&mut self, predict_ns: i64) -> PyResult<()> {
         let predict_lanes = std::mem::take(&mut self.predict_lanes);
         if !predict_lanes.is_empty() {
             let marked = self.ledger.mark_predicted(&predict_lanes);
@@ -780,19 +848,25 @@ impl RoundRunner {
         // `predict_lanes` keep the running lanes' order, so the running lanes meet their
         // shares in order.
         let mut charged = shares(predict_ns as u64, predict_lanes.len());
-        self.predict_ns = self
-            .running
-            .iter()
-            .map(|&lane| {
-                if predicted[lane as usize] {
-                    charged.next().unwrap_or(0) as i64
-                } else {
-                    0
-                }
-            })
-            .collect();
+        self.predict_ns.clear();
+        self.predict_ns.extend(self.running.iter().map(|&lane| {
+            if predicted[lane as usize] {
+                charged.next().unwrap_or(0) as i64
+            } else {
+                0
+            }
+        }));
         self.mark(&predict_lanes, false);
         self.predict_lanes = predict_lanes;
+        Ok(())
+    }
+
+    /// One env action per running lane of the open round, its predict lanes charged.
+    fn actions<'py>(
+        &mut self,
+        py: Python<'py>,
+        output: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let applier = &self.applier;
         let ledger = &self.ledger;
         let Some(queues) = &mut self.queues else {
@@ -1169,11 +1243,14 @@ impl RoundRunner {
 
     /// Open a round over the running lanes: ``(running, predict_lanes, payload)``.
     fn begin_round<'py>(&mut self, py: Python<'py>) -> PyResult<Opened<'py>> {
-        let payload = self.begin(py)?;
+        let payload = match self.begin(py, false)? {
+            Some(input) => input.into_batch(py)?,
+            None => py.None().into_bound(py),
+        };
         Ok((
             PyArray1::from_slice(py, &self.running),
             PyArray1::from_slice(py, &self.predict_lanes),
-            payload.unwrap_or_else(|| py.None().into_bound(py)),
+            payload,
         ))
     }
 
@@ -1243,6 +1320,9 @@ impl RoundRunner {
         let until_ns = deadline_ns(until_ns)?;
         let [predict_stats, step_stats, round_stats] = unpack_stats(stats)?;
         let model = ModelCalls::new(model)?;
+        // A per-lane corner gets each lane's input as an array of its own, not a row of a
+        // payload made only to be split again.
+        let rows = model.lane_corner.is_some() && !model.wants_episode_ids;
         // Each lane's `step`, looked up once per call, when the lane first steps.
         let mut steps: Vec<Option<Bound<'py, PyAny>>> = vec![None; self.lane_count()];
         let (mut rounds, mut lane_steps) = (0, 0);
@@ -1256,22 +1336,24 @@ impl RoundRunner {
         // Each lane's env step, timed on its own: `env.step` telemetry is per lane-step, and
         // each lane's episode is charged its own step.
         let mut lane_ns: Vec<i64> = Vec::new();
+        // One reading ends a round and starts the next: a clock reading is a good part of a
+        // round's own cost on a fast env.
+        let mut round_start = Instant::now();
         loop {
             py.check_signals()?;
-            let round_start = Instant::now();
-            let payload = self.begin(py)?;
+            let input = self.begin(py, rows)?;
             let count = self.running.len();
             if count == 0 {
                 break;
             }
-            let (mut output, mut predict_ns) = (py.None().into_bound(py), 0);
-            if let Some(payload) = payload {
+            let (mut output, mut predict_ns) = (Output::Batch(py.None().into_bound(py)), 0);
+            if let Some(input) = input {
                 let predict_start = Instant::now();
                 let episode_ids = model
                     .wants_episode_ids
                     .then(|| self.ledger.episode_ids_of(&self.predict_lanes));
                 output =
-                    model.predict(&payload, self.predict_lanes.len(), episode_ids, self.rounds)?;
+                    model.predict(input, self.predict_lanes.len(), episode_ids, self.rounds)?;
                 let took = elapsed_ns(predict_start, Instant::now());
                 let calls = if model.calls_per_lane {
                     self.predict_lanes.len()
@@ -1281,8 +1363,20 @@ impl RoundRunner {
                 record_shared(&mut predict_stats.borrow_mut(), took, calls);
                 predict_ns = took as i64;
             }
-            let actions = self.take(py, &output, predict_ns)?;
-            let actions = lane_actions(&actions, count, &mut Vec::new())?;
+            self.charge(predict_ns)?;
+            let scalars = match &output {
+                Output::Integers(values) if self.queues.is_none() => {
+                    self.applier.discrete_scalars(py, values)?
+                }
+                _ => None,
+            };
+            let actions = match scalars {
+                Some(scalars) => LaneActions::PerLane(scalars),
+                None => {
+                    let actions = self.actions(py, &output.into_batch(py))?;
+                    lane_actions(&actions, count, &mut Vec::new())?
+                }
+            };
             let mut lane_start = Instant::now();
             lane_ns.clear();
             observations.clear();
@@ -1360,6 +1454,7 @@ impl RoundRunner {
             if self.clock.ns_at(round_end) >= until_ns {
                 break;
             }
+            round_start = round_end;
         }
         Ok((PyArray1::from_vec(py, ended), infos, rounds, lane_steps))
     }

@@ -226,6 +226,28 @@ class ActionApplier:
         ``lane_text(k)`` (the round runner adds the episode and step)."""
         return self._apply_node(self._tree, (), batched_model_output, lanes, lane_text)
 
+    def _discrete_scalars(self, values: list[int]) -> list[np.int64] | None:
+        """The env actions of a per-lane corner's plain integer outputs, one per lane, as
+        numpy int64 scalars: what indexing ``_apply``'s ``[K]`` output gives a lane, without
+        the arrays on the way.
+
+        Only for an action space that is one ``Discrete`` leaf of int64 whose values float64
+        holds exactly (so ``_apply`` would compare and cast each value exactly), and only when
+        every value is in range; None otherwise, and ``_apply`` decides (and words any
+        refusal).
+        """
+        if not isinstance(self._tree, int) or len(self._leaves) != 1:
+            return None
+        leaf = self._leaves[0]
+        if leaf.kind != "discrete" or leaf.dtype != np.int64 or leaf.shape:
+            return None
+        stop = leaf.start + leaf.n
+        if max(abs(leaf.start), abs(stop)) > 2**53:
+            return None
+        if not all(leaf.start <= value < stop for value in values):
+            return None
+        return [np.int64(value) for value in values]
+
     def _apply_node(
         self,
         node: int | dict,

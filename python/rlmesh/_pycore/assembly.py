@@ -106,6 +106,25 @@ class ObservationAssembler:
             payload = value if not leaf.slot else _placed(payload, tuple(leaf.slot), value)
         return payload
 
+    def _assemble_rows(
+        self, raw_lane_observations: Sequence[Any], episode_ids: list[int]
+    ) -> list[np.ndarray] | None:
+        """Each lane's model input as an array of its own, when the plan is one array leaf at
+        the payload's root (``assemble`` then returns one ``[K, ...]`` array): row ``k`` of
+        that payload, without the ``[K, ...]`` array around the rows. None for any other plan.
+
+        For a caller that hands each lane's input to a per-lane corner: the same frame windows
+        advance, and the same errors are raised in the same order, as ``assemble``.
+        """
+        if len(self._leaves) != 1:
+            return None
+        leaf = self._leaves[0]
+        if leaf.kind != ARRAY or leaf.slot:
+            return None
+        rows = self._assemble_leaf(0, leaf, raw_lane_observations, episode_ids)
+        # Each row copied out: an array of its own, as the Rust core makes it.
+        return [row.copy() for row in rows]
+
     def push(self, raw_lane_observations: Sequence[Any], episode_ids: Any) -> None:
         """Add each lane's frame to its episode's windows without building a payload.
 

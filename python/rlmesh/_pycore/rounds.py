@@ -79,6 +79,7 @@ if TYPE_CHECKING:
     from ..model import RoundModel
 
 NS_PER_S = 1e9
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 def record_shared(stats: Any, ns: int, count: int) -> None:
@@ -361,6 +362,18 @@ class RoundRunner:
             empty); and the model input of ``predict_lanes`` (None when ``P = 0``). Lanes
             that replay a queued action still push their frame into their stack windows.
         """
+        payload, _ = self._begin(rows=False)
+        return (
+            np.array(self._running, dtype=np.int64),
+            np.array(self._predict_lanes, dtype=np.int64),
+            payload,
+        )
+
+    def _begin(self, rows: bool) -> tuple[Any, list[np.ndarray] | None]:
+        """Open a round: set its running and predicted lanes. Returns the model's input when
+        some lane predicts, ``(payload, None)``, or with ``rows`` when the plan allows it
+        ``(None, rows)``, each lane's input as an array of its own
+        (``ObservationAssembler._assemble_rows``); ``(None, None)`` when no lane predicts."""
         ledger = self._ledger
         running = ledger.running_lanes().tolist()
         predict_lanes = running
@@ -373,15 +386,17 @@ class RoundRunner:
                     [self._observations[lane] for lane in replaying],
                     ledger.episode_ids(np.array(replaying, dtype=np.int64)),
                 )
-        payload = None
+        payload = lane_rows = None
         if predict_lanes:
-            payload = self._assembler.assemble(
-                [self._observations[lane] for lane in predict_lanes],
-                ledger.episode_ids(np.array(predict_lanes, dtype=np.int64)),
-            )
+            raw = [self._observations[lane] for lane in predict_lanes]
+            ids = ledger.episode_ids(np.array(predict_lanes, dtype=np.int64))
+            if rows:
+                lane_rows = self._assembler._assemble_rows(raw, ids.tolist())
+            if lane_rows is None:
+                payload = self._assembler.assemble(raw, ids)
         self._running, self._predict_lanes = running, predict_lanes
         self._predict_ns = [0] * len(running)
-        return np.array(running, dtype=np.int64), np.array(predict_lanes, dtype=np.int64), payload
+        return payload, lane_rows
 
     def take_actions(self, output: Any, predict_ns: int) -> Any:
         """One env action per running lane of the open round.
@@ -400,16 +415,25 @@ class RoundRunner:
             ModelOutputError: the output does not fit the action space or is not a chunk.
             ValueError: ``predict_ns`` is not an int64 duration (>= 0).
         """
-        predict_ns = duration_arg(predict_ns, "predict_ns")
+        self._charge(duration_arg(predict_ns, "predict_ns"))
+        return self._actions(output)
+
+    def _charge(self, predict_ns: int) -> None:
+        """The open round's predict lanes predicted, in ``predict_ns``: each is charged its
+        share."""
         running, predict_lanes = self._running, self._predict_lanes
-        ledger, queues = self._ledger, self._queues
-        predict_array = np.array(predict_lanes, dtype=np.int64)
         if predict_lanes:
-            ledger.mark_predicted(predict_array)
+            self._ledger.mark_predicted(np.array(predict_lanes, dtype=np.int64))
         charged = dict(
             zip(predict_lanes, shares(predict_ns, len(predict_lanes)).tolist(), strict=True)
         )
         self._predict_ns = [charged.get(lane, 0) for lane in running]
+
+    def _actions(self, output: Any) -> Any:
+        """One env action per running lane of the open round, its predict lanes charged."""
+        running, predict_lanes = self._running, self._predict_lanes
+        ledger, queues = self._ledger, self._queues
+        predict_array = np.array(predict_lanes, dtype=np.int64)
         running_array = np.array(running, dtype=np.int64)
         if queues is None:
             return self._applier._apply(output, running, self._row_text(running, 1))
@@ -512,8 +536,10 @@ class RoundRunner:
         Args:
             model: the run's model, a ``rlmesh.model.RoundModel`` (``ModelHandler`` is one):
                 ``predict_now(payload, P)`` gives its output for the ``P`` predict lanes; a
-                ``lane_corner``, when given, is called on each row of an array payload in lane
-                order and ``combine(outputs, P)`` makes the batch; with ``wants_episode_ids``,
+                ``lane_corner``, when given, is called on each lane's input in lane order (an
+                array of its own when the plan is one array leaf, else each row of an array
+                payload) and ``combine(outputs, P)`` makes the batch of anything but plain
+                ints; with ``wants_episode_ids``,
                 ``predict_now(payload, P, episode_ids)``; ``failure(error, rounds)`` is what to
                 raise when any of these raised ``error``; with
                 ``calls_per_lane`` (optional, default false), a prediction for P lanes is P
@@ -550,25 +576,37 @@ class RoundRunner:
         lane_corner = model.lane_corner
         wants_episode_ids = model.wants_episode_ids
         calls_per_lane = bool(getattr(model, "calls_per_lane", False))
+        # A per-lane corner gets each lane's input as an array of its own, not a row of a
+        # payload made only to be split again.
+        rows = lane_corner is not None and not wants_episode_ids
         rounds = lane_steps = 0
         ended = np.zeros(0, dtype=np.int64)
         infos: list[dict[str, Any]] = []
+        # One reading ends a round and starts the next, as in the Rust core.
+        round_start = time.perf_counter_ns()
         while True:
-            round_start = time.perf_counter_ns()
-            running, predict_lanes, payload = self.begin_round()
+            payload, lane_rows = self._begin(rows)
+            running, predict_lanes = self._running, self._predict_lanes
             count = len(running)
             if count == 0:
                 break
-            output, predict_ns = None, 0
-            if len(predict_lanes):
+            output, integers, predict_ns = None, None, 0
+            if predict_lanes:
                 predict_start = time.perf_counter_ns()
-                output = self._predict(
-                    model, lane_corner, payload, predict_lanes if wants_episode_ids else None
+                output, integers = self._predict(
+                    model, lane_corner, payload, lane_rows, wants_episode_ids
                 )
                 predict_ns = time.perf_counter_ns() - predict_start
                 calls = len(predict_lanes) if calls_per_lane else 1
                 record_shared(predict_stats, predict_ns, calls)
-            actions = lane_actions(self.take_actions(output, predict_ns), count)
+            self._charge(predict_ns)
+            actions = None
+            if integers is not None:
+                if self._queues is None:
+                    actions = self._applier._discrete_scalars(integers)
+                output = np.array(integers, dtype=np.int64)
+            if actions is None:
+                actions = lane_actions(self._actions(output), count)
             step_start = time.perf_counter_ns()
             observations, rewards, terminated, truncated, step_infos = [], [], [], [], []
             lane_ns, lane_start = [], step_start
@@ -606,26 +644,52 @@ class RoundRunner:
                 break
             if round_end >= until_ns:
                 break
+            round_start = round_end
         return ended, infos, rounds, lane_steps
 
     def _predict(
-        self, model: Any, lane_corner: Any, payload: Any, predict_lanes: np.ndarray | None
-    ) -> Any:
-        """The model's output for the open round's predict lanes; ``predict_lanes`` given
-        when the model wants their episode ids."""
+        self,
+        model: Any,
+        lane_corner: Any,
+        payload: Any,
+        lane_rows: list[np.ndarray] | None,
+        wants_episode_ids: bool,
+    ) -> tuple[Any, list[int] | None]:
+        """The model's output for the open round's predict lanes, from their ``payload`` or
+        (for a per-lane corner) each lane's input ``lane_rows``.
+
+        Returns ``(output, None)``, or ``(None, integers)`` when a per-lane corner returned
+        a plain Python int (an int64) for every lane.
+        """
         count = len(self._predict_lanes)
         try:
-            if predict_lanes is not None:
-                episode_ids = self._ledger.episode_ids(predict_lanes)
-                return model.predict_now(payload, count, episode_ids)
+            if lane_rows is not None:
+                return self._per_lane(model, lane_corner, lane_rows)
+            if wants_episode_ids:
+                episode_ids = self._ledger.episode_ids(
+                    np.array(self._predict_lanes, dtype=np.int64)
+                )
+                return model.predict_now(payload, count, episode_ids), None
             if lane_corner is not None and isinstance(payload, np.ndarray):
-                return model.combine([lane_corner(payload[k]) for k in range(count)], count)
-            return model.predict_now(payload, count)
+                return self._per_lane(model, lane_corner, [payload[k] for k in range(count)])
+            return model.predict_now(payload, count), None
         except Exception as err:
             failure = model.failure(err, self._rounds)
             if failure is err:
                 raise
             raise failure from err
+
+    @staticmethod
+    def _per_lane(
+        model: Any, lane_corner: Any, lane_inputs: list[Any]
+    ) -> tuple[Any, list[int] | None]:
+        """``lane_corner`` called on each lane's input in lane order: plain Python ints that
+        an int64 holds are kept as integers, anything else made one batch by
+        ``model.combine``."""
+        outputs = [lane_corner(each) for each in lane_inputs]
+        if all(type(output) is int and INT64_MIN <= output <= INT64_MAX for output in outputs):
+            return None, outputs
+        return model.combine(outputs, len(outputs)), None
 
     def __repr__(self) -> str:
         return f"RoundRunner(num_lanes={len(self._observations)}, rounds={self._rounds})"
