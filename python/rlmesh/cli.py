@@ -421,7 +421,31 @@ class _Throughput(RuntimeHooks):
 # ---------------------------------------------------------------------------- commands
 
 
+def _cluster_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """``run``'s scale-out arguments from ``--ray [ADDRESS]``, ``--workers``, ``--max-retries``
+    (none without ``--ray``); a ``UsageError`` if Ray is not installed."""
+    if args.ray is None:
+        # Process lanes give --workers its meaning without --ray (rlmesh.lanes.process).
+        for flag, value in (("--workers", args.workers), ("--max-retries", args.max_retries)):
+            if value is not None:
+                raise UsageError(f"rlmesh eval: error: {flag} needs --ray [ADDRESS]")
+        return {}
+    from .cluster import require_ray
+
+    try:
+        require_ray("--ray")
+    except ImportError as exc:
+        raise UsageError(str(exc)) from None
+    return {
+        "cluster": "ray",
+        "ray_address": args.ray or None,  # a bare --ray: a local Ray instance
+        "workers": args.workers,
+        "max_retries": args.max_retries,
+    }
+
+
 def _eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    cluster = _cluster_arguments(args)
     check_env(args.env)
     seeds = read_seeds(args.seeds) if args.seeds is not None else None
     episodes = args.episodes or (len(seeds) if seeds is not None else 100)
@@ -463,7 +487,8 @@ def _eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
     try:
         result = _interruptible(
             driver.run,
-            policy,
+            # A cluster's workers load the policy by its name, as this process did.
+            policy if not cluster else args.policy,
             env,
             seeds=seeds,
             episodes=episodes,
@@ -487,6 +512,7 @@ def _eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 "policy_sha256": policy_sha256,
                 "env_kwargs": args.env_kwargs,
             },
+            **cluster,
         )
     except ResultsFileError as exc:
         raise UsageError(str(exc)) from None
@@ -507,11 +533,17 @@ def _eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if status == EXIT_INTERRUPTED:
         _interrupted(args, argv)
         return status
+    report = getattr(result, "cluster", None)
     if args.out is not None:
         _, result, _ = read_run(args.out)
     elif result is None:
         return status
-    _print_summary(result.summary(), as_json=args.json)
+    summary = result.summary()
+    if report is not None and args.json:
+        summary["cluster"] = report.to_dict()
+    _print_summary(summary, as_json=args.json)
+    if report is not None and not args.json:
+        print(report.format())
     return status
 
 
@@ -594,6 +626,37 @@ def _add_run_options(parser: argparse.ArgumentParser, *, episodes: int | None) -
     parser.add_argument("--core", choices=("rust", "python"), help="the core (default: active)")
 
 
+def _non_negative_int(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
+    return int(text)
+
+
+def _add_cluster_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        metavar="ADDRESS",
+        help="run the episodes across a Ray cluster: join ADDRESS ('auto', 'host:6379', "
+        "'ray://host:10001'), or without one start a local Ray instance with this machine's "
+        "CPUs (needs the ray extra)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=_positive_int,
+        metavar="K",
+        help="with --ray: Ray workers, windows of episodes run at once (default: one per CPU)",
+    )
+    parser.add_argument(
+        "--max-retries",
+        type=_non_negative_int,
+        metavar="N",
+        help="with --ray: times a window whose worker died runs again elsewhere, with the same "
+        "seeds, before the run fails (default 3)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = _Parser(
@@ -663,6 +726,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --resume: continue although the policy's source file changed (recorded)",
     )
+    _add_cluster_options(evaluate)
     _add_run_options(evaluate, episodes=None)
 
     demo = commands.add_parser(
@@ -706,6 +770,9 @@ def _demo_args(args: argparse.Namespace) -> argparse.Namespace:
         out=None,
         resume=False,
         allow_changed_policy=False,
+        ray=None,
+        workers=None,
+        max_retries=None,
     )
 
 
