@@ -116,6 +116,24 @@ def test_seeds_trials_and_indices_mean_what_they_mean_locally(core):
     assert result.episodes_requested == len(options["indices"])
 
 
+@pytest.mark.parametrize("core", CORES)
+def test_each_worker_may_step_its_lanes_in_local_worker_processes(core):
+    from rlmesh.cluster.coordinator import has_process_lanes
+
+    options = {"episodes": 12, "seed": 5, "num_envs": 2, "max_episode_steps": 40, "core": core}
+    if not has_process_lanes():
+        with pytest.raises(ValueError, match=r"processes_per_worker=2 .* \(rlmesh.lanes.process\)"):
+            rlmesh.run(workers.balance, "CartPole-v1", cluster="ray", processes_per_worker=2,
+                       **options)  # fmt: skip
+        return
+    reference = rlmesh.run(workers.balance, "CartPole-v1", **options)
+    result = rlmesh.run(
+        workers.balance, "CartPole-v1", cluster="ray", workers=1, processes_per_worker=2,
+        **options,
+    )  # fmt: skip
+    assert episodes_of(result) == episodes_of(reference)
+
+
 # ---------------------------------------------------------------------------- faults
 
 

@@ -26,6 +26,7 @@ on the workers: they are refused.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import math
 import time
@@ -105,6 +106,12 @@ async def run_on_cluster(
         RlmeshError: a window's run failed (the worker's error, as a local run raises it).
     """
     ray = require_ray()
+    if placement.processes_per_worker is not None and not has_process_lanes():
+        raise ValueError(
+            f"processes_per_worker={placement.processes_per_worker} gives each worker's run "
+            "that many process lanes (its workers=), which this rlmesh does not have "
+            "(rlmesh.lanes.process); leave it out to step each worker's lanes in its own process"
+        )
     dispatcher = HookDispatcher(hooks)
     _refuse_hooks_beside_the_envs(dispatcher)
     core = core or core_name()
@@ -121,6 +128,11 @@ async def run_on_cluster(
         ray, job, env, settings, placement, dispatcher, results, success_rule, core
     )
     return await coordinator.execute()
+
+
+def has_process_lanes() -> bool:
+    """Whether this rlmesh has process lanes, which ``processes_per_worker`` needs."""
+    return importlib.util.find_spec("rlmesh.lanes.process") is not None
 
 
 def _window_arguments(

@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field, fields
 
 from ..results import RunResult
@@ -105,9 +106,10 @@ class ClusterReport:
 
     @property
     def dispatch_s_per_window(self) -> float:
-        """Ray's scheduling and transport per completed window (``WindowStats.dispatch_s``)."""
+        """Ray's scheduling and transport per completed window (``WindowStats.dispatch_s``),
+        the median: a worker's first window also waits for its process to start and import."""
         done = [window.dispatch_s for window in self.windows if not window.lost]
-        return math.fsum(done) / len(done) if done else math.nan
+        return statistics.median(done) if done else math.nan
 
     def to_dict(self) -> dict:
         """The report as plain values (``rlmesh.results.dumps`` writes it as strict JSON),
