@@ -3,7 +3,8 @@
 Commands:
 
 - ``rlmesh eval POLICY --env ID [...]``: run the evaluation, optionally into a results file
-  (``--out``) that survives a crash and can be resumed (``--resume``);
+  (``--out``) that survives a crash and can be resumed (``--resume``), and with ``--ray
+  [ADDRESS] --workers K`` across a Ray cluster (``rlmesh.cluster``);
 - ``rlmesh demo``: ``eval`` of a built-in CartPole heuristic over 8 lanes and 100 episodes;
 - ``rlmesh report FILE``: the summary table of a results file alone.
 
