@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -17,6 +18,12 @@ import rlmesh
 def balance(obs):
     """CartPole: push toward the side the pole falls to."""
     return int(obs[2] + 0.3 * obs[3] > 0)
+
+
+def slow_balance(obs):
+    """``balance``, taking a millisecond a step, as a policy on a GPU might."""
+    time.sleep(0.001)
+    return balance(obs)
 
 
 class BalanceChunks(rlmesh.Model):

@@ -214,11 +214,60 @@ def test_episodes_land_in_the_results_file_as_they_complete(core, tmp_path):
     assert result.summary()["episodes"] == EPISODES
     local = rlmesh.run(
         workers.balance, "CartPole-v1", episodes=EPISODES, seed=5, core=core,
-        max_episode_steps=60, results_path=tmp_path / "local.jsonl",
+        max_episode_steps=60,
     )  # fmt: skip
     assert episodes_of(result) == episodes_of(local)
-    # One header for both: a file started on a cluster resumes on one process and back.
-    assert read_results(tmp_path / "local.jsonl")[0] == header
+    again = rlmesh.run(
+        workers.balance, "CartPole-v1", episodes=EPISODES, seed=5, core=core,
+        max_episode_steps=60, cluster="ray", results_path=out, resume=True,
+    )  # fmt: skip
+    assert again.cluster is None and episodes_of(again) == episodes_of(local)  # nothing ran
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_a_windows_episodes_land_as_they_complete_not_when_it_ends(core):
+    landed = []
+
+    class When(rlmesh.RunHooks):
+        def on_episode_end(self, result):
+            landed.append(time.perf_counter())
+
+    # One window of 20 episodes, one after another on one lane, each of 60 steps of 1 ms or
+    # more: the last completes at least a second after the first.
+    rlmesh.run(
+        workers.slow_balance, "CartPole-v1", episodes=20, seed=5, core=core,
+        max_episode_steps=60, cluster="ray", workers=1, window_episodes=20, hooks=When(),
+    )  # fmt: skip
+    assert len(landed) == 20 and landed[-1] - landed[0] > 1.0
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_a_run_started_on_one_process_resumes_on_the_cluster_running_only_the_rest(core, tmp_path):
+    out = tmp_path / "results.jsonl"
+    options = {"episodes": EPISODES, "seed": 5, "core": core, "max_episode_steps": 60}
+    rlmesh.run(workers.balance, "CartPole-v1", indices=range(10), results_path=out, **options)
+    result = rlmesh.run(
+        workers.balance, "CartPole-v1", cluster="ray", workers=2, results_path=out,
+        resume=True, **options,
+    )  # fmt: skip
+    assert sum(w.episodes for w in result.cluster.per_worker) == EPISODES - 10
+    reference = rlmesh.run(workers.balance, "CartPole-v1", **options)
+    assert episodes_of(result) == episodes_of(reference)
+    _, on_file = read_results(out)
+    assert [e.index for e in on_file] == list(range(EPISODES))
+
+
+def test_the_cli_progress_bar_counts_every_episode_across_the_cluster():
+    from rlmesh.cli import _EpisodeSink, _Progress, _Throughput
+
+    progress = _Progress(EPISODES, enabled=False)
+    result = rlmesh.run(
+        workers.balance, "CartPole-v1", episodes=EPISODES, seed=5, max_episode_steps=60,
+        cluster="ray", workers=2, hooks=[_EpisodeSink(progress), _Throughput(progress)],
+    )  # fmt: skip
+    assert sorted(progress.rewards) == sorted(e.reward for e in result.episodes)
+    assert progress.lane_steps_per_s > 0
+    assert progress.status().endswith("success 0.0%")  # CartPole-v1 at 60 steps: below 475
 
 
 @pytest.mark.parametrize("core", CORES)
@@ -396,7 +445,10 @@ def test_cli_ctrl_c_then_resume_equals_an_uninterrupted_run(ray_cluster, tmp_pat
         capture_output=True, text=True, timeout=60, cwd=tmp_path,
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr
-    assert json.loads(resumed.stdout)["episodes"] == 40
+    summary = json.loads(resumed.stdout)
+    assert summary["episodes"] == 40
+    ran = sum(worker["episodes"] for worker in summary["cluster"]["per_worker"])
+    assert ran == 40 - len(partial)  # only the missing episodes ran again
     reference = tmp_path / "local.jsonl"
     local = [str(reference) if a == str(out) else a for a in argv[: argv.index("--ray")]]
     assert main([*local, "--no-progress"]) == 0

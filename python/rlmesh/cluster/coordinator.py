@@ -26,6 +26,7 @@ on the workers: they are refused.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import logging
 import math
@@ -389,7 +390,10 @@ class Coordinator:
                         pending.extendleft(self._again(window, lost))
         finally:
             for window in running.values():
-                ray.cancel(window.generator, force=True)
+                # Forced: its local run is on a thread, which only its process's end stops. A
+                # task that already ended, or lost its worker, has nothing left to stop.
+                with contextlib.suppress(Exception):
+                    ray.cancel(window.generator, force=True)
             for future in running:
                 future.cancel()
             if running:
