@@ -43,6 +43,7 @@ import numpy as np
 import rlmesh
 from cartpole import SEEDS, VECTOR_EPISODES
 from ratios import format_time
+from rlmesh.cluster.windows import window_sizes
 from rlmesh.core import load_core
 from test_bench_actions import actions_workload
 from test_bench_assembly import IMAGE_LANES, CopyFloor, FrameStackRound, ImageRound
@@ -521,12 +522,12 @@ def cluster_rows(settings: Settings) -> list[Row]:
 def extrapolation(single: rlmesh.RunResult, clustered: Any, cluster_s: float) -> dict:
     """The speed-up ``workers`` would give, from the measured per-window costs.
 
-    Model: a run of M episodes of mean work ``w`` (their own wall time), cut into ``n = 4 W``
-    windows for W workers, takes ``(M w + n (f + d)) / W`` on the workers, where ``f`` is a
-    window's set-up inside its task (its ``task_s`` less its episodes' time) and ``d`` Ray's
-    dispatch; the coordinator's own time ``c`` a window is serial, so it bounds the rate at
-    ``1 / c`` windows a second however many workers there are. Ray's start-up is left out: a
-    cluster that serves many runs starts once.
+    Model: M episodes of mean work ``w`` (their own wall time), dealt to W workers as the
+    ``n`` windows ``window_sizes`` cuts, take ``(M w + n (f + d)) / W`` on the workers, where
+    ``f`` is a window's set-up inside its task (its ``task_s`` less its episodes' time) and
+    ``d`` Ray's dispatch. The coordinator's own time ``c`` a window is serial, so it bounds the
+    rate at ``1 / c`` windows a second however many workers there are. Ray's start-up is left
+    out: a cluster that serves many runs starts once.
     """
     report = clustered.cluster
     episodes = single.num_episodes
@@ -538,12 +539,12 @@ def extrapolation(single: rlmesh.RunResult, clustered: Any, cluster_s: float) ->
     one_process = episodes * work
     predicted = []
     for workers in (2, 8, 32, 128):
-        windows = 4 * workers
+        windows = len(window_sizes(episodes, workers, None))
         parallel = (episodes * work + windows * (setup + dispatch)) / workers
         predicted.append(f"{workers}: {one_process / max(parallel, windows * coordinator):.1f}x")
     text = (
         f"extrapolated speed-up of {episodes} such episodes on W workers (start-up excluded; "
-        f"(M w + 4W (f + d)) / W): {', '.join(predicted)}; the coordinator caps it at "
+        f"(M w + n (f + d)) / W): {', '.join(predicted)}; the coordinator caps it at "
         f"{1 / coordinator:,.0f} windows/s"
         if coordinator > 0
         else "no coordinator time"

@@ -15,7 +15,7 @@ import pytest
 import rlmesh
 from rlmesh.cluster import MergeIncompleteError, deal_windows
 from rlmesh.cluster.coordinator import missing_from_merge
-from rlmesh.cluster.windows import default_window_episodes, shuffled
+from rlmesh.cluster.windows import shuffled, window_sizes
 from rlmesh.results import EpisodeResult, RunResult
 from rlmesh.settings import check_cluster_settings
 
@@ -76,19 +76,19 @@ def test_run_checks_the_cluster_arguments_before_anything_runs():
 
 
 def test_windows_cover_every_index_once_each_ascending():
-    windows = deal_windows(range(37), 5, seed=5)
+    windows = deal_windows(range(37), window_sizes(37, 2, None, 5), seed=5)
     assert [len(window) for window in windows] == [5] * 7 + [2]
     assert sorted(index for window in windows for index in window) == list(range(37))
     assert all(list(window) == sorted(window) for window in windows)
 
 
 def test_the_shuffle_is_seeded_and_spreads_a_contiguous_range():
-    assert deal_windows(range(40), 10, seed=1) == deal_windows(range(40), 10, seed=1)
-    assert deal_windows(range(40), 10, seed=1) != deal_windows(range(40), 10, seed=2)
+    assert deal_windows(range(40), [10] * 4, seed=1) == deal_windows(range(40), [10] * 4, seed=1)
+    assert deal_windows(range(40), [10] * 4, seed=1) != deal_windows(range(40), [10] * 4, seed=2)
     # Ten hard episodes in a row land in more than two of the four windows, where contiguous
     # windows would put them all in one.
     hard = set(range(10, 20))
-    holding = [window for window in deal_windows(range(40), 10, seed=1) if hard & set(window)]
+    holding = [window for window in deal_windows(range(40), [10] * 4, seed=1) if hard & set(window)]
     assert len(holding) > 2
 
 
@@ -99,10 +99,16 @@ def test_the_shuffle_is_the_documented_mixing_function():
     assert keys == sorted(keys)
 
 
-def test_default_window_size_gives_about_four_windows_a_worker_and_work_to_every_lane():
-    assert default_window_episodes(400, 2, None) == 50
-    assert default_window_episodes(37, 3, 8) == 8
-    assert default_window_episodes(3, 4, None) == 1
+def test_default_windows_shrink_so_the_workers_finish_together():
+    sizes = window_sizes(400, 2, None)
+    assert sum(sizes) == 400 and sizes == sorted(sizes, reverse=True)
+    assert sizes[0] == 100 and min(sizes) == 13  # a quarter, then down to 1/16 of a share
+    assert min(window_sizes(37, 3, 8)) >= 5 and window_sizes(37, 3, 8)[0] == 8  # a lane each
+    assert window_sizes(3, 4, None) == [1, 1, 1]
+
+
+def test_a_window_size_given_is_every_windows_but_the_last():
+    assert window_sizes(37, 2, 4, window_episodes=5) == [5] * 7 + [2]
 
 
 # ---------------------------------------------------------------------------- the merge

@@ -165,7 +165,8 @@ async def arun(
             process already started (``ray.init``).
         max_retries: times a window whose worker died is run again elsewhere, with the same
             seeds (default 3); then the run fails with ``rlmesh.cluster.WorkerLostError``.
-        window_episodes: episodes per window (default: about four windows per worker).
+        window_episodes: episodes per window (default: half a worker's share of the episodes
+            not yet dealt, shrinking toward the end so the workers finish together).
         processes_per_worker: each worker's local run steps its lanes in this many processes
             (its ``workers=``; needs process lanes); its task then takes as many CPUs.
 

@@ -48,7 +48,7 @@ from . import require_ray
 from .errors import ClusterError, MergeIncompleteError, WindowFailedError, WorkerLostError
 from .job import Landed, WindowDone, WindowJob, make_job
 from .report import ClusterReport, ClusterRunResult, WindowStats
-from .windows import deal_windows, default_window_episodes
+from .windows import deal_windows, window_sizes
 from .worker import run_window
 
 # How Ray says a task's worker went away (the process died, its node or raylet was lost, the
@@ -184,6 +184,7 @@ class _Window:
     indices: tuple[int, ...]
     attempt: int = 0
     generator: Any = None  # the Ray task's stream of messages, while it runs
+    submitted: float = 0.0  # when its task was submitted (perf_counter)
 
 
 class _RayConnection:
@@ -363,12 +364,12 @@ class Coordinator:
         ray, placement = self.ray, self.placement
         cpus = placement.processes_per_worker or 1
         workers = placement.workers or max(1, int(ray.cluster_resources().get("CPU", 1)) // cpus)
-        size = placement.window_episodes or default_window_episodes(
-            len(to_run), workers, self.settings.num_envs
+        sizes = window_sizes(
+            len(to_run), workers, self.settings.num_envs, placement.window_episodes
         )
         pending = deque(
             _Window(number, indices)
-            for number, indices in enumerate(deal_windows(to_run, size, self.settings.base_seed))
+            for number, indices in enumerate(deal_windows(to_run, sizes, self.settings.base_seed))
         )
         self.workers = min(workers, len(pending))
         task = ray.remote(run_window).options(num_cpus=cpus, max_retries=0)
@@ -379,9 +380,12 @@ class Coordinator:
         try:
             while pending or running:
                 while pending and len(running) < self.workers:
+                    began = time.perf_counter_ns()
                     window = pending.popleft()
                     window.generator = task.remote(job, list(window.indices))
+                    window.submitted = time.perf_counter()
                     running[asyncio.ensure_future(self._follow(window))] = window
+                    self.coordinator_ns += time.perf_counter_ns() - began
                 finished, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 for future in finished:
                     window = running.pop(future)
@@ -422,7 +426,6 @@ class Coordinator:
 
     async def _follow(self, window: _Window) -> BaseException | None:
         """Merge a window's messages as they arrive; the error if its worker was lost."""
-        submitted = time.perf_counter()
         worker, episodes, steps = "unknown", 0, 0
 
         def ended(task_s: float, lost: bool = False) -> None:
@@ -434,7 +437,7 @@ class Coordinator:
                     episodes=episodes,
                     steps=steps,
                     task_s=task_s,
-                    wall_s=time.perf_counter() - submitted,
+                    wall_s=time.perf_counter() - window.submitted,
                     lost=lost,
                 )
             )
