@@ -11,8 +11,10 @@ calls long enough to dwarf the timer.
 
 Sections: the core micro-benchmarks (Rust vs Python core), end to end (``rlmesh.run`` vs a
 hand-written loop of the same policy and seeds), chunked runs, the summary of a 1M-episode
-results file against its time and memory budget, a served env over loopback against the same
-run in-process, and with ``--peer`` the
+results file against its time and memory budget, a CPU-heavy env in worker processes against
+the same env in this process and a hand-written ``AsyncVectorEnv`` loop, the same env on one
+process vs a local Ray cluster (``cluster="ray"``, one run a side, Ray's start-up included), a
+served env over loopback against the same run in-process, and with ``--peer`` the
 published ``rlmesh==0.1.0`` (run in its own virtual environment, see ``peer.py``). Each row
 gives its workload, both figures, the ratio (how many times better rlmesh's side is) and the
 target from the issues, and says MISSED where the ratio falls short. Targets are reported,
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -36,6 +39,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import rlmesh
@@ -43,10 +47,18 @@ from bench_remote_model import DRIVERS, EPISODES_PER_DRIVER
 from bench_remote_model import measure as measure_served_model
 from cartpole import SEEDS, VECTOR_EPISODES
 from ratios import format_time
+from rlmesh.cluster.windows import window_sizes
 from rlmesh.core import load_core
 from test_bench_actions import actions_workload
 from test_bench_assembly import IMAGE_LANES, CopyFloor, FrameStackRound, ImageRound
 from test_bench_chunks import ChunkRound
+from test_bench_cluster_ray import (
+    CLUSTER_EPISODES,
+    CLUSTER_WORKERS,
+    per_episode,
+    run_cluster,
+    run_single,
+)
 from test_bench_driver import (
     NULL_EPISODES_PER_LANE,
     NULL_LANES,
@@ -102,6 +114,7 @@ class Settings:
     summary_samples: int  # fresh processes summarizing the 1M-episode file
     cpu_episodes: int  # episodes of the CPU-heavy env (8 lanes, 40..119 steps each)
     process_cartpole_episodes: int  # CartPole episodes over 16 process lanes
+    cluster_episodes: int  # CPU-heavy episodes, one process vs a local Ray cluster
 
 
 FULL = Settings(
@@ -113,6 +126,7 @@ FULL = Settings(
     summary_samples=5,
     cpu_episodes=48,
     process_cartpole_episodes=64,
+    cluster_episodes=CLUSTER_EPISODES,
 )
 QUICK = Settings(
     repeats=3,
@@ -123,6 +137,7 @@ QUICK = Settings(
     summary_samples=1,
     cpu_episodes=8,
     process_cartpole_episodes=16,
+    cluster_episodes=16,
 )
 
 
@@ -626,6 +641,78 @@ def summary_rows(settings: Settings) -> list[Row]:
     ]  # fmt: skip
 
 
+def cluster_rows(settings: Settings) -> list[Row]:
+    """The CPU-heavy env's episodes on one process, then on a local Ray cluster of
+    ``CLUSTER_WORKERS`` workers started inside the timed run (one run a side: a sample lasts
+    minutes), with the start-up, the per-window costs and the extrapolation to more workers."""
+    section = f"scale-out: one process vs cluster='ray', workers={CLUSTER_WORKERS}, lane-steps/s"
+    episodes = settings.cluster_episodes
+    try:
+        import ray  # noqa: F401 - only whether it imports
+    except ImportError:
+        note = 'skipped: Ray is not installed (pip install "rlmesh[ray]")'
+        return [Row(section, "CPU-heavy env", "one process", None, "cluster", None, "steps/s",
+                    note=note)]  # fmt: skip
+    started = time.perf_counter()
+    single = run_single(episodes)
+    single_s = time.perf_counter() - started
+    started = time.perf_counter()
+    clustered = run_cluster(episodes)
+    cluster_s = time.perf_counter() - started
+    report = clustered.cluster
+    steps = single.total_steps
+    step_ms = math.fsum(e.duration_s for e in single.episodes) / steps * 1e3
+    equal = "equal" if per_episode(clustered) == per_episode(single) else "DIFFER"
+    workload = f"CPU-heavy env ({step_ms:.2f} ms a step), {episodes} episodes"
+    model = extrapolation(single, clustered, cluster_s)
+    return [
+        Row(section, workload + ", Ray start-up included", "one process", steps / single_s,
+            "cluster", steps / cluster_s, "steps/s", 1.6,
+            note=f"Ray start-up {report.startup_s:.1f} s of the cluster's {cluster_s:.1f} s "
+            f"(one process: {single_s:.1f} s); per-episode results {equal} the one-process "
+            f"run's"),
+        Row(section, workload + ", Ray start-up excluded", "one process", steps / single_s,
+            "cluster", steps / (cluster_s - report.startup_s), "steps/s",
+            note=f"{len(report.windows)} windows; per window: coordinator "
+            f"{report.coordinator_s_per_window * 1e3:.2f} ms, Ray dispatch "
+            f"{report.dispatch_s_per_window * 1e3:.0f} ms, set-up in the task "
+            f"{model['setup_s'] * 1e3:.0f} ms; {model['text']}"),
+    ]  # fmt: skip
+
+
+def extrapolation(single: rlmesh.RunResult, clustered: Any, cluster_s: float) -> dict:
+    """The speed-up ``workers`` would give, from the measured per-window costs.
+
+    Model: M episodes of mean work ``w`` (their own wall time), dealt to W workers as the
+    ``n`` windows ``window_sizes`` cuts, take ``(M w + n (f + d)) / W`` on the workers, where
+    ``f`` is a window's set-up inside its task (its ``task_s`` less its episodes' time) and
+    ``d`` Ray's dispatch. The coordinator's own time ``c`` a window is serial, so it bounds the
+    rate at ``1 / c`` windows a second however many workers there are. Ray's start-up is left
+    out: a cluster that serves many runs starts once.
+    """
+    report = clustered.cluster
+    episodes = single.num_episodes
+    work = math.fsum(e.duration_s for e in single.episodes) / episodes
+    done = [window for window in report.windows if not window.lost]
+    in_tasks = math.fsum(window.task_s for window in done)
+    setup = max(in_tasks - math.fsum(e.duration_s for e in clustered.episodes), 0.0) / len(done)
+    dispatch, coordinator = report.dispatch_s_per_window, report.coordinator_s_per_window
+    one_process = episodes * work
+    predicted = []
+    for workers in (2, 8, 32, 128):
+        windows = len(window_sizes(episodes, workers, None))
+        parallel = (episodes * work + windows * (setup + dispatch)) / workers
+        predicted.append(f"{workers}: {one_process / max(parallel, windows * coordinator):.1f}x")
+    text = (
+        f"extrapolated speed-up of {episodes} such episodes on W workers (start-up excluded; "
+        f"(M w + n (f + d)) / W): {', '.join(predicted)}; the coordinator caps it at "
+        f"{1 / coordinator:,.0f} windows/s"
+        if coordinator > 0
+        else "no coordinator time"
+    )
+    return {"setup_s": setup, "text": text}
+
+
 def peer_python() -> Path:
     """The peer venv's Python: ``<tmp>/rlmesh-peer-0.1.0``, created and installed on first use.
 
@@ -824,7 +911,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = core_rows(settings)
     driver, ours = end_to_end_rows(settings)
     rows += driver + chunked_rows(settings) + process_lanes_rows(settings) + summary_rows(settings)
-    rows += remote_rows(settings, args.peer) + served_model_rows(settings)
+    rows += cluster_rows(settings) + remote_rows(settings, args.peer) + served_model_rows(settings)
     if args.peer:
         rows += peer_rows(settings, ours)
     elapsed = time.perf_counter() - started

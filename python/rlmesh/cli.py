@@ -3,7 +3,8 @@
 Commands:
 
 - ``rlmesh eval POLICY --env ID [...]``: run the evaluation, optionally into a results file
-  (``--out``) that survives a crash and can be resumed (``--resume``);
+  (``--out``) that survives a crash and can be resumed (``--resume``), and with ``--ray
+  [ADDRESS] --workers K`` across a Ray cluster (``rlmesh.cluster``);
 - ``rlmesh demo``: ``eval`` of a built-in CartPole heuristic over 8 lanes and 100 episodes;
 - ``rlmesh report FILE``: the summary table of a results file alone;
 - ``rlmesh serve env ID_OR_FACTORY``: serve an env over rlmesh-wire-v1 until SIGINT / SIGTERM.
@@ -445,7 +446,28 @@ class _Throughput(RuntimeHooks):
 # ---------------------------------------------------------------------------- commands
 
 
+def _cluster_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """``run``'s cluster arguments from ``--ray [ADDRESS]`` and ``--max-retries`` (none without
+    ``--ray``; ``--workers`` goes to ``run`` either way); a ``UsageError`` if Ray is missing."""
+    if args.ray is None:
+        if args.max_retries is not None:
+            raise UsageError("rlmesh eval: error: --max-retries needs --ray [ADDRESS]")
+        return {}
+    from .cluster import require_ray
+
+    try:
+        require_ray("--ray")
+    except ImportError as exc:
+        raise UsageError(str(exc)) from None
+    return {
+        "cluster": "ray",
+        "ray_address": args.ray or None,  # a bare --ray: a local Ray instance
+        "max_retries": args.max_retries,
+    }
+
+
 def _eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    cluster = _cluster_arguments(args)
     check_env(args.env)
     seeds = read_seeds(args.seeds) if args.seeds is not None else None
     episodes = args.episodes or (len(seeds) if seeds is not None else 100)
@@ -496,7 +518,8 @@ def _eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
     try:
         result = _interruptible(
             driver.run,
-            policy,
+            # A cluster's workers load the policy by its name, as this process did.
+            policy if not cluster else args.policy,
             env,
             seeds=seeds,
             episodes=episodes,
@@ -522,6 +545,7 @@ def _eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 "policy_sha256": policy_sha256,
                 "env_kwargs": args.env_kwargs,
             },
+            **cluster,
         )
     except ResultsFileError as exc:
         raise UsageError(str(exc)) from None
@@ -542,11 +566,17 @@ def _eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if status == EXIT_INTERRUPTED:
         _interrupted(args, argv)
         return status
+    report = getattr(result, "cluster", None)
     if args.out is not None:
         _, result, _ = read_run(args.out)
     elif result is None:
         return status
-    _print_summary(result.summary(), as_json=args.json)
+    summary = result.summary()
+    if report is not None and args.json:
+        summary["cluster"] = report.to_dict()
+    _print_summary(summary, as_json=args.json)
+    if report is not None and not args.json:
+        print(report.format())
     return status
 
 
@@ -669,8 +699,9 @@ def _add_run_options(parser: argparse.ArgumentParser, *, episodes: int | None) -
     parser.add_argument(
         "--workers",
         type=_positive_int,
-        default=1,
-        help="worker processes stepping the lanes (default 1: the lanes run in this process)",
+        metavar="W",
+        help="worker processes stepping the lanes (default 1: the lanes run in this process); "
+        "with --ray, the Ray workers running windows of episodes at once (default: one per CPU)",
     )
     parser.add_argument(
         "--restart-workers",
@@ -688,6 +719,31 @@ def _add_run_options(parser: argparse.ArgumentParser, *, episodes: int | None) -
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--core", choices=("rust", "python"), help="the core (default: active)")
+
+
+def _non_negative_int(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
+    return int(text)
+
+
+def _add_cluster_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        metavar="ADDRESS",
+        help="run the episodes across a Ray cluster: join ADDRESS ('auto', 'host:6379', "
+        "'ray://host:10001'), or without one start a local Ray instance with this machine's "
+        "CPUs (needs the ray extra)",
+    )
+    parser.add_argument(
+        "--max-retries",
+        type=_non_negative_int,
+        metavar="N",
+        help="with --ray: times a window whose worker died runs again elsewhere, with the same "
+        "seeds, before the run fails (default 3)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -763,6 +819,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --resume: continue although the policy's source file changed (recorded)",
     )
+    _add_cluster_options(evaluate)
     _add_run_options(evaluate, episodes=None)
 
     demo = commands.add_parser(
@@ -973,6 +1030,8 @@ def _demo_args(args: argparse.Namespace) -> argparse.Namespace:
         out=None,
         resume=False,
         allow_changed_policy=False,
+        ray=None,
+        max_retries=None,
     )
 
 
@@ -1006,7 +1065,11 @@ def _main(argv: list[str]) -> int:
         warnings.showwarning = _show_warning
         try:
             args = build_parser().parse_args(argv)
-            if args.command in ("eval", "demo") and args.restart_workers and args.workers < 2:
+            if (
+                args.command in ("eval", "demo")
+                and args.restart_workers
+                and (args.workers or 1) < 2
+            ):
                 raise UsageError(
                     f"rlmesh {args.command}: error: --restart-workers needs --workers 2 or more "
                     f"(with --workers 1 the envs run in this process)"

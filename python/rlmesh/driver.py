@@ -44,7 +44,7 @@ from .hooks import HookDispatcher, StepEvent
 from .lanes import Lanes, StepBatch, make_lanes
 from .model import ModelHandler
 from .results import EpisodeResult, ResultsFile, RunResult
-from .settings import RunSettings, check_settings
+from .settings import RunSettings, check_cluster_settings, check_settings
 from .success import SuccessRule, rule_for
 from .telemetry import Telemetry
 from .utils import env_label, map_leaves, shares
@@ -80,6 +80,13 @@ def run(model: Any, env: Any, **kwargs: Any) -> RunResult:
     return returned[0]
 
 
+def _local_workers(workers: int | None, cluster: str | None, per_worker: int | None) -> Any:
+    """The process lanes of this process's run: ``workers`` (None: 1), or with a cluster,
+    whose ``workers`` counts Ray workers, each worker's ``processes_per_worker``."""
+    local = per_worker if cluster is not None else workers
+    return 1 if local is None else local
+
+
 async def arun(
     model: Any,
     env: Any,
@@ -103,8 +110,13 @@ async def arun(
     run_info: dict[str, Any] | None = None,
     allow_changed_policy: bool = False,
     success: Any = None,
-    workers: int = 1,
+    workers: int | None = None,
     restart_workers: int = 0,
+    cluster: str | None = None,
+    ray_address: str | None = None,
+    max_retries: int | None = None,
+    window_episodes: int | None = None,
+    processes_per_worker: int | None = None,
 ) -> RunResult:
     """Evaluate ``model`` on ``env``: the coroutine behind ``rlmesh.run``.
 
@@ -150,11 +162,28 @@ async def arun(
             >= the env spec's ``reward_threshold``, else success is not available (None).
             Recorded in the results file header, checked on resume.
         workers: run the lanes in this many worker processes (``rlmesh.lanes.ProcessLanes``;
-            ``env`` an id or a picklable factory). The default 1 keeps them in this process.
-            Results are the same for any number of workers.
+            ``env`` an id or a picklable factory). The default (None, 1) keeps them in this
+            process. Results are the same for any number of workers. With ``cluster="ray"``
+            it counts Ray workers instead (see below).
         restart_workers: with ``workers > 1``, restart a worker that dies up to this many
             times, replaying its episodes in flight, so the results equal an uninterrupted
             run; 0 (default): a dead worker raises ``EnvError``.
+        cluster: ``"ray"`` runs the episodes across a Ray cluster (``rlmesh.cluster``, the
+            ``ray`` extra): windows of episode indices, each run by this driver on a worker,
+            merged by index, equal to this run on one process. ``model`` may then also be a
+            ``"path/to/file.py:Name"`` or ``"package.module:Name"`` the workers load, and
+            ``env`` must be a Gymnasium id or a picklable factory.
+        workers (with ``cluster="ray"``): the Ray workers, windows run at once, each a task
+            of one CPU (default: one per CPU of the cluster).
+        ray_address: the Ray cluster to join (``"auto"``, ``"host:6379"``, ``"ray://..."``);
+            None starts a local Ray instance with this machine's CPUs, or uses the one this
+            process already started (``ray.init``).
+        max_retries: times a window whose worker died is run again elsewhere, with the same
+            seeds (default 3); then the run fails with ``rlmesh.cluster.WorkerLostError``.
+        window_episodes: episodes per window (default: half a worker's share of the episodes
+            not yet dealt, shrinking toward the end so the workers finish together).
+        processes_per_worker: each worker's local run steps its lanes in this many processes
+            (its ``workers=``; needs process lanes); its task then takes as many CPUs.
 
     Returns:
         The ``RunResult``: M episodes sorted by index (with ``results_path``, every episode in
@@ -177,9 +206,33 @@ async def arun(
         timeouts=timeouts,
         close_env=close_env,
         indices=indices,
-        workers=workers,
+        workers=_local_workers(workers, cluster, processes_per_worker),
         restart_workers=restart_workers,
     )
+    placement = check_cluster_settings(
+        cluster=cluster,
+        workers=workers,
+        ray_address=ray_address,
+        max_retries=max_retries,
+        window_episodes=window_episodes,
+        processes_per_worker=processes_per_worker,
+    )
+    if placement is not None:
+        from .cluster import run_on_cluster  # Ray is imported only by runs that ask for it
+
+        return await run_on_cluster(
+            model,
+            env,
+            settings,
+            placement,
+            hooks=hooks,
+            core=core,
+            results_path=results_path,
+            resume=resume,
+            run_info=run_info,
+            allow_changed_policy=allow_changed_policy,
+            success=success,
+        )
     success_rule = rule_for(success, env)
     results = None
     if results_path is not None:

@@ -23,6 +23,10 @@ from .utils import positive_int, positive_seconds
 TIMEOUT_OPS = ("reset", "step", "predict")
 """The operations ``timeouts=`` may limit."""
 
+CLUSTERS = ("ray",)
+"""What ``cluster=`` may name."""
+DEFAULT_MAX_RETRIES = 3
+
 
 @dataclass(frozen=True)
 class RunSettings:
@@ -121,4 +125,88 @@ def check_settings(
         indices=None if indices is None else list(indices),
         workers=workers,
         restart_workers=int(restart_workers),
+    )
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """The checked scale-out arguments of a run with ``cluster=`` (``rlmesh.cluster``).
+
+    ``workers`` is how many windows run at once, each a Ray task on one worker (None: one per
+    CPU of the cluster); ``processes_per_worker`` is handed to each worker's local run as its
+    ``workers=`` (process lanes); ``window_episodes`` is the episodes per window (None: the
+    coordinator picks).
+    """
+
+    cluster: str
+    workers: int | None
+    ray_address: str | None
+    max_retries: int
+    window_episodes: int | None
+    processes_per_worker: int | None
+
+
+def check_cluster_settings(
+    *,
+    cluster: str | None,
+    workers: int | None,
+    ray_address: str | None,
+    max_retries: int | None,
+    window_episodes: int | None,
+    processes_per_worker: int | None,
+) -> ClusterSettings | None:
+    """The scale-out arguments checked: None for a run on this process alone; ValueError
+    otherwise.
+
+    With ``cluster="ray"``, ``workers`` counts Ray workers (windows in flight at once); the
+    local process lanes of each worker are ``processes_per_worker``.
+
+    Example:
+        >>> check_cluster_settings(cluster="ray", workers=2, ray_address=None,
+        ...     max_retries=None, window_episodes=None, processes_per_worker=None).max_retries
+        3
+    """
+    if cluster is None:
+        # Without a cluster, workers= is the run's process lanes (check_settings checks it).
+        given = {
+            "ray_address": ray_address,
+            "max_retries": max_retries,
+            "window_episodes": window_episodes,
+            "processes_per_worker": processes_per_worker,
+        }
+        named = [name for name, value in given.items() if value is not None]
+        if named:
+            raise ValueError(
+                f"{', '.join(named)} {'needs' if len(named) == 1 else 'need'} a cluster: pass "
+                f"cluster='ray'"
+            )
+        return None
+    if cluster not in CLUSTERS:
+        raise ValueError(f"cluster must be one of {list(CLUSTERS)} or None, got {cluster!r}")
+    if ray_address is not None and (not isinstance(ray_address, str) or not ray_address):
+        raise ValueError(
+            f"ray_address must be a Ray cluster's address such as 'auto', '10.0.0.5:6379' or "
+            f"'ray://head:10001', or None to start a local Ray instance; got {ray_address!r}"
+        )
+    if max_retries is None:
+        max_retries = DEFAULT_MAX_RETRIES
+    if (
+        isinstance(max_retries, bool)
+        or not isinstance(max_retries, (int, np.integer))
+        or max_retries < 0
+    ):
+        raise ValueError(f"max_retries must be a non-negative integer, got {max_retries!r}")
+    return ClusterSettings(
+        cluster=cluster,
+        workers=None if workers is None else positive_int("workers", workers),
+        ray_address=ray_address,
+        max_retries=int(max_retries),
+        window_episodes=(
+            None if window_episodes is None else positive_int("window_episodes", window_episodes)
+        ),
+        processes_per_worker=(
+            None
+            if processes_per_worker is None
+            else positive_int("processes_per_worker", processes_per_worker)
+        ),
     )

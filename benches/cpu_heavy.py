@@ -1,0 +1,57 @@
+"""A CPU-heavy env, about 1 ms of pure-Python work per step, and its policy: the workload of
+the scale-out benchmarks (``test_bench_cluster_ray.py``), where the env, not rlmesh, is what a
+run spends its time on, as with a physics simulator.
+
+The work is a fixed count of integer operations, so a step costs the same CPU every time and
+its results are deterministic; episodes last 100 to 300 steps, drawn from their seed, so
+windows of episodes are uneven, as real tasks are. ``import cpu_heavy`` registers the env as
+``cpu_heavy:CpuHeavy-v0`` (the form ``gymnasium.make`` imports on a Ray worker too).
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+
+ENV_ID = "cpu_heavy:CpuHeavy-v0"
+WORK = 10_000  # integer operations a step: about 1 ms of CPU on the machine BENCHMARKS.md names
+SHORTEST, LONGEST = 100, 300  # steps an episode lasts, drawn from its seed
+
+
+def burn(work: int = WORK) -> int:
+    """``work`` rounds of integer hashing: CPU time that no cache or vector unit shortens."""
+    value = 0
+    for step in range(work):
+        value = (value * 31 + step) % 1_000_003
+    return value
+
+
+class CpuHeavyEnv(gym.Env):
+    """A 4-d drift the action pushes left or right; ``burn()`` once per step."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.length = int(self.np_random.integers(SHORTEST, LONGEST + 1))
+        self.state = self.np_random.normal(size=4).astype(np.float32)
+        self.steps = 0
+        return self.state.copy(), {}
+
+    def step(self, action):
+        burn()
+        self.steps += 1
+        push = np.float32(0.1 if action else -0.1)
+        self.state = (np.float32(0.95) * self.state + push).astype(np.float32)
+        reward = float(-abs(self.state[0]))
+        return self.state.copy(), reward, self.steps >= self.length, False, {}
+
+
+def policy(obs):
+    """Push the first coordinate back toward zero."""
+    return int(obs[0] < 0)
+
+
+if "CpuHeavy-v0" not in gym.registry:
+    gym.register("CpuHeavy-v0", entry_point=CpuHeavyEnv)
