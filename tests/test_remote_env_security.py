@@ -273,3 +273,67 @@ def test_a_contract_with_an_unknown_dtype_is_a_remote_error_naming_the_leaf():
         assert "observation_space" in message
     finally:
         server.stop(None)
+
+
+class _MaskEnv(service_pb2_grpc.EnvServiceServicer):
+    """A foreign two-lane server that answers every step with the masks it is given."""
+
+    def __init__(self, terminated: bytes, truncated: bytes) -> None:
+        self.masks = terminated, truncated
+
+    def Handshake(self, request, context):  # noqa: N802
+        contract = env_contract_pb2.EnvContract(
+            spec=env_contract_pb2.EnvSpec(
+                id="Masks-v0",
+                observation_space=space_spec(gym.spaces.Box(-1, 1, (1,), np.float32)),
+                action_space=space_spec(gym.spaces.Discrete(2)),
+            ),
+            num_envs=2,
+        )
+        base = handshake_response(request.base, "masks", {"subset_step": "true"})
+        return service_pb2.HandshakeResponse(base=base, env_contract=contract)
+
+    def Join(self, request_iterator, context):  # noqa: N802
+        observation = value_pb2.SpaceValue(leaves=[np.zeros(2, "<f4").tobytes()])
+        for request in request_iterator:
+            kind = request.WhichOneof("kind")
+            response = wire.JoinResponse(request_id=request.request_id)
+            if kind == "step":
+                response.step.observation.CopyFrom(observation)
+                response.step.rewards.extend([1.0, 1.0])
+                response.step.terminated_mask, response.step.truncated_mask = self.masks
+            else:
+                getattr(response, kind).SetInParent()
+                if kind == "reset":
+                    response.reset.observation.CopyFrom(observation)
+            yield response
+
+
+@pytest.mark.parametrize(
+    ("terminated", "truncated", "expected"),
+    [
+        (b"", b"", ([False, False], [False, False])),  # empty masks: no lane set
+        (b"\0\0", b"\0\0", ([False, False], [False, False])),
+        (b"\0\2", b"\1\0", ([False, True], [True, False])),  # any non-zero byte is set
+        (b"\0", b"\0\0", "terminated_mask has 1 bytes for 2 lanes"),
+    ],
+)
+def test_a_step_answer_masks_are_read_per_lane_and_a_wrong_length_is_malformed(
+    terminated, truncated, expected
+):
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    service_pb2_grpc.add_EnvServiceServicer_to_server(_MaskEnv(terminated, truncated), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with rlmesh.RemoteEnv(f"127.0.0.1:{port}") as env:
+            env.reset(np.array([0, 1]), [0, 1], [None, None])
+            if isinstance(expected, str):
+                with pytest.raises(rlmesh.RemoteError, match=expected) as caught:
+                    env.step(np.array([0, 1]), np.array([0, 1]))
+                assert caught.value.code == "MALFORMED"
+            else:
+                batch = env.step(np.array([0, 1]), np.array([0, 1]))
+                assert (batch.terminated.tolist(), batch.truncated.tolist()) == expected
+    finally:
+        server.stop(None)

@@ -248,7 +248,7 @@ class RemoteEnv:
             raise self._malformed(
                 f"a step of lanes {lane_list} was answered for lanes {list(answer.env_indices)}"
             )
-        rewards = np.array(answer.rewards, dtype=np.float64)
+        rewards = np.array(list(answer.rewards), dtype=np.float64)
         if len(rewards) != count:
             raise self._malformed(f"a step of {count} lanes has {len(rewards)} rewards")
         return StepBatch(
@@ -356,10 +356,10 @@ class RemoteEnv:
         return split_rows(batch, count)
 
     def _mask(self, raw: bytes, count: int, name: str) -> np.ndarray:
-        if not raw:  # an empty mask: no lane set
-            return np.zeros(count, dtype=np.bool_)
-        if len(raw) != count:
+        if len(raw) not in (0, count):
             raise self._malformed(f"{name} has {len(raw)} bytes for {count} lanes")
+        if raw.count(0) == len(raw):  # empty or all zero (most rounds): no lane set
+            return np.zeros(count, dtype=np.bool_)
         return np.frombuffer(raw, dtype=np.uint8) != 0
 
     def _infos(self, infos: Any, count: int) -> list[dict[str, Any]]:

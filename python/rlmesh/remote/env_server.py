@@ -431,7 +431,8 @@ class Session:
         lanes = self._step_lanes(request.env_indices)
         count = len(lanes)
         running = self.running if count == self.num_lanes else self.running[lanes]
-        if not running.all():
+        # count_nonzero is a C call; ndarray.all() goes through Python-level numpy code.
+        if np.count_nonzero(running) != count:
             idle = ~running
             raise RequestError(
                 Code.ENV_ERROR_CODE_NOT_READY,
@@ -479,11 +480,12 @@ class Session:
         out.rewards.extend(rewards.tolist())
         out.terminated_mask = terminated.tobytes()
         out.truncated_mask = truncated.tobytes()
+        ended = np.count_nonzero(terminated) or np.count_nonzero(truncated)
         infos = self._encode_infos(batch.infos)
         if infos is not None:
             out.infos.CopyFrom(infos)
         out.env_indices.extend(request.env_indices)
-        if terminated.any() or truncated.any():
+        if ended:
             out.completed_episodes.extend(
                 self._complete(
                     int(lanes[row]),
