@@ -349,9 +349,12 @@ class SpaceCodec:
                 f"{where} has {len(raw)} bytes, expected {rows * row_bytes} ({rows} rows of "
                 f"{shape} {dtype})"
             )
-        array = np.frombuffer(raw, little)
-        # A copy either way: frombuffer over the message's bytes is read-only.
-        array = array.copy() if native else array.astype(dtype)
+        # A copy either way: frombuffer over the message's bytes is read-only. Read at the
+        # space's own dtype when it is the wire's, so the batch's dtype is exactly the space's.
+        if native:
+            array = np.frombuffer(raw, dtype).copy()
+        else:
+            array = np.frombuffer(raw, little).astype(dtype)
         return array.reshape((rows, *shape))
 
 
