@@ -86,6 +86,7 @@ from test_bench_remote_env import (
     ONE_LANE_SEEDS,
     REMOTE_EPISODES,
     REMOTE_LANES,
+    grpc_round_trip_us,
     our_server,
     rounds_of,
     run_local_lanes,
@@ -825,6 +826,7 @@ def remote_rows(settings: Settings, with_peer: bool) -> list[Row]:
                 settings.repeats,
             )
         overhead_us = (times["remote"] - times["local"]) / rounds * 1e6
+        floor_us = grpc_round_trip_us()  # right after, so it sees the same machine load
         rows.append(
             Row(
                 section,
@@ -836,7 +838,7 @@ def remote_rows(settings: Settings, with_peer: bool) -> list[Row]:
                 "steps/s",
                 0.4 if width > 1 else None,
                 note=f"wire overhead per round: {overhead_us:,.0f} us ({rounds} rounds, one "
-                f"StepRequest each)",
+                f"StepRequest each); a bare grpcio bidi round trip: {floor_us:,.0f} us",
             )
         )
         if with_peer:

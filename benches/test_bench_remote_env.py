@@ -6,7 +6,8 @@
 - the peer (``report.py --peer``): rlmesh 0.1.0's ``EnvServer`` in its own process, driven by
   0.1.0's own ``rlmesh.run`` (its ``Model.run``), both in 0.1.0's venv. This file is also that
   venv's script (``python test_bench_remote_env.py serve|drive ...``), so it imports nothing
-  of this package at module level.
+  of this package at module level;
+- the transport's floor: a bare grpcio bidi echo (``... ping-pong``), timed beside them.
 
 Run: ``pytest benches/test_bench_remote_env.py --benchmark-enable``.
 """
@@ -131,6 +132,58 @@ def test_remote_cartpole_sixteen_lanes(benchmark):
     assert result.total_steps == run_local_lanes().total_steps
 
 
+# ------------------------------------------------------------------------------ the floor
+
+PING_PONGS = 2000
+
+
+def _ping_pong_serve() -> None:
+    """A bare grpcio bidi echo (sync server), the transport a served env pays per round."""
+    from concurrent import futures
+
+    import grpc
+
+    def echo(requests, context):
+        context.send_initial_metadata(())
+        yield from requests
+
+    handler = grpc.method_handlers_generic_handler(
+        "floor.Echo", {"Join": grpc.stream_stream_rpc_method_handler(echo)}
+    )
+    server = grpc.server(futures.ThreadPoolExecutor(4))
+    server.add_generic_rpc_handlers([handler])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    print(f"tcp://127.0.0.1:{port}", flush=True)
+    server.wait_for_termination()
+
+
+def grpc_round_trip_us(count: int = PING_PONGS) -> float:
+    """Microseconds per round trip of a bare grpcio bidi stream over loopback (one small
+    message each way, a request queue feeding the stream as ``RemoteEnv`` does): the floor
+    under a served env's wire overhead per round on this machine, now."""
+    import queue
+
+    import grpc
+
+    with served([sys.executable, __file__, "ping-pong"]) as address:
+        channel = grpc.insecure_channel(address.removeprefix("tcp://"))
+        requests: queue.SimpleQueue = queue.SimpleQueue()
+        responses = channel.stream_stream("/floor.Echo/Join")(iter(requests.get, None))
+        message = b"x" * 64
+        requests.put(message)
+        next(responses)  # connected and warm
+        started = time.perf_counter()
+        for _ in range(count):
+            requests.put(message)
+            next(responses)
+        elapsed = time.perf_counter() - started
+        requests.put(None)
+        responses.cancel()
+        channel.close()
+    return elapsed / count * 1e6
+
+
 # ------------------------------------------------------------------------------ the peer's side
 
 
@@ -178,14 +231,16 @@ def main() -> None:
 
     warnings.simplefilter("ignore")
     parser = argparse.ArgumentParser(description="the peer's side of the served-env bench")
-    parser.add_argument("mode", choices=("serve", "drive"))
+    parser.add_argument("mode", choices=("serve", "drive", "ping-pong"))
     parser.add_argument("--address")
     parser.add_argument("--width", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seeds", type=int, default=len(ONE_LANE_SEEDS))
     parser.add_argument("--episodes", type=int, default=REMOTE_EPISODES)
     args = parser.parse_args()
-    if args.mode == "serve":
+    if args.mode == "ping-pong":
+        _ping_pong_serve()
+    elif args.mode == "serve":
         _peer_serve(args.width)
     else:
         _peer_drive(args.address, args.width, args.repeats, args.seeds, args.episodes)

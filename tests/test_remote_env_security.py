@@ -17,6 +17,7 @@ import rlmesh
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rlmesh.remote.codec import SpaceCodec, space_spec
 from rlmesh.remote.connection import handshake_response, message_options, token_metadata, uuid7
+from rlmesh.remote.env_server import check_values, value_checks
 from rlmesh.remote.wire.core.v1 import env_contract_pb2
 from rlmesh.remote.wire.env.v1 import interaction_pb2 as wire
 from rlmesh.remote.wire.env.v1 import service_pb2, service_pb2_grpc
@@ -164,6 +165,25 @@ def test_a_nan_action_is_invalid_and_not_delivered():
             session.close()
 
 
+@pytest.mark.parametrize("rows", [3, 200])  # a short batch is checked in Python, a long one not
+def test_value_checks_name_the_first_row_that_breaks_its_space(rows):
+    box = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+    batch = np.zeros((rows, 2), np.float32)
+    assert check_values(value_checks(box), box, batch, "observation") is None
+    batch[1] = [np.inf, -np.inf]  # their sum is NaN, yet no element is
+    assert check_values(value_checks(box), box, batch, "observation") is None
+    batch[rows - 1, 1] = np.nan
+    row, message = check_values(value_checks(box), box, batch, "observation")
+    assert row == rows - 1 and "NaN" in message
+    discrete = gym.spaces.Discrete(3, start=1)
+    actions = np.ones(rows, np.int64)
+    assert check_values(value_checks(discrete), discrete, actions, "action") is None
+    for bad in (0, 4):
+        actions[rows - 2] = bad
+        row, message = check_values(value_checks(discrete), discrete, actions, "action")
+        assert row == rows - 2 and f"is {bad}" in message and "[1, 4)" in message
+
+
 def test_one_session_at_a_time_a_second_gets_busy():
     with rlmesh.serve_env("CartPole-v1") as server:
         first = rlmesh.RemoteEnv(server.address)
@@ -250,5 +270,69 @@ def test_a_contract_with_an_unknown_dtype_is_a_remote_error_naming_the_leaf():
         message = str(caught.value)
         assert f"127.0.0.1:{port}" in message and "DataType 99" in message
         assert "observation_space" in message
+    finally:
+        server.stop(None)
+
+
+class _MaskEnv(service_pb2_grpc.EnvServiceServicer):
+    """A foreign two-lane server that answers every step with the masks it is given."""
+
+    def __init__(self, terminated: bytes, truncated: bytes) -> None:
+        self.masks = terminated, truncated
+
+    def Handshake(self, request, context):  # noqa: N802
+        contract = env_contract_pb2.EnvContract(
+            spec=env_contract_pb2.EnvSpec(
+                id="Masks-v0",
+                observation_space=space_spec(gym.spaces.Box(-1, 1, (1,), np.float32)),
+                action_space=space_spec(gym.spaces.Discrete(2)),
+            ),
+            num_envs=2,
+        )
+        base = handshake_response(request.base, "masks", {"subset_step": "true"})
+        return service_pb2.HandshakeResponse(base=base, env_contract=contract)
+
+    def Join(self, request_iterator, context):  # noqa: N802
+        observation = value_pb2.SpaceValue(leaves=[np.zeros(2, "<f4").tobytes()])
+        for request in request_iterator:
+            kind = request.WhichOneof("kind")
+            response = wire.JoinResponse(request_id=request.request_id)
+            if kind == "step":
+                response.step.observation.CopyFrom(observation)
+                response.step.rewards.extend([1.0, 1.0])
+                response.step.terminated_mask, response.step.truncated_mask = self.masks
+            else:
+                getattr(response, kind).SetInParent()
+                if kind == "reset":
+                    response.reset.observation.CopyFrom(observation)
+            yield response
+
+
+@pytest.mark.parametrize(
+    ("terminated", "truncated", "expected"),
+    [
+        (b"", b"", ([False, False], [False, False])),  # empty masks: no lane set
+        (b"\0\0", b"\0\0", ([False, False], [False, False])),
+        (b"\0\2", b"\1\0", ([False, True], [True, False])),  # any non-zero byte is set
+        (b"\0", b"\0\0", "terminated_mask has 1 bytes for 2 lanes"),
+    ],
+)
+def test_a_step_answer_masks_are_read_per_lane_and_a_wrong_length_is_malformed(
+    terminated, truncated, expected
+):
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    service_pb2_grpc.add_EnvServiceServicer_to_server(_MaskEnv(terminated, truncated), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with rlmesh.RemoteEnv(f"127.0.0.1:{port}") as env:
+            env.reset(np.array([0, 1]), [0, 1], [None, None])
+            if isinstance(expected, str):
+                with pytest.raises(rlmesh.RemoteError, match=expected) as caught:
+                    env.step(np.array([0, 1]), np.array([0, 1]))
+                assert caught.value.code == "MALFORMED"
+            else:
+                batch = env.step(np.array([0, 1]), np.array([0, 1]))
+                assert (batch.terminated.tolist(), batch.truncated.tolist()) == expected
     finally:
         server.stop(None)

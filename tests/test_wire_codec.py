@@ -108,6 +108,19 @@ def test_leaves_are_little_endian_at_the_declared_dtype_in_key_order():
     assert value.leaves[1] == np.array([2], "<i8").tobytes()
 
 
+def test_a_one_leaf_batch_of_any_layout_is_sent_as_little_endian_rows():
+    codec = SpaceCodec(gym.spaces.Box(-10, 10, (2, 3), np.float32))
+    rows = np.arange(12, dtype=np.float32).reshape(2, 2, 3)
+    expected = rows.astype("<f4").tobytes()
+    big_endian = rows.astype(">f4")
+    strided = np.asfortranarray(rows)  # same values, not C-contiguous
+    for batch in (rows, big_endian, strided, rows.astype(np.float64), rows.tolist()):
+        assert codec.encode(batch, rows=2).leaves[0] == expected
+    decoded = codec.decode(codec.encode(rows, rows=2), rows=2)
+    decoded[0, 0, 0] = 99.0  # a writable copy, not a view of the message's bytes
+    np.testing.assert_array_equal(decoded[1], rows[1])
+
+
 def test_a_cartpole_observation_spec_is_the_one_the_published_peer_advertises():
     # The bounds rlmesh 0.1.0 sends for CartPole-v1: elementwise float32, little-endian.
     spec = space_spec(gym.make("CartPole-v1").observation_space)

@@ -263,6 +263,22 @@ class SpaceCodec:
             )
             for path, leaf in space_leaves(space)
         ]
+        # Per numeric leaf, fixed once: the wire's (little-endian) dtype, whether it is this
+        # host's own (then bytes go out and come in without a conversion), bytes per row.
+        self._layout = [
+            None
+            if dtype is None
+            else (
+                dtype.newbyteorder("<"),
+                dtype.newbyteorder("<") == dtype,
+                int(np.prod(shape, dtype=np.int64)) * dtype.itemsize,
+            )
+            for _, dtype, shape in self._leaves
+        ]
+        # A space that is one numeric leaf (most envs) skips the tree walk both ways.
+        self._single = (
+            not isinstance(space, (spaces.Dict, spaces.Tuple)) and self._layout[0] is not None
+        )
 
     def encode(self, batch: Any, rows: int) -> value_pb2.SpaceValue:
         """``batch`` (``rows`` values, batched as ``rlmesh.spaces`` describes) as a SpaceValue.
@@ -274,26 +290,33 @@ class SpaceCodec:
             WireFormatError: a leaf of another shape than ``[rows, *shape]``, non-integral
                 floats for an integer leaf, or a missing key.
         """
+        if self._single:
+            return value_pb2.SpaceValue(leaves=[self._encode_leaf(0, batch, rows)])
         try:
             leaf_batches = batch_leaves(self.space, batch)
         except (KeyError, ValueError) as err:
             raise WireFormatError(str(err).strip("'\"")) from None
         out = []
-        for (where, dtype, shape), leaf in zip(self._leaves, leaf_batches, strict=True):
-            if dtype is None:
-                out.append(_encode_text(leaf, rows, where))
-                continue
-            array = np.asarray(leaf)
-            if array.shape != (rows, *shape):
-                raise WireFormatError(
-                    f"{where} has shape {array.shape}, expected {(rows, *shape)} ({rows} rows of "
-                    f"{shape})"
-                )
-            if array.dtype != dtype:
-                array = _cast(array, dtype, where)
-            little = dtype.newbyteorder("<")
-            out.append(np.ascontiguousarray(array, little).tobytes())
+        for position, leaf in enumerate(leaf_batches):
+            if self._layout[position] is None:
+                out.append(_encode_text(leaf, rows, self._leaves[position][0]))
+            else:
+                out.append(self._encode_leaf(position, leaf, rows))
         return value_pb2.SpaceValue(leaves=out)
+
+    def _encode_leaf(self, position: int, leaf: Any, rows: int) -> bytes:
+        where, dtype, shape = self._leaves[position]
+        little, native, _ = self._layout[position]  # type: ignore[misc]
+        array = leaf if type(leaf) is np.ndarray else np.asarray(leaf)
+        if array.shape != (rows, *shape):
+            raise WireFormatError(
+                f"{where} has shape {array.shape}, expected {(rows, *shape)} ({rows} rows of "
+                f"{shape})"
+            )
+        if array.dtype != dtype:
+            array = _cast(array, dtype, where)
+        # tobytes() writes C order whatever the strides; only a foreign byte order converts.
+        return array.tobytes() if native else np.ascontiguousarray(array, little).tobytes()
 
     def decode(self, value: value_pb2.SpaceValue, rows: int) -> Any:
         """The batch of ``rows`` values a SpaceValue holds (writable numpy arrays, lists of
@@ -308,20 +331,31 @@ class SpaceCodec:
                 f"the value has {len(value.leaves)} leaves, expected {len(self._leaves)} "
                 f"(one per leaf of {self.space})"
             )
-        decoded = []
-        for (where, dtype, shape), raw in zip(self._leaves, value.leaves, strict=True):
-            if dtype is None:
-                decoded.append(_decode_text(raw, rows, where))
-                continue
-            expected = rows * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-            if len(raw) != expected:
-                raise WireFormatError(
-                    f"{where} has {len(raw)} bytes, expected {expected} ({rows} rows of {shape} "
-                    f"{dtype})"
-                )
-            array = np.frombuffer(raw, dtype.newbyteorder("<")).astype(dtype, copy=True)
-            decoded.append(array.reshape((rows, *shape)))
+        if self._single:
+            return self._decode_leaf(0, value.leaves[0], rows)
+        decoded = [
+            _decode_text(raw, rows, self._leaves[position][0])
+            if self._layout[position] is None
+            else self._decode_leaf(position, raw, rows)
+            for position, raw in enumerate(value.leaves)
+        ]
         return batch_from_leaves(self.space, decoded)
+
+    def _decode_leaf(self, position: int, raw: bytes, rows: int) -> np.ndarray:
+        where, dtype, shape = self._leaves[position]
+        little, native, row_bytes = self._layout[position]  # type: ignore[misc]
+        if len(raw) != rows * row_bytes:
+            raise WireFormatError(
+                f"{where} has {len(raw)} bytes, expected {rows * row_bytes} ({rows} rows of "
+                f"{shape} {dtype})"
+            )
+        # A copy either way: frombuffer over the message's bytes is read-only. Read at the
+        # space's own dtype when it is the wire's, so the batch's dtype is exactly the space's.
+        if native:
+            array = np.frombuffer(raw, dtype).copy()
+        else:
+            array = np.frombuffer(raw, little).astype(dtype)
+        return array.reshape((rows, *shape))
 
 
 def _cast(array: np.ndarray, dtype: np.dtype[Any], where: str) -> np.ndarray:

@@ -134,7 +134,9 @@ class RemoteEnv:
         self._call(
             "configuring the session",
             "configure",
-            configure=wire.ConfigureEnvRequest(selected_workflow_edition=WORKFLOW_EDITION),
+            wire.JoinRequest(
+                configure=wire.ConfigureEnvRequest(selected_workflow_edition=WORKFLOW_EDITION)
+            ),
         )
 
     def _read_contract(self, contract: env_contract_pb2.EnvContract, capabilities: Any) -> None:
@@ -166,6 +168,8 @@ class RemoteEnv:
         self._observation_codec = SpaceCodec(self.single_observation_space)
         self._action_codec = SpaceCodec(self.single_action_space)
         self._episode_ids = np.full(self.num_lanes, "", dtype=object)
+        self._step_ids_key: tuple[int, ...] | None = None
+        self._step_ids: list[str] = []
 
     # ---------------------------------------------------------------- the Lanes protocol
 
@@ -187,15 +191,18 @@ class RemoteEnv:
         answer = self._call(
             f"resetting lanes {checked}",
             "reset",
-            reset=wire.ResetRequest(
-                seeds=list(seeds) if all(seeded) else [],
-                env_indices=checked,
-                episode_ids=episode_ids,
-                options=meta_map(options) if options else None,
-                timeout_ms=self._timeout_ms,
+            wire.JoinRequest(
+                reset=wire.ResetRequest(
+                    seeds=list(seeds) if all(seeded) else [],
+                    env_indices=checked,
+                    episode_ids=episode_ids,
+                    options=meta_map(options) if options else None,
+                    timeout_ms=self._timeout_ms,
+                )
             ),
         ).reset
         self._episode_ids[checked] = episode_ids
+        self._step_ids_key = None
         observations = self._observations(answer.observation, count, "reset")
         return observations, self._infos(answer.infos, count)
 
@@ -210,21 +217,19 @@ class RemoteEnv:
                 f"the actions for lanes {lane_list} do not fit the action space "
                 f"{self.single_action_space} of {self.address}: {err}"
             ) from None
-        answer = self._call(
-            "a step",
-            "step",
-            step=wire.StepRequest(
-                action=action,
-                env_indices=lane_list,
-                episode_ids=self._episode_ids[lanes].tolist(),
-                timeout_ms=self._timeout_ms,
-            ),
-        ).step
-        if len(answer.env_indices) and list(answer.env_indices) != lane_list:
+        # Built in place: a StepRequest handed to JoinRequest(step=) would be copied.
+        request = wire.JoinRequest()
+        step = request.step
+        step.action.leaves.extend(action.leaves)
+        step.env_indices.extend(lane_list)
+        step.episode_ids.extend(self._step_episode_ids(lanes, lane_list))
+        step.timeout_ms = self._timeout_ms
+        answer = self._call("a step", "step", request).step
+        if len(answer.env_indices) and answer.env_indices != lane_list:
             raise self._malformed(
                 f"a step of lanes {lane_list} was answered for lanes {list(answer.env_indices)}"
             )
-        rewards = np.array(answer.rewards, dtype=np.float64)
+        rewards = np.array(list(answer.rewards), dtype=np.float64)
         if len(rewards) != count:
             raise self._malformed(f"a step of {count} lanes has {len(rewards)} rewards")
         return StepBatch(
@@ -235,6 +240,15 @@ class RemoteEnv:
             self._mask(answer.truncated_mask, count, "truncated_mask"),
             self._infos(answer.infos, count),
         )
+
+    def _step_episode_ids(self, lanes: np.ndarray, lane_list: list[int]) -> list[str]:
+        # A driver steps the same lanes round after round and ids change only at a reset:
+        # the list is rebuilt only when either changes.
+        key = tuple(lane_list)
+        if self._step_ids_key != key:
+            self._step_ids = self._episode_ids[lanes].tolist()
+            self._step_ids_key = key
+        return self._step_ids
 
     def env_episode_ids(self) -> np.ndarray | None:
         return None
@@ -248,7 +262,7 @@ class RemoteEnv:
         # A call abandoned at its deadline may still hold the stream: then it is cancelled.
         if self._responses is not None and self._call_lock.acquire(blocking=False):
             try:
-                self._send("close", close=wire.CloseEnvsRequest(reason="the run ended"))
+                self._send(wire.JoinRequest(close=wire.CloseEnvsRequest(reason="the run ended")))
                 next(self._responses, None)
             except grpc.RpcError:
                 pass  # the server is gone already: nothing left to close there
@@ -274,20 +288,21 @@ class RemoteEnv:
 
     # ---------------------------------------------------------------- the session
 
-    def _send(self, kind: str, **message: Any) -> str:
+    def _send(self, request: wire.JoinRequest) -> str:
         self._counter += 1
         request_id = str(self._counter)
-        self._requests.put(wire.JoinRequest(request_id=request_id, **message))
+        request.request_id = request_id
+        self._requests.put(request)
         return request_id
 
-    def _call(self, doing: str, kind: str, **message: Any) -> wire.JoinResponse:
+    def _call(self, doing: str, kind: str, request: wire.JoinRequest) -> wire.JoinResponse:
         """Send one request and wait for its answer; a failure as a ``RemoteError``."""
         if self._closed:
             raise RemoteError(
                 f"{doing} on {self.address}: this RemoteEnv is closed", address=self.address
             )
         with self._call_lock:
-            request_id = self._send(kind, **message)
+            request_id = self._send(request)
             try:
                 response = next(self._responses)
             except StopIteration:
@@ -322,10 +337,10 @@ class RemoteEnv:
         return split_rows(batch, count)
 
     def _mask(self, raw: bytes, count: int, name: str) -> np.ndarray:
-        if not raw:  # an empty mask: no lane set
-            return np.zeros(count, dtype=np.bool_)
-        if len(raw) != count:
+        if len(raw) not in (0, count):
             raise self._malformed(f"{name} has {len(raw)} bytes for {count} lanes")
+        if raw.count(0) == len(raw):  # empty or all zero (most rounds): no lane set
+            return np.zeros(count, dtype=np.bool_)
         return np.frombuffer(raw, dtype=np.uint8) != 0
 
     def _infos(self, infos: Any, count: int) -> list[dict[str, Any]]:

@@ -354,7 +354,9 @@ class Session:
         kind = request.WhichOneof("kind")
         try:
             if kind == "step":
-                response = wire.JoinResponse(step=self.step(request.step))
+                # Filled in place: a StepResponse handed to JoinResponse(step=) is copied.
+                response = wire.JoinResponse()
+                self.step(request.step, response.step)
             elif kind == "reset":
                 response = wire.JoinResponse(reset=self.reset(request.reset))
             elif kind == "configure":
@@ -424,11 +426,14 @@ class Session:
             infos=self._encode_infos(infos),
         )
 
-    def step(self, request: wire.StepRequest) -> wire.StepResponse:
+    def step(self, request: wire.StepRequest, out: wire.StepResponse) -> None:
+        """Step the request's lanes and write the answer into ``out``."""
         lanes = self._step_lanes(request.env_indices)
         count = len(lanes)
-        if not self.running[lanes].all():
-            idle = ~self.running[lanes]
+        running = self.running if count == self.num_lanes else self.running[lanes]
+        # count_nonzero is a C call; ndarray.all() goes through Python-level numpy code.
+        if np.count_nonzero(running) != count:
+            idle = ~running
             raise RequestError(
                 Code.ENV_ERROR_CODE_NOT_READY,
                 f"lanes {lanes[idle].tolist()} have no running episode (never reset, or it "
@@ -465,28 +470,31 @@ class Session:
         rewards = np.asarray(batch.rewards, dtype=np.float64)
         terminated = np.asarray(batch.terminated, dtype=np.bool_)
         truncated = np.asarray(batch.truncated, dtype=np.bool_)
-        self.steps[lanes] += 1
-        self.returns[lanes] += rewards
-        response = wire.StepResponse(
-            observation=self._observation_value(batch.observations, lanes, "step"),
-            rewards=rewards.tolist(),
-            terminated_mask=terminated.view(np.uint8).tobytes(),
-            truncated_mask=truncated.view(np.uint8).tobytes(),
-            infos=self._encode_infos(batch.infos),
-            env_indices=request.env_indices,
-        )
-        ended = np.flatnonzero(terminated | truncated)
-        if len(ended):
-            response.completed_episodes.extend(
+        if count == self.num_lanes:  # every lane: no fancy indexing
+            self.steps += 1
+            self.returns += rewards
+        else:
+            self.steps[lanes] += 1
+            self.returns[lanes] += rewards
+        out.observation.CopyFrom(self._observation_value(batch.observations, lanes, "step"))
+        out.rewards.extend(rewards.tolist())
+        out.terminated_mask = terminated.tobytes()
+        out.truncated_mask = truncated.tobytes()
+        ended = np.count_nonzero(terminated) or np.count_nonzero(truncated)
+        infos = self._encode_infos(batch.infos)
+        if infos is not None:
+            out.infos.CopyFrom(infos)
+        out.env_indices.extend(request.env_indices)
+        if ended:
+            out.completed_episodes.extend(
                 self._complete(
                     int(lanes[row]),
                     bool(terminated[row]),
                     bool(truncated[row]),
                     batch.infos[row],
                 )
-                for row in ended.tolist()
+                for row in np.flatnonzero(terminated | truncated).tolist()
             )
-        return response
 
     # ---------------------------------------------------------------- helpers
 
@@ -664,10 +672,24 @@ def value_checks(space: gymnasium.Space[Any]) -> list[tuple[int, str, str, LeafC
     return checks
 
 
+SMALL_BATCH = 64
+"""Up to this many elements, a value check reduces a Python list rather than the array."""
+
+
 def _outside(low: Any, high: Any, ndim: int) -> LeafCheck:
     axes = tuple(range(1, 1 + ndim))
+    scalar = np.ndim(low) == 0 and np.ndim(high) == 0
 
     def check(batch: np.ndarray) -> np.ndarray | None:
+        # Scalar bounds settle the common case, every row in range, with a min and a max
+        # (in Python for a small batch: numpy's reductions cost more than they save there).
+        if scalar:
+            if batch.size <= SMALL_BATCH:
+                values = batch.ravel().tolist()
+                if not values or (min(values) >= low and max(values) < high):
+                    return None
+            elif batch.min() >= low and batch.max() < high:
+                return None
         bad = (batch < low) | (batch >= high)
         if not bad.any():
             return None
@@ -678,6 +700,11 @@ def _outside(low: Any, high: Any, ndim: int) -> LeafCheck:
 
 def _nan_rows(axes: tuple[int, ...]) -> LeafCheck:
     def check(batch: np.ndarray) -> np.ndarray | None:
+        # One reduction: the sum is NaN whenever an element is (or infinities cancel, which
+        # the exact check below then clears).
+        total = sum(batch.ravel().tolist()) if batch.size <= SMALL_BATCH else batch.sum()
+        if total == total:
+            return None
         bad = np.isnan(batch)
         if not bad.any():
             return None
