@@ -43,8 +43,6 @@ from typing import Any
 
 import numpy as np
 import rlmesh
-from bench_remote_model import DRIVERS, EPISODES_PER_DRIVER
-from bench_remote_model import measure as measure_served_model
 from cartpole import SEEDS, VECTOR_EPISODES
 from ratios import format_time
 from rlmesh.cluster.windows import window_sizes
@@ -95,6 +93,8 @@ from test_bench_remote_env import (
     run_remote_one_lane,
     served,
 )
+from test_bench_remote_model import DRIVERS, EPISODES_PER_DRIVER
+from test_bench_remote_model import measure as measure_served_model
 from test_bench_summary import REPORT_EPISODES, results_file, summary_in_subprocess
 
 PEER_VERSION = "0.1.0"

@@ -8,7 +8,7 @@ latency each driver sees (its run's ``model.predict`` telemetry: the median of t
 p50s, the worst of their p99s). The baseline is the same server with ``max_batch=1`` (every
 predict its own model call).
 
-Run: ``pytest benches/bench_remote_model.py --benchmark-enable``; ``benches/report.py`` prints
+Run: ``pytest benches/test_bench_remote_model.py --benchmark-enable``; ``benches/report.py`` prints
 the row.
 """
 
