@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import gymnasium as gym
+import numpy as np
 import pytest
+import rlmesh
+from helpers import CORES
 from rlmesh import adapters
 from rlmesh.errors import SpecError
 
@@ -66,3 +70,99 @@ def test_reading_v1_rejects_a_bare_unknown_field_and_carries_extensions():
 def test_an_unknown_rotation_encoding_names_the_known_ones():
     with pytest.raises(Exception, match="unknown rotation encoding 'quat'; expected one of"):
         adapters.StateTag(adapters.EEF_ROT, encoding="quat")
+
+
+def _space(doc: dict) -> gym.spaces.Space:
+    """A Gymnasium space from a vector's space description."""
+    kind = doc["kind"]
+    if kind == "dict":
+        return gym.spaces.Dict(
+            {key: _space(child) for key, child in zip(doc["keys"], doc["children"], strict=True)}
+        )
+    if kind == "text":
+        return gym.spaces.Text(256)
+    assert kind == "box", doc
+    dtype = np.dtype(doc["dtype"])
+    if dtype == np.uint8:
+        return gym.spaces.Box(0, 255, tuple(doc["shape"]), dtype)
+    return gym.spaces.Box(-np.inf, np.inf, tuple(doc["shape"]), dtype)
+
+
+def _resolve(case: dict) -> adapters.Plan:
+    return adapters.resolve(
+        adapters.EnvTags.from_dict(case["env_tags"]),
+        _space(case["observation_space"]),
+        _space(case["action_space"]),
+        adapters.ModelSpec.from_dict(case["model_spec"]),
+    )
+
+
+@pytest.mark.parametrize("path", _case_ids("resolve"), ids=lambda path: path.stem)
+def test_resolve_case(path):
+    case = _load(path)
+    expect = case["expect"]
+    if "error_contains" in expect:
+        env_tags = adapters.EnvTags.from_dict(case["env_tags"])
+        spec = adapters.ModelSpec.from_dict(case["model_spec"])
+        spaces = _space(case["observation_space"]), _space(case["action_space"])
+        with pytest.raises(SpecError) as err:
+            adapters.resolve(env_tags, *spaces, spec)
+        assert expect["error_contains"] in str(err.value)
+    else:
+        assert expect["ok"] is True
+        assert _resolve(case).describe() == expect["describe"]
+
+
+class _TaggedEnv(gym.Env):
+    """A one-key env whose metadata carries its tags (or none)."""
+
+    observation_space = gym.spaces.Dict({"pos": gym.spaces.Box(-1, 1, (3,), np.float32)})
+    action_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+
+    def __init__(self, tags=None):
+        self.metadata = {} if tags is None else {adapters.ENV_TAGS_METADATA_KEY: tags}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return {"pos": np.zeros(3, np.float32)}, {}
+
+    def step(self, action):
+        return {"pos": np.zeros(3, np.float32)}, 0.0, True, False, {}
+
+
+_ROLE_SPEC = adapters.ModelSpec(
+    input={"state": adapters.Concat(adapters.EEF_POS, adapters.GRIPPER_POS)},
+    output=adapters.Action(adapters.Actuator(adapters.ACTION_GRIPPER, dim=1)),
+)
+
+
+def _role_model():
+    model = rlmesh.Model(lambda obs: np.zeros(1, np.float32))
+    model.spec = _ROLE_SPEC
+    return model
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_a_role_spec_without_tags_fails_at_configure_time_naming_the_roles(core):
+    with pytest.raises(SpecError) as err:
+        rlmesh.run(_role_model(), _TaggedEnv(), episodes=1, core=core)
+    message = str(err.value)
+    assert "the env has no tags" in message
+    assert '"proprio/eef_pos", "proprio/gripper", "action/gripper"' in message
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_tags_come_from_env_metadata_and_from_run(core):
+    tags = adapters.EnvTags(
+        observation={"pos": adapters.StateTag(adapters.EEF_POS)},
+        action=adapters.Action(adapters.Actuator(adapters.ACTION_GRIPPER, dim=1)),
+    )
+    # The tags are read (the gripper role is then the one missing) from either place.
+    for env, env_tags in ((_TaggedEnv(tags.to_dict()), None), (_TaggedEnv(), tags)):
+        with pytest.raises(SpecError, match='needs state role "proprio/gripper"'):
+            rlmesh.run(_role_model(), env, episodes=1, core=core, env_tags=env_tags)
+
+
+def test_run_checks_env_tags_once_at_the_boundary():
+    with pytest.raises(SpecError, match="env_tags must be EnvTags"):
+        rlmesh.run(_role_model(), _TaggedEnv(), episodes=1, env_tags=42)

@@ -36,7 +36,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from .adapters import compile_spec
+from .adapters import compile_spec, env_tags_of
 from .core import active, core_name, load_core
 from .deadlines import DeadlineCaller, DeadlinePassed
 from .errors import OperationTimeout, RlmeshError, call_failure
@@ -105,6 +105,7 @@ async def arun(
     success: Any = None,
     workers: int = 1,
     restart_workers: int = 0,
+    env_tags: Any = None,
 ) -> RunResult:
     """Evaluate ``model`` on ``env``: the coroutine behind ``rlmesh.run``.
 
@@ -155,6 +156,9 @@ async def arun(
         restart_workers: with ``workers > 1``, restart a worker that dies up to this many
             times, replaying its episodes in flight, so the results equal an uninterrupted
             run; 0 (default): a dead worker raises ``EnvError``.
+        env_tags: the env's ``rlmesh.adapters.EnvTags`` (or their v1 dict), for a model spec
+            that pairs by role; default: the env's
+            ``metadata["rlmesh.adapters.v1.env_io_spec"]``, if any.
 
     Returns:
         The ``RunResult``: M episodes sorted by index (with ``results_path``, every episode in
@@ -179,6 +183,7 @@ async def arun(
         indices=indices,
         workers=workers,
         restart_workers=restart_workers,
+        env_tags=env_tags,
     )
     success_rule = rule_for(success, env)
     results = None
@@ -350,7 +355,10 @@ class EvaluationRun:
                 "gymnasium.wrappers.TimeLimit instead"
             )
         self.plan = plan = compile_spec(
-            handler.spec, lanes.single_observation_space, lanes.single_action_space
+            handler.spec,
+            lanes.single_observation_space,
+            lanes.single_action_space,
+            env_tags=settings.env_tags or env_tags_of(getattr(lanes, "metadata", None)),
         )
         handler.fit_route(
             lanes.name, lanes.single_observation_space, lanes.single_action_space, plan

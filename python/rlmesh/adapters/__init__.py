@@ -24,10 +24,19 @@ Example:
     ...     input={"state": adapters.State(adapters.EEF_ROT, encoding="rot6d")},
     ...     output=adapters.Action(adapters.Actuator(adapters.ACTION_GRIPPER, dim=1)),
     ... )
-    >>> adapters.ModelSpec.from_dict(spec.to_dict()) == spec
-    True
+    >>> space = gym.spaces.Dict({"q": gym.spaces.Box(-1, 1, (4,), np.float32)})
+    >>> plan = adapters.resolve(tags, space, gym.spaces.Box(-1, 1, (1,), np.float32), spec)
+    >>> print(plan.describe())
+    observation:
+      "state" <- concat(q (quat_xyzw->rot6d))
+    action:
+      "action/gripper" <- model[0:1]
 """
 
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import SpecError
 from .resolve import resolve
 from .roles import (
     ACTION_DELTA_POS,
@@ -70,6 +79,35 @@ from .tags import Actuator, EnvTags, Field, ImageTag, Split, StateTag, TextTag
 ENV_TAGS_METADATA_KEY = "rlmesh.adapters.v1.env_io_spec"
 """The env ``metadata`` key whose value (EnvTags, or their v1 dict / JSON) tags the env."""
 
+
+def checked_env_tags(where: str, value: Any) -> EnvTags:
+    """``value`` (EnvTags, their v1 dict or JSON text) as EnvTags; a SpecError naming ``where``.
+
+    Example:
+        >>> checked_env_tags("env_tags", {"observation": None, "action": None})
+        EnvTags(observation=None, action=None)
+    """
+    try:
+        if isinstance(value, EnvTags):
+            return value
+        if isinstance(value, str):
+            return EnvTags.from_json(value)
+        if isinstance(value, Mapping):
+            return EnvTags.from_dict(value)
+    except (SpecError, ValueError) as exc:
+        raise SpecError(f"{where}: {exc}") from None
+    raise SpecError(f"{where} must be EnvTags, their v1 dict or JSON text, got {value!r}")
+
+
+def env_tags_of(metadata: Mapping[str, Any] | None) -> EnvTags | None:
+    """The tags an env declares in ``metadata[ENV_TAGS_METADATA_KEY]``, or None."""
+    if not metadata or metadata.get(ENV_TAGS_METADATA_KEY) is None:
+        return None
+    return checked_env_tags(
+        f"the env's metadata[{ENV_TAGS_METADATA_KEY!r}]", metadata[ENV_TAGS_METADATA_KEY]
+    )
+
+
 __all__ = [
     "ACTION_DELTA_POS",
     "ACTION_DELTA_POS_2",
@@ -109,7 +147,9 @@ __all__ = [
     "StateTag",
     "Text",
     "TextTag",
+    "checked_env_tags",
     "compile_spec",
+    "env_tags_of",
     "is_text_space",
     "resolve",
 ]

@@ -43,8 +43,6 @@ _FIXED_WIDTHS = {
     EEF_POS_2: 3,
     ACTION_DELTA_POS: 3,
     ACTION_DELTA_POS_2: 3,
-    ACTION_GRIPPER: 1,
-    ACTION_GRIPPER_2: 1,
 }
 
 # Rotation encodings and their native widths. "matrix" is the 3x3 matrix, row-major.

@@ -1149,6 +1149,18 @@ class LeafPlan:
     frame_shape: tuple[int, ...]  # one lane's output for one frame (no lane or stack axis)
     fn: Callable[[Any], Any] | None = None  # Custom only
     leaf: str = ""  # the leaf as messages name it, e.g. 'Image(key="pixels")'
+    # Role-based leaves ("image", "state"; "text" with a fill), planned by ``resolve``.
+    src_layout: str = "hwc"  # image: how the env stores it
+    flip: bool = False  # image: rotate 180 degrees (the two sides disagree on upside_down)
+    resize: tuple[int, int] | None = None  # image: target (height, width)
+    resample: str = "bilinear"  # image: "bilinear" | "bilinear_aa"
+    lead_dims: int = 0  # image: leading singleton axes (inside frame_shape)
+    zero_fill: bool = False  # image: no source; every frame is `fill_value`
+    fill_value: float = 0.0
+    parts: tuple[StatePartPlan, ...] = ()  # state: concatenated in order
+    pad_to: int | None = None  # state: zero-pad to this length
+    container: str = "array"  # state: "array" | "list"; text: "str" | "list"
+    text_fill: str | None = None  # text: the string when the env has no such role
 
 
 @dataclass(frozen=True)
@@ -1180,6 +1192,79 @@ class ActionLeafPlan:
     rescale: tuple[float, float] | None = None
     clip: bool = False
     nvec_start: np.ndarray | None = None  # MultiDiscrete: the lowest value of each entry
+    # A role-based layout: the model's vector of `model_dim` values is mapped, segment by
+    # segment, onto the env's vector (then clipped to `layout_clip`) before the Box cast.
+    segments: tuple[ActionSegmentPlan, ...] | None = None
+    model_dim: int = 0
+    layout_clip: tuple[float, float] | None = None
+
+
+@dataclass(frozen=True)
+class StatePartPlan:
+    """One part of a role-based state: a slice of one source, converted; or zeros.
+
+    The source is flattened; ``offset``/``width`` select its slice (a Split field), the
+    rotation is re-encoded ``encoding_from -> encoding_to``, then ``index`` keeps one element
+    or ``dim`` the leading ones, then ``range_from -> range_to`` maps affinely. A part with
+    no source is ``zeros`` zeros (an optional role the env lacks).
+    """
+
+    source: KeyPath | None
+    source_shape: tuple[int, ...] = ()
+    source_dtype: str = "float32"
+    offset: int = 0
+    width: int = 0
+    encoding_from: str | None = None
+    encoding_to: str | None = None
+    index: int | None = None
+    dim: int | None = None
+    range_from: tuple[float, float] | None = None
+    range_to: tuple[float, float] | None = None
+    zeros: int = 0
+    name: str = ""  # the source as describe shows it
+
+    @property
+    def size(self) -> int:
+        """The number of values this part contributes."""
+        if self.source is None:
+            return self.zeros
+        if self.index is not None:
+            return 1
+        width = self.width
+        if self.encoding_to is not None and self.encoding_to != self.encoding_from:
+            from .roles import encoding_width
+
+            width = encoding_width(self.encoding_to)
+        return width if self.dim is None else self.dim
+
+
+@dataclass(frozen=True)
+class ActionSegmentPlan:
+    """One env actuator of a role-based layout: read from ``model[start:stop]``, or a fill.
+
+    Applied in this order: rotation ``encoding_from -> encoding_to``, range map
+    ``range_from -> range_to``, the model side's scale, invert, threshold, then the env
+    side's, then the binary snap (``>= 0`` -> +1, else -1; a raw 0 stays 0 unless a
+    threshold is declared), then the clamp to ``clip``. In float32.
+    """
+
+    role: str | None
+    start: int = 0
+    stop: int = 0
+    encoding_from: str | None = None
+    encoding_to: str | None = None
+    range_from: tuple[float, float] | None = None
+    range_to: tuple[float, float] | None = None
+    model_scale: float | None = None
+    model_invert: bool = False
+    model_threshold: float | None = None
+    scale: float | None = None
+    invert: bool = False
+    threshold: float | None = None
+    binary: bool = False
+    clip: tuple[float, float] | None = None
+    fill: float | None = None  # an opaque (or optional, unmatched) actuator: `width` of these
+    width: int = 0
 
 
 @dataclass(frozen=True)
@@ -1201,6 +1286,9 @@ class Plan:
     observation: tuple[LeafPlan, ...]
     action: tuple[ActionLeafPlan, ...]
     observation_keys: tuple[KeyPath, ...] = ()
+    # A plan from ``resolve``: its adapters-v1 description and advisories.
+    description: str | None = None
+    notes: tuple[str, ...] = ()
 
     def describe(self) -> str:
         """What the plan does, one line per observation leaf, then one per action leaf.
@@ -1215,6 +1303,8 @@ class Plan:
             q: obs["q"] int64[] -> int64[1] (flatten)
             action: clip to [-1, 1], cast to float32[2]
         """
+        if self.description is not None:
+            return self.description
         lines = [_describe_observation_leaf(leaf) for leaf in self.observation]
         lines += [_describe_action_leaf(leaf) for leaf in self.action]
         return "\n".join(lines)
@@ -1232,6 +1322,8 @@ class Plan:
             >>> ModelSpec(input=Image("pixels")).compile(space, gym.spaces.Discrete(2)).advisories()
             ['obs["joints"] is never read: no leaf of the spec names it.']
         """
+        if self.description is not None:
+            return list(self.notes)
         return _lossy_casts(self.observation) + _unread_keys(
             self.observation, self.observation_keys
         )
@@ -1242,12 +1334,16 @@ class Plan:
 
 
 def compile_spec(
-    spec: ModelSpec | None, observation_space: spaces.Space, action_space: spaces.Space
+    spec: ModelSpec | None,
+    observation_space: spaces.Space,
+    action_space: spaces.Space,
+    env_tags: Any = None,
 ) -> Plan:
     """Check ``spec`` against the spaces and turn it into a ``Plan``; once per route.
 
     With ``spec=None`` the model gets the raw observation (a Dict observation becomes a dict of
     leaves, each in the space's own dtype) and its action is only cast into the action space.
+    A spec that pairs by role is resolved against ``env_tags`` (``rlmesh.adapters.resolve``).
 
     Raises:
         SpecError: the spec does not fit the spaces; the message names the leaf, the key and
@@ -1262,6 +1358,10 @@ def compile_spec(
         >>> [(leaf.kind, leaf.clip, leaf.rescale) for leaf in plan.action]
         [('box', False, None)]
     """
+    if spec is not None and spec.role_based:
+        from .resolve import resolve
+
+        return resolve(env_tags, observation_space, action_space, spec)
     if spec is None or spec.input is None:
         observation = _raw_observation_plan(observation_space)
     else:
