@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -11,10 +12,13 @@ import pytest
 import rlmesh
 from helpers import CORES
 from rlmesh import adapters
+from rlmesh.core import load_core
 from rlmesh.errors import SpecError
 
 CASES_DIR = Path(__file__).parent / "conformance" / "adapters-v1" / "cases"
 CASE_FILES = sorted(CASES_DIR.glob("*.json"))
+# The cores that execute role-based plans.
+APPLY_CORES = ["python"]
 
 
 def _load(path: Path) -> dict:
@@ -166,3 +170,70 @@ def test_tags_come_from_env_metadata_and_from_run(core):
 def test_run_checks_env_tags_once_at_the_boundary():
     with pytest.raises(SpecError, match="env_tags must be EnvTags"):
         rlmesh.run(_role_model(), _TaggedEnv(), episodes=1, env_tags=42)
+
+
+def _value(doc: dict):
+    """A vector's value as the env or the model would hold it."""
+    kind = doc["kind"]
+    if kind == "array":
+        return np.array(doc["data"], dtype=doc["dtype"]).reshape(doc["shape"])
+    if kind == "map":
+        if list(doc["data"]) == ["<obs>"]:  # the whole observation is one leaf
+            return _value(doc["data"]["<obs>"])
+        return {key: _value(value) for key, value in doc["data"].items()}
+    return doc["data"]  # "text", "list"
+
+
+def _lane_zero(batched, expect: dict):
+    """Lane 0 of a batched payload, shaped like ``expect``."""
+    if expect["kind"] == "map":
+        assert isinstance(batched, dict) and set(batched) == set(expect["data"])
+        return {key: _lane_zero(batched[key], value) for key, value in expect["data"].items()}
+    return batched[0]
+
+
+def _assert_value(actual, expect: dict, atol: float, where: str):
+    kind = expect["kind"]
+    if kind == "map":
+        for key, value in expect["data"].items():
+            _assert_value(actual[key], value, atol, f"{where}.{key}")
+    elif kind == "array":
+        assert isinstance(actual, np.ndarray), (where, actual)
+        assert actual.dtype == np.dtype(expect["dtype"]), where
+        assert list(actual.shape) == expect["shape"], where
+        wanted = np.array(expect["data"], dtype=np.float64).reshape(expect["shape"])
+        np.testing.assert_allclose(
+            actual.astype(np.float64), wanted, rtol=0, atol=atol, err_msg=where
+        )
+    elif kind == "list":
+        assert isinstance(actual, list), (where, actual)
+        np.testing.assert_allclose(actual, expect["data"], rtol=0, atol=atol, err_msg=where)
+    else:
+        assert actual == expect["data"], where
+
+
+@pytest.mark.parametrize("core", APPLY_CORES)
+@pytest.mark.parametrize("path", _case_ids("apply"), ids=lambda path: path.stem)
+def test_apply_case(path, core):
+    case = _load(path)
+    expect = case["expect"]
+    atol = expect.get("atol", 1e-6)
+    plan = _resolve(case)
+    module = load_core(core)
+    observation = _value(case["observation"])
+    before = copy.deepcopy(observation)
+    payload = module.ObservationAssembler(plan.observation).assemble([observation], [0])
+    _assert_value(_lane_zero(payload, expect["payload"]), expect["payload"], atol, "payload")
+    model_output = _value(case["model_output"])
+    action = module.ActionApplier(plan.action).apply_actions(model_output[None], [0])[0]
+    _assert_value(action, expect["action"], atol, "action")
+    # The env's observation is read, never written (a copy is taken where it is converted).
+    assert _equal(observation, before)
+
+
+def _equal(a, b) -> bool:
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_equal(a[key], b[key]) for key in a)
+    if isinstance(a, np.ndarray):
+        return a.dtype == b.dtype and np.array_equal(a, b)
+    return a == b
