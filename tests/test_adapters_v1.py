@@ -17,8 +17,6 @@ from rlmesh.errors import SpecError
 
 CASES_DIR = Path(__file__).parent / "conformance" / "adapters-v1" / "cases"
 CASE_FILES = sorted(CASES_DIR.glob("*.json"))
-# The cores that execute role-based plans.
-APPLY_CORES = ["python"]
 
 
 def _load(path: Path) -> dict:
@@ -212,7 +210,7 @@ def _assert_value(actual, expect: dict, atol: float, where: str):
         assert actual == expect["data"], where
 
 
-@pytest.mark.parametrize("core", APPLY_CORES)
+@pytest.mark.parametrize("core", CORES)
 @pytest.mark.parametrize("path", _case_ids("apply"), ids=lambda path: path.stem)
 def test_apply_case(path, core):
     case = _load(path)

@@ -33,7 +33,7 @@ def resize(image: np.ndarray, height: int, width: int, resample: str) -> np.ndar
         return _bilinear(image, height, width)
     if resample == "bilinear_aa":
         out = _aa_pass(image, width, axis=1)
-        return _aa_pass(out, height, axis=0)
+        return _finish(_aa_pass(out, height, axis=0), image.dtype)
     raise ValueError(f"unknown resample {resample!r}; expected bilinear or bilinear_aa")
 
 
@@ -60,7 +60,7 @@ def _bilinear(image: np.ndarray, height: int, width: int) -> np.ndarray:
 
 
 def _finish(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    if np.dtype(dtype) == np.uint8:
+    if np.dtype(dtype) == np.uint8 and values.dtype != np.uint8:
         return np.clip(np.rint(values), 0, 255).astype(np.uint8)
     return values.astype(dtype)
 
@@ -87,20 +87,26 @@ def aa_taps(size_in: int, size_out: int) -> list[tuple[int, np.ndarray]]:
 
 
 def _aa_pass(image: np.ndarray, size_out: int, axis: int) -> np.ndarray:
+    """One axis of ``bilinear_aa``: uint8 in and out (Pillow's fixed point, rounded and clipped),
+    or float64 out for a float image. Sums run tap by tap, as in the Rust core."""
     size_in = image.shape[axis]
-    if size_in == size_out:
-        return image
-    moved = np.moveaxis(image, axis, 0)
     fixed = image.dtype == np.uint8
+    if size_in == size_out:
+        return image if fixed else image.astype(np.float64)
+    moved = np.moveaxis(image, axis, 0)
     data = moved.astype(np.int64 if fixed else np.float64)
     out = np.empty((size_out, *moved.shape[1:]), np.int64 if fixed else np.float64)
     for index, (low, weights) in enumerate(aa_taps(size_in, size_out)):
-        window = data[low : low + len(weights)]
         if fixed:
             # Pillow's rounding of each weight: to nearest, half away from zero.
             kernel = np.floor(weights * (1 << PRECISION_BITS) + 0.5).astype(np.int64)
-            total = np.tensordot(kernel, window, axes=1) + (1 << (PRECISION_BITS - 1))
+            total = np.full(moved.shape[1:], 1 << (PRECISION_BITS - 1), np.int64)
+            for tap, weight in enumerate(kernel):
+                total += weight * data[low + tap]
             out[index] = np.clip(total >> PRECISION_BITS, 0, 255)
         else:
-            out[index] = np.tensordot(weights, window, axes=1)
-    return np.moveaxis(out, 0, axis).astype(image.dtype)
+            total = np.zeros(moved.shape[1:])
+            for tap, weight in enumerate(weights):
+                total = total + weight * data[low + tap]
+            out[index] = total
+    return np.moveaxis(out, 0, axis).astype(np.uint8 if fixed else np.float64)

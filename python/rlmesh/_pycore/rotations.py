@@ -54,11 +54,23 @@ def _quat_matrix(x: float, y: float, z: float, w: float) -> np.ndarray:
     )
 
 
-def _gram_schmidt(a1: np.ndarray, a2: np.ndarray) -> np.ndarray:
-    b1 = a1 / max(float(np.linalg.norm(a1)), EPS)
-    b2 = a2 - float(b1 @ a2) * b1
-    b2 = b2 / max(float(np.linalg.norm(b2)), EPS)
-    return np.stack([b1, b2, np.cross(b1, b2)], axis=1)
+def _unit(v: list[float]) -> list[float]:
+    norm = max(math.sqrt(v[0] * v[0] + v[1] * v[1] + v[2] * v[2]), EPS)
+    return [v[0] / norm, v[1] / norm, v[2] / norm]
+
+
+def _gram_schmidt(a1: list[float], a2: list[float]) -> np.ndarray:
+    """The rotation whose first two columns are ``a1`` and ``a2`` orthonormalized. Scalar
+    arithmetic in a fixed order, as the Rust core does it, so both give the same bits."""
+    b1 = _unit(a1)
+    dot = b1[0] * a2[0] + b1[1] * a2[1] + b1[2] * a2[2]
+    b2 = _unit([a2[0] - dot * b1[0], a2[1] - dot * b1[1], a2[2] - dot * b1[2]])
+    b3 = [
+        b1[1] * b2[2] - b1[2] * b2[1],
+        b1[2] * b2[0] - b1[0] * b2[2],
+        b1[0] * b2[1] - b1[1] * b2[0],
+    ]
+    return np.array([b1, b2, b3]).T
 
 
 def to_matrix(values: np.ndarray, encoding: str) -> np.ndarray:
@@ -88,9 +100,9 @@ def to_matrix(values: np.ndarray, encoding: str) -> np.ndarray:
             ]
         )
     if encoding == "rot6d":
-        return _gram_schmidt(np.array(v[0:3]), np.array(v[3:6]))
+        return _gram_schmidt(v[0:3], v[3:6])
     if encoding == "rot6d_rowmajor":
-        return _gram_schmidt(np.array(v[0:6:2]), np.array(v[1:6:2]))
+        return _gram_schmidt(v[0:6:2], v[1:6:2])
     if encoding == "matrix":
         return np.array(v).reshape(3, 3)
     raise ValueError(f"unknown rotation encoding {encoding!r}; expected one of {list(WIDTHS)}")

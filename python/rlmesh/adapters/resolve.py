@@ -397,6 +397,11 @@ def _resolve_image(
             f"input {placement}: normalize maps uint8 [0, 255], but "
             f"{_quoted(_path_name(feature.path))} is {source_dtype}"
         )
+    if source_dtype != "uint8" and image.dtype != "float32":
+        raise SpecError(
+            f"input {placement}: {_quoted(_path_name(feature.path))} is a {source_dtype} "
+            f'image; rlmesh delivers it as dtype="float32", not {image.dtype}'
+        )
     flip = tag.upside_down != image.upside_down
     frame = (*target, channels)
     plan = _image_plan(
