@@ -59,6 +59,10 @@ pub struct AaTaps {
     first: Vec<usize>,
     weights: Vec<Vec<f64>>,
     fixed: Vec<Vec<i64>>,
+    /// `fixed` packed for the uint8 passes: output `i`'s weights at `i * span ..`, as i32
+    /// (a uint8 sum of them stays below 2**31, so i32 sums equal the i64 ones).
+    span: usize,
+    packed: Vec<i32>,
 }
 
 fn aa_taps(size_in: usize, size_out: usize) -> AaTaps {
@@ -69,6 +73,8 @@ fn aa_taps(size_in: usize, size_out: usize) -> AaTaps {
         first: Vec::with_capacity(size_out),
         weights: Vec::with_capacity(size_out),
         fixed: Vec::with_capacity(size_out),
+        span: 0,
+        packed: Vec::new(),
     };
     for index in 0..size_out {
         let center = (index as f64 + 0.5) * scale;
@@ -93,6 +99,13 @@ fn aa_taps(size_in: usize, size_out: usize) -> AaTaps {
         );
         taps.first.push(low);
         taps.weights.push(weights);
+    }
+    taps.span = taps.fixed.iter().map(Vec::len).max().unwrap_or(0);
+    taps.packed = vec![0; size_out * taps.span];
+    for (index, kernel) in taps.fixed.iter().enumerate() {
+        for (tap, &weight) in kernel.iter().enumerate() {
+            taps.packed[index * taps.span + tap] = weight as i32;
+        }
     }
     taps
 }
@@ -149,12 +162,8 @@ impl Resizer {
             }
             Resample::BilinearAa => {
                 // Horizontal, then vertical, each rounded and clipped to uint8 (Pillow).
-                let horizontal = self.aa_horizontal(image, |total: i64| {
-                    (total >> PRECISION_BITS).clamp(0, 255) as u8
-                });
-                self.aa_vertical(&horizontal, out, |total: i64| {
-                    (total >> PRECISION_BITS).clamp(0, 255) as u8
-                });
+                let horizontal = self.aa_horizontal_u8(image);
+                self.aa_vertical_u8(&horizontal, out);
             }
         }
     }
@@ -192,26 +201,88 @@ impl Resizer {
     }
 }
 
-/// A value `bilinear_aa` sums: uint8 in Pillow's fixed point (i64 sums), or float64.
+fn clip8(total: i32) -> u8 {
+    (total >> PRECISION_BITS).clamp(0, 255) as u8
+}
+
+impl Resizer {
+    /// The horizontal uint8 pass: per pixel, each channel summed over the taps.
+    fn aa_horizontal_u8(&self, image: &[u8]) -> Vec<u8> {
+        let (c, w_in, w) = (self.channels, self.width_in, self.width);
+        if w == w_in {
+            return image.to_vec();
+        }
+        let taps = &self.aa_columns;
+        let start: i32 = 1 << (PRECISION_BITS - 1);
+        let mut out = vec![0u8; self.height_in * w * c];
+        for (row, out_row) in image
+            .chunks_exact(w_in * c)
+            .zip(out.chunks_exact_mut(w * c))
+        {
+            for (x, pixel) in out_row.chunks_exact_mut(c).enumerate() {
+                let count = taps.fixed[x].len();
+                let kernel = &taps.packed[x * taps.span..x * taps.span + count];
+                let window = &row[taps.first[x] * c..(taps.first[x] + count) * c];
+                if c == 3 {
+                    let mut sums = [start; 3];
+                    for (&weight, source) in kernel.iter().zip(window.chunks_exact(3)) {
+                        sums[0] += weight * i32::from(source[0]);
+                        sums[1] += weight * i32::from(source[1]);
+                        sums[2] += weight * i32::from(source[2]);
+                    }
+                    pixel[0] = clip8(sums[0]);
+                    pixel[1] = clip8(sums[1]);
+                    pixel[2] = clip8(sums[2]);
+                } else {
+                    for (channel, target) in pixel.iter_mut().enumerate() {
+                        let mut sum = start;
+                        for (&weight, source) in kernel.iter().zip(window.chunks_exact(c)) {
+                            sum += weight * i32::from(source[channel]);
+                        }
+                        *target = clip8(sum);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The vertical uint8 pass, a whole row at a time (the sums in tap order).
+    fn aa_vertical_u8(&self, image: &[u8], out: &mut [u8]) {
+        let line = self.width * self.channels;
+        if self.height == self.height_in {
+            out.copy_from_slice(image);
+            return;
+        }
+        let taps = &self.aa_rows;
+        let start: i32 = 1 << (PRECISION_BITS - 1);
+        let mut totals = vec![start; line];
+        for (y, out_row) in out.chunks_exact_mut(line).enumerate() {
+            totals.fill(start);
+            let count = taps.fixed[y].len();
+            for (tap, &weight) in taps.packed[y * taps.span..y * taps.span + count]
+                .iter()
+                .enumerate()
+            {
+                let row = &image[(taps.first[y] + tap) * line..][..line];
+                for (total, &value) in totals.iter_mut().zip(row) {
+                    *total += weight * i32::from(value);
+                }
+            }
+            for (out, &total) in out_row.iter_mut().zip(&totals) {
+                *out = clip8(total);
+            }
+        }
+    }
+}
+
+/// A value the generic `bilinear_aa` passes sum (float64; uint8 has its own fixed-point passes).
 pub trait AaValue: Copy + Default {
     type Sum: Copy + std::ops::Add<Output = Self::Sum>;
     fn start() -> Self::Sum;
     /// The weight of tap `tap` of output `index`: fixed point for uint8.
     fn weight(taps: &AaTaps, index: usize, tap: usize) -> Self::Sum;
     fn term(weight: Self::Sum, value: Self) -> Self::Sum;
-}
-
-impl AaValue for u8 {
-    type Sum = i64;
-    fn start() -> i64 {
-        1 << (PRECISION_BITS - 1)
-    }
-    fn weight(taps: &AaTaps, index: usize, tap: usize) -> i64 {
-        taps.fixed[index][tap]
-    }
-    fn term(weight: i64, value: u8) -> i64 {
-        weight * i64::from(value)
-    }
 }
 
 impl AaValue for f64 {
