@@ -9,7 +9,8 @@ process, interleaved (A B A B ...), ``--repeats`` times, and each side's figure 
 so drift on a shared machine hits both sides alike. A micro-benchmark sample times a batch of
 calls long enough to dwarf the timer.
 
-Sections: the core micro-benchmarks (Rust vs Python core), end to end (``rlmesh.run`` vs a
+Sections: the core micro-benchmarks (Rust vs Python core), the role-based adapters (the Rust
+core's resize against Pillow, a LIBERO-like assembly on both cores), end to end (``rlmesh.run`` vs a
 hand-written loop of the same policy and seeds), chunked runs, the summary of a 1M-episode
 results file against its time and memory budget, a CPU-heavy env in worker processes against
 the same env in this process and a hand-written ``AsyncVectorEnv`` loop, the same env on one
@@ -48,6 +49,8 @@ from ratios import format_time
 from rlmesh.cluster.windows import window_sizes
 from rlmesh.core import load_core
 from test_bench_actions import actions_workload
+from test_bench_adapters import LANES as ADAPTER_LANES
+from test_bench_adapters import LiberoAssemblyRound, PillowResizeLoop, ResizeRound
 from test_bench_assembly import IMAGE_LANES, CopyFloor, FrameStackRound, ImageRound
 from test_bench_chunks import ChunkRound
 from test_bench_cluster_ray import (
@@ -335,6 +338,42 @@ def core_rows(settings: Settings) -> list[Row]:
         {"python": ChunkRound(python).round, "rust": ChunkRound(rust).round},
         5.0,
     )
+    return rows
+
+
+def adapter_rows(settings: Settings) -> list[Row]:
+    """Role-based conversions: the Rust core's resize against Pillow, and a LIBERO-like
+    assembly on both cores."""
+    rust, python = load_core("rust"), load_core("python")
+    section = "role-based adapters: time per call"
+    resizes = {
+        "pillow": PillowResizeLoop().round,
+        "rust": ResizeRound(rust).round,
+        "python": ResizeRound(python).round,
+    }
+    times = per_call(resizes, settings)
+    workload = f"resize {ADAPTER_LANES} x 256x256x3 -> 224x224 bilinear_aa"
+    rows = [
+        Row(
+            section,
+            workload,
+            "Pillow loop",
+            times["pillow"],
+            "rust",
+            times["rust"],
+            "s",
+            1.0,
+            note="Pillow BILINEAR, one thread, lane by lane; python core "
+            + format_time(times["python"]),
+        )
+    ]
+    assemblies = {
+        "python": LiberoAssemblyRound(python).round,
+        "rust": LiberoAssemblyRound(rust).round,
+    }
+    times = per_call(assemblies, settings)
+    workload = f"LIBERO-like assembly (resize + rot6d + concat + stack 2), {ADAPTER_LANES} lanes"
+    rows.append(Row(section, workload, "python", times["python"], "rust", times["rust"], "s", 5.0))
     return rows
 
 
@@ -910,7 +949,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = QUICK if args.quick else FULL
 
     started = time.perf_counter()
-    rows = core_rows(settings)
+    rows = core_rows(settings) + adapter_rows(settings)
     driver, ours = end_to_end_rows(settings)
     rows += driver + chunked_rows(settings) + process_lanes_rows(settings) + summary_rows(settings)
     rows += cluster_rows(settings) + remote_rows(settings, args.peer) + served_model_rows(settings)

@@ -227,7 +227,7 @@ def test_the_strategies_reach_both_successes_and_every_kind_of_error():
     seen: set[str] = set()
 
     @settings(
-        max_examples=300,
+        max_examples=600,
         deadline=None,
         derandomize=True,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],

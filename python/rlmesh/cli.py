@@ -7,6 +7,9 @@ Commands:
   [ADDRESS] --workers K`` across a Ray cluster (``rlmesh.cluster``);
 - ``rlmesh demo``: ``eval`` of a built-in CartPole heuristic over 8 lanes and 100 episodes;
 - ``rlmesh report FILE``: the summary table of a results file alone;
+- ``rlmesh describe --env ID_OR_FACTORY [--tags FILE] --model POLICY``: the plan that pairs
+  the policy's spec with the env (its tags, from FILE or the env's metadata) and its
+  advisories, without running an episode;
 - ``rlmesh serve env ID_OR_FACTORY``: serve an env over rlmesh-wire-v1 until SIGINT / SIGTERM.
 - ``rlmesh serve model POLICY --address ADDR``: serve a policy over rlmesh-wire-v1 until
   SIGINT / SIGTERM (``rlmesh eval tcp://host:port --env ...`` evaluates it).
@@ -54,8 +57,8 @@ import gymnasium as gym
 import numpy as np
 
 from . import __version__, core_name, driver
-from .adapters import Action, Custom, ModelSpec
-from .errors import ModelDefinitionError, ResultsFileError, RlmeshError
+from .adapters import Action, Custom, ModelSpec, checked_env_tags, compile_spec, env_tags_of
+from .errors import ModelDefinitionError, ResultsFileError, RlmeshError, SpecError
 from .hooks import RunHooks, RuntimeHooks
 from .model import Model
 from .remote.address import is_address
@@ -841,6 +844,31 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("file", metavar="FILE", help="a results file (JSON lines)")
     report.add_argument("--json", action="store_true", help="print the summary as one JSON object")
 
+    describe = commands.add_parser(
+        "describe",
+        help="the plan pairing a policy's spec with an env",
+        description="Print how POLICY's spec is fitted to the env (by key, or by role against "
+        "the env's tags) and the plan's advisories, without running an episode.",
+        epilog="example:\n  rlmesh describe --env my_env.py:make_env --tags tags.json "
+        "--model my_policy.py:Policy",
+        formatter_class=formatter,
+    )
+    describe.add_argument(
+        "--env", required=True, help="a Gymnasium id, package.module:make_env or file.py:make_env"
+    )
+    describe.add_argument(
+        "--env-kwargs", type=_json_object, default={}, help="JSON object for gymnasium.make"
+    )
+    describe.add_argument(
+        "--tags",
+        metavar="FILE",
+        help="the env's tags, adapters-v1 JSON (default: the env's "
+        'metadata["rlmesh.adapters.v1.env_io_spec"])',
+    )
+    describe.add_argument(
+        "--model", required=True, metavar="POLICY", help="the policy, as for rlmesh eval"
+    )
+
     serve = commands.add_parser(
         "serve",
         help="serve an env or a model over rlmesh-wire-v1",
@@ -942,6 +970,35 @@ def load_env(spec: str) -> Any:
             f"function returning a gymnasium.Env"
         )
     return made
+
+
+def _describe(args: argparse.Namespace) -> int:
+    """``rlmesh describe``: the plan and its advisories; nothing is stepped."""
+    made = load_env(args.env)
+    env = gym.make(made, **args.env_kwargs) if isinstance(made, str) else made()
+    try:
+        observation_space, action_space = env.observation_space, env.action_space
+        metadata = getattr(env.unwrapped, "metadata", None) or getattr(env, "metadata", None)
+    finally:
+        env.close()
+    try:
+        if args.tags is not None:
+            try:
+                text = Path(args.tags).read_text()
+            except OSError as exc:
+                raise UsageError(f"--tags {args.tags!r}: {exc.strerror}") from None
+            tags = checked_env_tags(f"--tags {args.tags}", text)
+        else:
+            tags = env_tags_of(metadata)
+        policy = load_policy(args.model, lambda: action_space)
+        plan = compile_spec(getattr(policy, "spec", None), observation_space, action_space, tags)
+    except SpecError as exc:
+        print(f"rlmesh: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print(plan.describe())
+    for advisory in plan.advisories():
+        print(f"advisory: {advisory}")
+    return EXIT_OK
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -1082,6 +1139,8 @@ def _main(argv: list[str]) -> int:
                 return _eval(_demo_args(args), argv)
             if args.command == "report":
                 return _report(args)
+            if args.command == "describe":
+                return _describe(args)
             if args.command == "serve":
                 return _serve(args)
             build_parser().print_help()

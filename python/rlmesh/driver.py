@@ -36,7 +36,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from .adapters import compile_spec
+from .adapters import compile_spec, env_tags_of
 from .core import active, core_name, load_core
 from .deadlines import DeadlineCaller, DeadlinePassed
 from .errors import OperationTimeout, RlmeshError, call_failure
@@ -117,6 +117,7 @@ async def arun(
     max_retries: int | None = None,
     window_episodes: int | None = None,
     processes_per_worker: int | None = None,
+    env_tags: Any = None,
 ) -> RunResult:
     """Evaluate ``model`` on ``env``: the coroutine behind ``rlmesh.run``.
 
@@ -184,6 +185,9 @@ async def arun(
             not yet dealt, shrinking toward the end so the workers finish together).
         processes_per_worker: each worker's local run steps its lanes in this many processes
             (its ``workers=``; needs process lanes); its task then takes as many CPUs.
+        env_tags: the env's ``rlmesh.adapters.EnvTags`` (or their v1 dict), for a model spec
+            that pairs by role; default: the env's
+            ``metadata["rlmesh.adapters.v1.env_io_spec"]``, if any.
 
     Returns:
         The ``RunResult``: M episodes sorted by index (with ``results_path``, every episode in
@@ -208,6 +212,7 @@ async def arun(
         indices=indices,
         workers=_local_workers(workers, cluster, processes_per_worker),
         restart_workers=restart_workers,
+        env_tags=env_tags,
     )
     placement = check_cluster_settings(
         cluster=cluster,
@@ -403,7 +408,10 @@ class EvaluationRun:
                 "gymnasium.wrappers.TimeLimit instead"
             )
         self.plan = plan = compile_spec(
-            handler.spec, lanes.single_observation_space, lanes.single_action_space
+            handler.spec,
+            lanes.single_observation_space,
+            lanes.single_action_space,
+            env_tags=settings.env_tags or env_tags_of(getattr(lanes, "metadata", None)),
         )
         handler.fit_route(
             lanes.name, lanes.single_observation_space, lanes.single_action_space, plan

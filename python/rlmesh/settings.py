@@ -15,9 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from .adapters import checked_env_tags
 from .utils import positive_int, positive_seconds
 
 TIMEOUT_OPS = ("reset", "step", "predict")
@@ -46,6 +48,7 @@ class RunSettings:
     indices: list[int] | None = None
     workers: int = 1
     restart_workers: int = 0
+    env_tags: Any = None  # rlmesh.adapters.EnvTags
 
 
 def check_settings(
@@ -64,6 +67,7 @@ def check_settings(
     indices: Sequence[int] | None = None,
     workers: int = 1,
     restart_workers: int = 0,
+    env_tags: Any = None,
 ) -> RunSettings:
     """The run's arguments checked, with the defaults DESIGN.md gives; ValueError otherwise.
 
@@ -125,6 +129,7 @@ def check_settings(
         indices=None if indices is None else list(indices),
         workers=workers,
         restart_workers=int(restart_workers),
+        env_tags=None if env_tags is None else checked_env_tags("env_tags", env_tags),
     )
 
 

@@ -16,6 +16,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyMapping, PyString, PyTuple};
 
 use crate::args::{path_text, type_name, vector, ArgError, Dtype};
+use crate::rotations::Encoding;
 
 pyo3::import_exception!(rlmesh.errors, ModelOutputError);
 
@@ -233,6 +234,8 @@ pub struct Leaf {
     pub n: i64,
     pub lowest: Vec<i64>,
     pub stop: Vec<i64>,
+    /// A role-based layout the model's rows go through before the Box conversion.
+    pub layout: Option<Layout>,
 }
 
 /// The pure-Rust leaf: every rule, no Python objects.
@@ -629,7 +632,9 @@ fn read_leaf(plan: &Bound<'_, PyAny>) -> PyResult<Leaf> {
         n: 0,
         lowest: Vec::new(),
         stop: Vec::new(),
+        layout: None,
     };
+    leaf.layout = Layout::from_plan(plan, &leaf)?;
     match kind {
         Kind::Box => {
             let low: Vec<f64> = flat(&leaf, &plan.getattr("low")?, "low", "float64")?;
@@ -671,6 +676,193 @@ fn read_leaf(plan: &Bound<'_, PyAny>) -> PyResult<Leaf> {
         Kind::MultiBinary => {}
     }
     Ok(leaf)
+}
+
+/// One env actuator of a role-based layout (see `rlmesh.adapters.ActionSegmentPlan`).
+#[derive(Debug, Clone)]
+pub struct Segment {
+    start: usize,
+    stop: usize,
+    rotation: Option<(Encoding, Encoding)>,
+    range: Option<(f32, f32, f32)>,
+    /// (scale, invert, threshold): the model side's, then the env side's.
+    corrections: [(Option<f32>, bool, Option<f32>); 2],
+    binary: bool,
+    thresholded: bool,
+    clip: Option<(f32, f32)>,
+    fill: Option<(usize, f32)>,
+}
+
+/// A role-based action layout: the model's vector of `model_dim` values mapped onto the env's.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    model_dim: usize,
+    segments: Vec<Segment>,
+    clip: Option<(f32, f32)>,
+}
+
+impl Layout {
+    fn from_plan(plan: &Bound<'_, PyAny>, leaf: &Leaf) -> PyResult<Option<Layout>> {
+        let segments = plan.getattr("segments")?;
+        if segments.is_none() {
+            return Ok(None);
+        }
+        if leaf.kind != Kind::Box {
+            return Err(PyValueError::new_err(format!(
+                "{}: a role-based action layout needs a Box leaf",
+                leaf.r#where
+            )));
+        }
+        let pair = |value: Bound<'_, PyAny>| -> PyResult<Option<(f64, f64)>> {
+            if value.is_none() {
+                Ok(None)
+            } else {
+                value.extract().map(Some)
+            }
+        };
+        let number = |value: Bound<'_, PyAny>| -> PyResult<Option<f32>> {
+            if value.is_none() {
+                Ok(None)
+            } else {
+                Ok(Some(value.extract::<f64>()? as f32))
+            }
+        };
+        let mut planned = Vec::new();
+        let mut filled = 0;
+        for segment in segments.try_iter()? {
+            let segment = segment?;
+            let width: usize = segment.getattr("width")?.extract()?;
+            filled += width;
+            let name = |attribute: &str| -> PyResult<Option<Encoding>> {
+                let value = segment.getattr(attribute)?;
+                if value.is_none() {
+                    return Ok(None);
+                }
+                let name: String = value.extract()?;
+                Encoding::from_name(&name).map(Some).ok_or_else(|| {
+                    PyValueError::new_err(format!("unknown rotation encoding '{name}'"))
+                })
+            };
+            let rotation = match (name("encoding_from")?, name("encoding_to")?) {
+                (Some(from), Some(to)) if from != to => Some((from, to)),
+                _ => None,
+            };
+            let range = match (
+                pair(segment.getattr("range_from")?)?,
+                pair(segment.getattr("range_to")?)?,
+            ) {
+                (Some((lo_from, hi_from)), Some((lo_to, hi_to))) => Some((
+                    lo_from as f32,
+                    lo_to as f32,
+                    ((hi_to - lo_to) / (hi_from - lo_from)) as f32,
+                )),
+                _ => None,
+            };
+            let model_threshold = number(segment.getattr("model_threshold")?)?;
+            let threshold = number(segment.getattr("threshold")?)?;
+            planned.push(Segment {
+                start: segment.getattr("start")?.extract()?,
+                stop: segment.getattr("stop")?.extract()?,
+                rotation,
+                range,
+                corrections: [
+                    (
+                        number(segment.getattr("model_scale")?)?,
+                        segment.getattr("model_invert")?.is_truthy()?,
+                        model_threshold,
+                    ),
+                    (
+                        number(segment.getattr("scale")?)?,
+                        segment.getattr("invert")?.is_truthy()?,
+                        threshold,
+                    ),
+                ],
+                binary: segment.getattr("binary")?.is_truthy()?,
+                thresholded: threshold.is_some() || model_threshold.is_some(),
+                clip: pair(segment.getattr("clip")?)?.map(|(lo, hi)| (lo as f32, hi as f32)),
+                fill: number(segment.getattr("fill")?)?.map(|fill| (width, fill)),
+            });
+        }
+        if filled != leaf.size {
+            return Err(PyValueError::new_err(format!(
+                "{}: the action layout fills {filled} values of an action of {}",
+                leaf.r#where, leaf.size
+            )));
+        }
+        Ok(Some(Layout {
+            model_dim: plan.getattr("model_dim")?.extract()?,
+            segments: planned,
+            clip: pair(plan.getattr("layout_clip")?)?.map(|(lo, hi)| (lo as f32, hi as f32)),
+        }))
+    }
+
+    /// The model's rows (`[K, model_dim]` float64) mapped onto the env's (`[K, size]`), in
+    /// float32 as the Python core does it, returned as float64.
+    fn map(&self, values: &[f64], size: usize) -> Vec<f64> {
+        let mut out = Vec::with_capacity(values.len() / self.model_dim.max(1) * size);
+        for row in values.chunks_exact(self.model_dim.max(1)) {
+            let row: Vec<f32> = row.iter().map(|&x| x as f32).collect();
+            let mut mapped: Vec<f32> = Vec::with_capacity(size);
+            for segment in &self.segments {
+                if let Some((width, fill)) = segment.fill {
+                    mapped.extend(std::iter::repeat_n(fill, width));
+                    continue;
+                }
+                let mut piece: Vec<f32> = row[segment.start..segment.stop].to_vec();
+                if let Some((from, to)) = segment.rotation {
+                    let wide: Vec<f64> = piece.iter().map(|&x| f64::from(x)).collect();
+                    piece = crate::rotations::convert(&wide, from, to)
+                        .into_iter()
+                        .map(|x| x as f32)
+                        .collect();
+                }
+                if let Some((lo_from, lo_to, gain)) = segment.range {
+                    piece
+                        .iter_mut()
+                        .for_each(|x| *x = lo_to + (*x - lo_from) * gain);
+                }
+                for (scale, invert, threshold) in segment.corrections {
+                    if let Some(scale) = scale {
+                        piece.iter_mut().for_each(|x| *x *= scale);
+                    }
+                    if invert {
+                        piece.iter_mut().for_each(|x| *x = -*x);
+                    }
+                    if let Some(threshold) = threshold {
+                        piece.iter_mut().for_each(|x| *x -= threshold);
+                    }
+                }
+                if segment.binary {
+                    for x in &mut piece {
+                        // >= 0 opens; a raw 0 with no threshold declared stays neutral.
+                        if segment.thresholded || *x != 0.0 {
+                            *x = if *x >= 0.0 { 1.0 } else { -1.0 };
+                        }
+                    }
+                }
+                if let Some((low, high)) = segment.clip {
+                    piece.iter_mut().for_each(|x| *x = clip_f32(*x, low, high));
+                }
+                mapped.extend(piece);
+            }
+            if let Some((low, high)) = self.clip {
+                mapped.iter_mut().for_each(|x| *x = clip_f32(*x, low, high));
+            }
+            out.extend(mapped.iter().map(|&x| f64::from(x)));
+        }
+        out
+    }
+}
+
+/// numpy's `clip` on float32: NaN passes through.
+fn clip_f32(x: f32, low: f32, high: f32) -> f32 {
+    if x < low {
+        low
+    } else if x > high {
+        high
+    } else {
+        x
+    }
 }
 
 /// Checks the model's batched action and converts it into the action space.
@@ -871,11 +1063,13 @@ impl ActionApplier {
             ))
             .into());
         }
-        if count > 0 && !row_shape_fits(&shape[1..], &leaf.shape) {
-            let expected = if leaf.size == 1 && leaf.shape.len() <= 1 {
+        let layout_shape = leaf.layout.as_ref().map(|layout| vec![layout.model_dim]);
+        let row_shape = layout_shape.as_deref().unwrap_or(&leaf.shape);
+        if count > 0 && !row_shape_fits(&shape[1..], row_shape) {
+            let expected = if row_shape.iter().product::<usize>() == 1 && row_shape.len() <= 1 {
                 "[] or [1]".to_string()
             } else {
-                shape_text(&leaf.shape)
+                shape_text(row_shape)
             };
             return Err(OutputError(format!(
                 "{}: {}: expected shape {expected} per lane for {}, got {}",
@@ -919,6 +1113,14 @@ impl ActionApplier {
                 .cast_into::<PyArrayDyn<f64>>()?;
             borrowed = converted.readonly();
             borrowed.as_slice()?
+        };
+        let mapped;
+        let values: &[f64] = match &leaf.layout {
+            Some(layout) => {
+                mapped = layout.map(values, leaf.size);
+                &mapped
+            }
+            None => values,
         };
         let mut dims = Vec::with_capacity(1 + leaf.shape.len());
         dims.push(count);
@@ -1042,6 +1244,7 @@ mod tests {
             n: 0,
             lowest: Vec::new(),
             stop: Vec::new(),
+            layout: None,
         }
     }
 

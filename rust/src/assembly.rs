@@ -19,6 +19,8 @@ use crate::args::{
     array_bytes, array_bytes_mut, path_text, same_length, shape_text, vector, Dtype,
 };
 use crate::chunks::empty_array;
+use crate::resize::{Resample, Resizer};
+use crate::rotations::Encoding;
 
 pyo3::import_exception!(rlmesh.errors, ObservationError);
 
@@ -27,6 +29,10 @@ enum Kind {
     Array,
     Text,
     Custom,
+    /// Role-based (`rlmesh.adapters.resolve`): an image converted per lane.
+    Image,
+    /// Role-based: a state concatenated from converted parts.
+    State,
 }
 
 /// `x * scale + offset` in the leaf's float dtype (multiply, round, add, round: as numpy).
@@ -52,6 +58,14 @@ struct Leaf {
     frame_shape: Vec<usize>,
     frame_bytes: usize,
     func: Option<Py<PyAny>>,
+    /// The dtype sources are read in: the leaf's, or for a role-based leaf the one its
+    /// conversion works in (uint8 or float64 images, float64 states).
+    read_dtype: Py<PyArrayDescr>,
+    role: Option<RoleFrame>,
+    /// A state of plain lists, or text of one-element lists.
+    container_list: bool,
+    /// A text leaf with no source: every lane gets this string.
+    text_fill: Option<String>,
 }
 
 /// The last `stack` frames of one episode, as one byte buffer of `stack` slots.
@@ -110,6 +124,8 @@ impl Leaf {
             "array" => Kind::Array,
             "text" => Kind::Text,
             "custom" => Kind::Custom,
+            "image" => Kind::Image,
+            "state" => Kind::State,
             other => {
                 return Err(PyValueError::new_err(format!(
                     "{label}: unknown leaf kind '{other}'"
@@ -118,7 +134,7 @@ impl Leaf {
         };
         let dtype_name: String = plan.getattr("dtype")?.extract()?;
         let dtype = match kind {
-            Kind::Array => numpy_dtype(py, &dtype_name)?,
+            Kind::Array | Kind::Image | Kind::State => numpy_dtype(py, &dtype_name)?,
             _ => numpy_dtype(py, "object")?,
         };
         let itemsize = dtype.itemsize();
@@ -158,7 +174,34 @@ impl Leaf {
             Some(planned)
         };
         let func = plan.getattr("fn")?;
+        let (read_dtype, role) = match kind {
+            Kind::Image => {
+                let out = OutKind::from_name(&label, &dtype_name)?;
+                let ops = ImageOps::from_plan(plan, &label, out, itemsize)?;
+                let read = if ops.source_u8 { "uint8" } else { "float64" };
+                (
+                    numpy_dtype(py, read)?,
+                    Some(RoleFrame::Image(Box::new(ops))),
+                )
+            }
+            Kind::State => {
+                let out = OutKind::from_name(&label, &dtype_name)?;
+                let ops = StateOps::from_plan(plan, &label, out)?;
+                (numpy_dtype(py, "float64")?, Some(RoleFrame::State(ops)))
+            }
+            _ => (dtype.clone(), None),
+        };
+        let container: String = plan.getattr("container")?.extract()?;
+        let text_fill = plan.getattr("text_fill")?;
         Ok(Leaf {
+            read_dtype: read_dtype.unbind(),
+            role,
+            container_list: container == "list",
+            text_fill: if text_fill.is_none() {
+                None
+            } else {
+                Some(text_fill.extract()?)
+            },
             slot: strings(&plan.getattr("slot")?)?,
             kind,
             sources: plan
@@ -183,7 +226,12 @@ impl Leaf {
     }
 
     fn stacked(&self) -> bool {
-        self.kind == Kind::Array && self.stack > 1
+        self.framed() && self.stack > 1
+    }
+
+    /// Whether the leaf writes frames into an array (and may stack them).
+    fn framed(&self) -> bool {
+        matches!(self.kind, Kind::Array | Kind::Image | Kind::State)
     }
 
     /// The shape of one lane's value of an array leaf: `[stack, *frame_shape]` when stacked.
@@ -202,7 +250,7 @@ impl Leaf {
         raw_observation: &Bound<'py, PyAny>,
         lane: usize,
     ) -> PyResult<Vec<Bound<'py, PyUntypedArray>>> {
-        let dtype = self.dtype.bind(raw_observation.py());
+        let dtype = self.read_dtype.bind(raw_observation.py());
         self.sources
             .iter()
             .zip(&self.source_shapes)
@@ -216,6 +264,15 @@ impl Leaf {
     /// Write one frame (`frame_bytes` long) from its sources: transpose, or flatten and
     /// concatenate (C-contiguous sources one after the other), then scale.
     fn copy_frame(&self, sources: &[Bound<'_, PyUntypedArray>], frame: &mut [u8]) {
+        match &self.role {
+            Some(RoleFrame::Image(ops)) => {
+                // SAFETY: as below: a C-contiguous source, alive and untouched under the GIL.
+                let source = sources.first().map(|source| unsafe { array_bytes(source) });
+                return ops.write(source, self.affine, frame);
+            }
+            Some(RoleFrame::State(ops)) => return ops.write(sources, frame),
+            None => {}
+        }
         let mut written = 0;
         for (index, source) in sources.iter().enumerate() {
             // SAFETY: `sources_of` made each source C-contiguous; it stays alive and untouched
@@ -229,6 +286,337 @@ impl Leaf {
             written += bytes.len();
         }
         apply_affine(self.affine, frame);
+    }
+}
+
+/// How a role-based leaf makes one lane's frame (`rlmesh.adapters.resolve` plans it).
+enum RoleFrame {
+    Image(Box<ImageOps>),
+    State(StateOps),
+}
+
+/// The output dtype of a role-based leaf.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OutKind {
+    U8,
+    F32,
+    F64,
+    I64,
+}
+
+impl OutKind {
+    fn from_name(label: &str, name: &str) -> PyResult<OutKind> {
+        Ok(match name {
+            "uint8" => OutKind::U8,
+            "float32" => OutKind::F32,
+            "float64" => OutKind::F64,
+            "int64" => OutKind::I64,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "{label}: a role-based leaf's dtype must be uint8, float32, float64 or int64, \
+                     got {other}"
+                )))
+            }
+        })
+    }
+
+    /// `values` cast into `out` as numpy's `astype` would (float to int truncates).
+    fn write(self, values: impl Iterator<Item = f64>, out: &mut [u8]) {
+        match self {
+            OutKind::U8 => values.zip(out.iter_mut()).for_each(|(v, o)| *o = v as u8),
+            OutKind::F32 => {
+                for (v, o) in values.zip(out.chunks_exact_mut(4)) {
+                    o.copy_from_slice(&(v as f32).to_ne_bytes());
+                }
+            }
+            OutKind::F64 => {
+                for (v, o) in values.zip(out.chunks_exact_mut(8)) {
+                    o.copy_from_slice(&v.to_ne_bytes());
+                }
+            }
+            OutKind::I64 => {
+                for (v, o) in values.zip(out.chunks_exact_mut(8)) {
+                    o.copy_from_slice(&(v as i64).to_ne_bytes());
+                }
+            }
+        }
+    }
+}
+
+/// An image leaf: to hwc, flip 180, resize, cast and scale, to the model's layout.
+struct ImageOps {
+    /// The source's (height, width, channels), and whether it is stored chw.
+    source: (usize, usize, usize),
+    chw: bool,
+    flip: bool,
+    /// The source is read as uint8 (else as float64).
+    source_u8: bool,
+    resizer: Option<Resizer>,
+    out: OutKind,
+    /// hwc -> chw of the resized frame, in the leaf's itemsize.
+    to_chw: Option<Transpose>,
+    zero_fill: Option<f64>,
+}
+
+/// One part of a state leaf (see `rlmesh.adapters.StatePartPlan`).
+struct PartOps {
+    /// Index into the leaf's sources; None for zeros.
+    source: Option<usize>,
+    zeros: usize,
+    offset: usize,
+    width: usize,
+    rotation: Option<(Encoding, Encoding)>,
+    index: Option<usize>,
+    dim: Option<usize>,
+    /// (lo_from, hi_from, lo_to, hi_to)
+    range: Option<(f64, f64, f64, f64)>,
+}
+
+struct StateOps {
+    parts: Vec<PartOps>,
+    pad_to: Option<usize>,
+    out: OutKind,
+}
+
+fn optional<'py>(value: Bound<'py, PyAny>) -> Option<Bound<'py, PyAny>> {
+    (!value.is_none()).then_some(value)
+}
+
+fn encoding(label: &str, name: &str) -> PyResult<Encoding> {
+    Encoding::from_name(name).ok_or_else(|| {
+        PyValueError::new_err(format!("{label}: unknown rotation encoding '{name}'"))
+    })
+}
+
+impl ImageOps {
+    fn from_plan(
+        plan: &Bound<'_, PyAny>,
+        label: &str,
+        out: OutKind,
+        itemsize: usize,
+    ) -> PyResult<Self> {
+        let frame: Vec<usize> = sizes(&plan.getattr("frame_shape")?)?;
+        let lead: usize = plan.getattr("lead_dims")?.extract()?;
+        let chw_out = !plan.getattr("transpose")?.is_none();
+        let [a, b, c] = frame[lead..] else {
+            return Err(PyValueError::new_err(format!(
+                "{label}: an image frame has rank 3"
+            )));
+        };
+        let (height, width, channels) = if chw_out { (b, c, a) } else { (a, b, c) };
+        let to_chw =
+            chw_out.then(|| Transpose::plan(&[height, width, channels], &[2, 0, 1], itemsize));
+        if plan.getattr("zero_fill")?.is_truthy()? {
+            return Ok(ImageOps {
+                source: (height, width, channels),
+                chw: false,
+                flip: false,
+                source_u8: true,
+                resizer: None,
+                out,
+                to_chw,
+                zero_fill: Some(plan.getattr("fill_value")?.extract()?),
+            });
+        }
+        let shape = sizes(&plan.getattr("source_shapes")?.get_item(0)?)?;
+        let chw = plan.getattr("src_layout")?.extract::<String>()? == "chw";
+        let source = if chw {
+            (shape[1], shape[2], shape[0])
+        } else {
+            (shape[0], shape[1], shape[2])
+        };
+        let source_dtype: String = plan.getattr("source_dtypes")?.get_item(0)?.extract()?;
+        let resizer = match optional(plan.getattr("resize")?) {
+            None => None,
+            Some(target) => {
+                let (h, w): (usize, usize) = target.extract()?;
+                let name: String = plan.getattr("resample")?.extract()?;
+                let resample = Resample::from_name(&name).ok_or_else(|| {
+                    PyValueError::new_err(format!("{label}: unknown resample '{name}'"))
+                })?;
+                Some(Resizer::plan(resample, source, (h, w)))
+            }
+        };
+        Ok(ImageOps {
+            source,
+            chw,
+            flip: plan.getattr("flip")?.is_truthy()?,
+            source_u8: source_dtype == "uint8",
+            resizer,
+            out,
+            to_chw,
+            zero_fill: None,
+        })
+    }
+
+    /// The source's pixels in hwc order, flipped when asked: borrowed when nothing moves.
+    fn upright<'a, T: Copy>(&self, source: &'a [T]) -> std::borrow::Cow<'a, [T]> {
+        let (h, w, c) = self.source;
+        if !self.chw && !self.flip {
+            return std::borrow::Cow::Borrowed(source);
+        }
+        let mut out = Vec::with_capacity(source.len());
+        for y in 0..h {
+            let sy = if self.flip { h - 1 - y } else { y };
+            for x in 0..w {
+                let sx = if self.flip { w - 1 - x } else { x };
+                for channel in 0..c {
+                    out.push(if self.chw {
+                        source[(channel * h + sy) * w + sx]
+                    } else {
+                        source[(sy * w + sx) * c + channel]
+                    });
+                }
+            }
+        }
+        std::borrow::Cow::Owned(out)
+    }
+
+    /// One frame into `frame` (the leaf's dtype and frame shape), from the source's bytes.
+    fn write(&self, source: Option<&[u8]>, affine: Affine, frame: &mut [u8]) {
+        if let Some(fill) = self.zero_fill {
+            let count = frame.len() / self.itemsize();
+            self.out.write(std::iter::repeat_n(fill, count), frame);
+            return;
+        }
+        let source = source.expect("an image leaf reads its source");
+        let mut hwc = vec![0u8; frame.len()];
+        if self.source_u8 {
+            let upright = self.upright(source);
+            let resized: std::borrow::Cow<'_, [u8]> = match &self.resizer {
+                Some(resizer) => {
+                    let mut out = vec![0u8; resizer.out_len()];
+                    resizer.resize_u8(&upright, &mut out);
+                    std::borrow::Cow::Owned(out)
+                }
+                None => upright,
+            };
+            if self.out == OutKind::U8 {
+                hwc.copy_from_slice(&resized);
+            } else {
+                self.out
+                    .write(resized.iter().map(|&v| f64::from(v)), &mut hwc);
+            }
+        } else {
+            let values: Vec<f64> = source
+                .chunks_exact(8)
+                .map(|item| f64::from_ne_bytes(item.try_into().expect("8 bytes")))
+                .collect();
+            let upright = self.upright(&values);
+            let resized = match &self.resizer {
+                Some(resizer) => {
+                    let mut out = vec![0.0; resizer.out_len()];
+                    resizer.resize_f64(&upright, &mut out);
+                    out
+                }
+                None => upright.into_owned(),
+            };
+            self.out.write(resized.into_iter(), &mut hwc);
+        }
+        apply_affine(affine, &mut hwc);
+        match &self.to_chw {
+            Some(transpose) => transpose.copy(&hwc, frame),
+            None => frame.copy_from_slice(&hwc),
+        }
+    }
+
+    fn itemsize(&self) -> usize {
+        match self.out {
+            OutKind::U8 => 1,
+            OutKind::F32 => 4,
+            OutKind::F64 | OutKind::I64 => 8,
+        }
+    }
+}
+
+impl StateOps {
+    fn from_plan(plan: &Bound<'_, PyAny>, label: &str, out: OutKind) -> PyResult<Self> {
+        let mut parts = Vec::new();
+        let mut next_source = 0;
+        for part in plan.getattr("parts")?.try_iter()? {
+            let part = part?;
+            let source = if part.getattr("source")?.is_none() {
+                None
+            } else {
+                next_source += 1;
+                Some(next_source - 1)
+            };
+            let from = optional(part.getattr("encoding_from")?);
+            let to = optional(part.getattr("encoding_to")?);
+            let rotation = match (from, to) {
+                (Some(from), Some(to)) => {
+                    let (from, to) = (from.extract::<String>()?, to.extract::<String>()?);
+                    (from != to).then_some((encoding(label, &from)?, encoding(label, &to)?))
+                }
+                _ => None,
+            };
+            let range = match (
+                optional(part.getattr("range_from")?),
+                optional(part.getattr("range_to")?),
+            ) {
+                (Some(from), Some(to)) => {
+                    let (lo_from, hi_from): (f64, f64) = from.extract()?;
+                    let (lo_to, hi_to): (f64, f64) = to.extract()?;
+                    Some((lo_from, hi_from, lo_to, hi_to))
+                }
+                _ => None,
+            };
+            parts.push(PartOps {
+                source,
+                zeros: part.getattr("zeros")?.extract()?,
+                offset: part.getattr("offset")?.extract()?,
+                width: part.getattr("width")?.extract()?,
+                rotation,
+                index: part.getattr("index")?.extract()?,
+                dim: part.getattr("dim")?.extract()?,
+                range,
+            });
+        }
+        Ok(StateOps {
+            parts,
+            pad_to: plan.getattr("pad_to")?.extract()?,
+            out,
+        })
+    }
+
+    /// One frame into `frame`: every part in float64, concatenated, padded, cast.
+    fn write(&self, sources: &[Bound<'_, PyUntypedArray>], frame: &mut [u8]) {
+        let mut values: Vec<f64> = Vec::new();
+        for part in &self.parts {
+            let Some(source) = part.source else {
+                values.extend(std::iter::repeat_n(0.0, part.zeros));
+                continue;
+            };
+            // SAFETY: `sources_of` made each source a C-contiguous float64 array, alive and
+            // untouched under the GIL while it is read.
+            let bytes = unsafe { array_bytes(&sources[source]) };
+            let flat: Vec<f64> = bytes
+                .chunks_exact(8)
+                .skip(part.offset)
+                .take(part.width)
+                .map(|item| f64::from_ne_bytes(item.try_into().expect("8 bytes")))
+                .collect();
+            let mut piece = match part.rotation {
+                Some((from, to)) => crate::rotations::convert(&flat, from, to),
+                None => flat,
+            };
+            if let Some(index) = part.index {
+                piece = piece[index..index + 1].to_vec();
+            } else if let Some(dim) = part.dim {
+                piece.truncate(dim);
+            }
+            if let Some((lo_from, hi_from, lo_to, hi_to)) = part.range {
+                let gain = (hi_to - lo_to) / (hi_from - lo_from);
+                for value in &mut piece {
+                    *value = lo_to + (*value - lo_from) * gain;
+                }
+            }
+            values.extend(piece);
+        }
+        if let Some(pad_to) = self.pad_to {
+            values.resize(pad_to, 0.0);
+        }
+        self.out.write(values.into_iter(), frame);
     }
 }
 
@@ -728,7 +1116,12 @@ impl ObservationAssembler {
             Kind::Text => {
                 let texts = PyList::empty(py);
                 for (lane, observation) in raw.iter().enumerate() {
-                    texts.append(text(leaf, observation, lane)?)?;
+                    let value = text(leaf, observation, lane)?;
+                    if leaf.container_list {
+                        texts.append(PyList::new(py, [value])?)?;
+                    } else {
+                        texts.append(value)?;
+                    }
                 }
                 Ok(texts.into_any())
             }
@@ -744,7 +1137,17 @@ impl ObservationAssembler {
                     .collect::<PyResult<Vec<_>>>()?;
                 custom(py, leaf, values)
             }
-            Kind::Array => self.array_leaf(py, index, raw, ids),
+            Kind::Array | Kind::Image => self.array_leaf(py, index, raw, ids),
+            Kind::State => {
+                let list = leaf.container_list;
+                let out = self.array_leaf(py, index, raw, ids)?;
+                // Plain floats, one list per lane.
+                if list {
+                    out.call_method0("tolist")
+                } else {
+                    Ok(out)
+                }
+            }
         }
     }
 
@@ -829,6 +1232,9 @@ fn text<'py>(
     raw_observation: &Bound<'py, PyAny>,
     lane: usize,
 ) -> PyResult<Bound<'py, PyAny>> {
+    if let Some(fill) = &leaf.text_fill {
+        return Ok(PyString::new(raw_observation.py(), fill).into_any());
+    }
     let value = read_source(raw_observation, &leaf.sources[0], lane)?;
     if !value.is_instance_of::<PyString>() {
         return Err(ObservationError::new_err(format!(

@@ -12,6 +12,8 @@ pub mod args;
 pub mod assembly;
 pub mod chunks;
 pub mod ledger;
+pub mod resize;
+pub mod rotations;
 pub mod rounds;
 pub mod seeding;
 pub mod telemetry;

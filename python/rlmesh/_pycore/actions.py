@@ -41,6 +41,7 @@ import numpy as np
 
 from ..errors import ModelOutputError
 from .args import path_text, vector
+from .rotations import convert
 
 KIND_NAMES = {
     "box": "Box",
@@ -116,6 +117,21 @@ class _Leaf:
         elif self.integer:
             info = np.iinfo(self.dtype)
             self.dtype_min, self.dtype_max = int(info.min), int(info.max)
+        # A role-based layout: each row is the model's vector of `model_dim` values, mapped
+        # onto the env's vector before the Box conversion.
+        self.segments = getattr(plan, "segments", None)
+        self.row_shape = self.shape if self.segments is None else (int(plan.model_dim),)
+        if self.segments is not None:
+            if self.kind != "box":
+                raise ValueError(f"{self.where}: a role-based action layout needs a Box leaf")
+            clip = plan.layout_clip
+            self.layout_clip = None if clip is None else (float(clip[0]), float(clip[1]))
+            filled = sum(segment.width for segment in self.segments)
+            if filled != self.size:
+                raise ValueError(
+                    f"{self.where}: the action layout fills {filled} values of an action of "
+                    f"{self.size}"
+                )
         if self.kind == "box":
             self.low = self._flat(plan.low, "low")
             self.high = self._flat(plan.high, "high")
@@ -297,15 +313,19 @@ class ActionApplier:
                 f"{leaf.where}: expected {_count_text(count, 'row')} (one per lane) of "
                 f"{leaf.label}, got shape {_shape_text(array.shape)}"
             )
-        if count and not _row_shape_fits(array.shape[1:], leaf.shape):
-            expected = _shape_text(leaf.shape)
-            if leaf.size == 1 and len(leaf.shape) <= 1:
+        if count and not _row_shape_fits(array.shape[1:], leaf.row_shape):
+            expected = _shape_text(leaf.row_shape)
+            if math.prod(leaf.row_shape) == 1 and len(leaf.row_shape) <= 1:
                 expected = "[] or [1]"
             raise ModelOutputError(
                 f"{lane_text(0)}: {leaf.where}: expected shape {expected} per lane for "
                 f"{leaf.label}, got {_shape_text(array.shape[1:])}"
             )
-        values = np.ascontiguousarray(array, dtype=np.float64).reshape(count, leaf.size)
+        values = np.ascontiguousarray(array, dtype=np.float64).reshape(
+            count, math.prod(leaf.row_shape)
+        )
+        if leaf.segments is not None:
+            values = _map_layout(leaf, values)
         integral_input = array.dtype.kind in INTEGRAL_KINDS
         # Bad values must not raise numpy warnings on their way to the error that names them,
         # and a finite value rescaled past float64 (or cast past float32) becomes inf in both
@@ -313,6 +333,49 @@ class ActionApplier:
         with np.errstate(all="ignore"):
             result = _CONVERT[leaf.kind](leaf, values, lane_text, integral_input)
             return result.astype(leaf.dtype).reshape(count, *leaf.shape)
+
+
+def _map_layout(leaf: _Leaf, x: np.ndarray) -> np.ndarray:
+    """The model's vectors ``[K, model_dim]`` mapped onto the env's ``[K, size]``, segment by
+    segment, in float32 (see ``rlmesh.adapters.ActionSegmentPlan`` for the order)."""
+    f32 = np.float32
+    model = x.astype(f32)
+    pieces = []
+    with np.errstate(all="ignore"):
+        for segment in leaf.segments:
+            if segment.fill is not None:
+                pieces.append(np.full((len(x), segment.width), segment.fill, f32))
+                continue
+            piece = model[:, segment.start : segment.stop]
+            source, target = segment.encoding_from, segment.encoding_to
+            if source is not None and target is not None and source != target:
+                piece = np.stack([convert(row, source, target) for row in piece]).astype(f32)
+            if segment.range_from is not None and segment.range_to is not None:
+                (lo_from, hi_from), (lo_to, hi_to) = segment.range_from, segment.range_to
+                gain = f32((hi_to - lo_to) / (hi_from - lo_from))
+                piece = f32(lo_to) + (piece - f32(lo_from)) * gain
+            for scale, invert, threshold in (
+                (segment.model_scale, segment.model_invert, segment.model_threshold),
+                (segment.scale, segment.invert, segment.threshold),
+            ):
+                if scale is not None:
+                    piece = piece * f32(scale)
+                if invert:
+                    piece = -piece
+                if threshold is not None:
+                    piece = piece - f32(threshold)
+            if segment.binary:
+                # >= 0 opens; a raw 0 with no threshold declared stays neutral.
+                thresholded = segment.threshold is not None or segment.model_threshold is not None
+                snapped = np.where(piece >= 0, f32(1), f32(-1))
+                piece = np.where(thresholded | (piece != 0), snapped, piece).astype(f32)
+            if segment.clip is not None:
+                piece = np.clip(piece, f32(segment.clip[0]), f32(segment.clip[1]))
+            pieces.append(piece.astype(f32))
+        out = np.concatenate(pieces, axis=1)
+        if leaf.layout_clip is not None:
+            out = np.clip(out, f32(leaf.layout_clip[0]), f32(leaf.layout_clip[1]))
+    return out.astype(np.float64)
 
 
 # The converters: float64 values ``[K, size]`` in, the action as float64 ``[K, size]`` out

@@ -20,8 +20,14 @@ import numpy as np
 
 from ..errors import ObservationError
 from .args import path_text, same_length, vector
+from .resize import resize
+from .rotations import convert
 
 ARRAY, TEXT, CUSTOM = "array", "text", "custom"
+# Role-based leaves (``rlmesh.adapters.resolve``): an image converted per lane, and a state
+# concatenated from converted parts.
+IMAGE, STATE = "image", "state"
+FRAMED = (ARRAY, IMAGE, STATE)  # kinds whose frames can be stacked
 
 
 def read_source(raw_observation: Any, path: Sequence[str], lane: int) -> Any:
@@ -132,7 +138,7 @@ class ObservationAssembler:
         """
         ids = self._check(raw_lane_observations, episode_ids)
         for index, leaf in enumerate(self._leaves):
-            if leaf.kind == ARRAY and leaf.stack > 1:
+            if leaf.kind in FRAMED and leaf.stack > 1:
                 for lane, (raw, episode_id) in enumerate(
                     zip(raw_lane_observations, ids, strict=True)
                 ):
@@ -153,10 +159,11 @@ class ObservationAssembler:
     ) -> Any:
         lanes = range(len(ids))
         if leaf.kind == TEXT:
-            return [
+            texts = [
                 _text(leaf, raw, lane)
                 for lane, raw in zip(lanes, raw_lane_observations, strict=True)
             ]
+            return [[text] for text in texts] if leaf.container == "list" else texts
         if leaf.kind == CUSTOM:
             return _custom(leaf, [leaf.fn(raw) for raw in raw_lane_observations])
         stack_shape = (leaf.stack,) if leaf.stack > 1 else ()
@@ -167,6 +174,8 @@ class ObservationAssembler:
                 out[lane] = np.stack(self._advance_window(index, leaf, episode_id, frame))
             else:
                 out[lane] = frame
+        if leaf.kind == STATE and leaf.container == "list":
+            return out.tolist()  # plain floats, one list per lane
         return out
 
     def _advance_window(
@@ -181,16 +190,26 @@ class ObservationAssembler:
         return window
 
 
+def _read(raw_observation: Any, path: Sequence[str], shape: Sequence[int], lane: int) -> Any:
+    """The value at ``path``, checked against the space's shape."""
+    value = np.asarray(read_source(raw_observation, path, lane))
+    if value.shape != tuple(shape):
+        raise ObservationError(
+            f"lane {lane}: {path_text('obs', path)} has shape {value.shape} but the "
+            f"observation space declares {tuple(shape)}"
+        )
+    return value
+
+
 def _frame(leaf: Any, raw_observation: Any, lane: int) -> np.ndarray:
     """One lane's frame of an array leaf: read, check shape, cast, transpose or flatten, scale."""
+    if leaf.kind == IMAGE:
+        return _image_frame(leaf, raw_observation, lane)
+    if leaf.kind == STATE:
+        return _state_frame(leaf, raw_observation, lane)
     parts = []
     for path, shape in zip(leaf.sources, leaf.source_shapes, strict=True):
-        value = np.asarray(read_source(raw_observation, path, lane))
-        if value.shape != tuple(shape):
-            raise ObservationError(
-                f"lane {lane}: {path_text('obs', path)} has shape {value.shape} but the "
-                f"observation space declares {tuple(shape)}"
-            )
+        value = _read(raw_observation, path, shape, lane)
         # A copy: envs may reuse their observation buffers, and windows keep frames.
         parts.append(np.array(value, dtype=leaf.dtype, copy=True))
     if leaf.flatten:
@@ -205,7 +224,55 @@ def _frame(leaf: Any, raw_observation: Any, lane: int) -> np.ndarray:
     return frame
 
 
+def _image_frame(leaf: Any, raw_observation: Any, lane: int) -> np.ndarray:
+    """One lane's image: to hwc, flip 180, resize, cast and scale, to the model's layout."""
+    dtype = np.dtype(leaf.dtype)
+    if leaf.zero_fill:
+        return np.full(tuple(leaf.frame_shape), leaf.fill_value, dtype)
+    image = _read(raw_observation, leaf.sources[0], leaf.source_shapes[0], lane)
+    if leaf.src_layout == "chw":
+        image = image.transpose(1, 2, 0)
+    if leaf.flip:
+        image = image[::-1, ::-1]
+    if leaf.resize is not None:
+        image = resize(np.ascontiguousarray(image), leaf.resize[0], leaf.resize[1], leaf.resample)
+    frame = np.array(image, dtype=dtype, copy=True)
+    if (leaf.scale, leaf.offset) != (1.0, 0.0):
+        frame = frame * dtype.type(leaf.scale) + dtype.type(leaf.offset)
+    if leaf.transpose is not None:
+        frame = frame.transpose(leaf.transpose)
+    return np.ascontiguousarray(frame).reshape(tuple(leaf.frame_shape))
+
+
+def _state_frame(leaf: Any, raw_observation: Any, lane: int) -> np.ndarray:
+    """One lane's state: each part read, sliced, re-encoded, cut and range-mapped; then
+    concatenated, zero-padded and cast. In float64 until the cast."""
+    pieces = []
+    for part in leaf.parts:
+        if part.source is None:
+            pieces.append(np.zeros(part.zeros))
+            continue
+        value = _read(raw_observation, part.source, part.source_shape, lane)
+        values = value.astype(np.float64).reshape(-1)[part.offset : part.offset + part.width]
+        if part.encoding_to is not None and part.encoding_from != part.encoding_to:
+            values = convert(values, part.encoding_from, part.encoding_to)
+        if part.index is not None:
+            values = values[part.index : part.index + 1]
+        elif part.dim is not None:
+            values = values[: part.dim]
+        if part.range_from is not None:
+            (lo_from, hi_from), (lo_to, hi_to) = part.range_from, part.range_to
+            values = lo_to + (values - lo_from) * ((hi_to - lo_to) / (hi_from - lo_from))
+        pieces.append(values)
+    flat = np.concatenate(pieces)
+    if leaf.pad_to is not None:
+        flat = np.concatenate([flat, np.zeros(leaf.pad_to - flat.size)])
+    return flat.astype(leaf.dtype).reshape(tuple(leaf.frame_shape))
+
+
 def _text(leaf: Any, raw_observation: Any, lane: int) -> str:
+    if not leaf.sources:
+        return leaf.text_fill
     value = read_source(raw_observation, leaf.sources[0], lane)
     if not isinstance(value, str):
         raise ObservationError(

@@ -64,6 +64,7 @@ class LaneVector:
         self.single_action_space = first.action_space
         self.accepts_trial_index = declares_trial_index(first)
         self.spec = first.spec
+        self.metadata = dict(getattr(first, "metadata", None) or {})  # env tags may live here
 
     def reset(
         self, lanes: np.ndarray, seeds: Sequence[int | None], trials: Sequence[int | None]

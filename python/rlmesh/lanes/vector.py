@@ -98,6 +98,7 @@ class VectorLanes:
         self.single_action_space = env.single_action_space
         self.accepts_trial_index = declares_trial_index(env)
         self.spec = vector_spec(env)
+        self.metadata = dict(getattr(env, "metadata", None) or {})  # env tags may live here
         self._all_lanes = np.arange(self.num_lanes)
         # Lanes whose episode ended on the last step and that no reset has restarted since:
         # a NEXT_STEP vector resets them on the next step; DISABLED needs the driver to.

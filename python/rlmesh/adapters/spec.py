@@ -41,13 +41,15 @@ import importlib
 import json
 import math
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from gymnasium import spaces
 
-from .errors import SpecError
+from ..errors import SpecError
+from .roles import is_role
+from .tags import Actuator
 
 KeyPath = tuple[str, ...]
 """A key normalized: ``()`` is the whole observation, ``("a", "b")`` is ``obs["a"]["b"]``."""
@@ -187,11 +189,27 @@ def _from_json(value: Any) -> Any:
 
 
 class _SpecNode:
-    """A frozen dataclass of the spec that round-trips through a plain dict with a "type"."""
+    """A frozen dataclass of the spec that round-trips through a plain dict with a "type".
+
+    A key-based leaf keeps the key-based form (``{"type": "Image", "key": [...], ...}``, the
+    fields in ``_KEYED``); a role-based leaf (or a role-based ``Action``) writes adapters-v1.
+    """
+
+    _KEYED: tuple[str, ...] = ()
+    _REQUIRED: tuple[str, ...] = ()
+
+    @property
+    def role_based(self) -> bool:
+        """Whether the node pairs by role (adapters-v1) rather than by observation key."""
+        return False
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields as JSON-ready data, with ``"type"`` naming the class."""
-        data = {field.name: _to_json(getattr(self, field.name)) for field in fields(self)}
+        """The node as JSON-ready data: the key-based form, or adapters-v1 for roles."""
+        if self.role_based:
+            from .v1 import node_to_v1
+
+            return node_to_v1(self)
+        data = {name: _to_json(getattr(self, name)) for name in self._KEYED}
         return {"type": type(self).__name__, **data}
 
     @classmethod
@@ -200,46 +218,177 @@ class _SpecNode:
         return cls(**values)
 
 
-@dataclass(frozen=True)
+def _source(label: str, source: object, key: object, role: object) -> tuple[KeyPath, str | None]:
+    """A leaf's first argument split into (key path, role): a ``kind/name`` str is a role."""
+    if source is not None and (key is not None or role is not None):
+        raise SpecError(f"{label}: pass the source once: positionally, or as key= or role=")
+    if source is not None:
+        if is_role(source):
+            role = source
+        else:
+            key = source
+    if role is not None:
+        if key is not None:
+            raise SpecError(f"{label}: a leaf reads a key or pairs by role, not both")
+        if not isinstance(role, str) or not role:
+            raise SpecError(f"{label}: role must be a non-empty str, got {role!r}")
+        return (), role
+    return _key_path(key, label), None
+
+
+def _keyed_only(label: str, role: str | None, options: dict[str, tuple[object, object]]) -> None:
+    """A key-based leaf refuses the options that only resolve by role can plan."""
+    if role is not None:
+        return
+    given = [name for name, (value, default) in options.items() if value != default]
+    if given:
+        raise SpecError(
+            f"{label}: {', '.join(given)} need(s) a role-based leaf (pair it by role, e.g. "
+            f"Image(IMAGE_PRIMARY, ...), with env tags), not a key"
+        )
+
+
+def _check_int(label: str, name: str, value: object, low: int, allow_none: bool = True) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise SpecError(f"{label}: {name} must be an int >= {low}, got {value!r}")
+
+
+@dataclass(frozen=True, init=False)
 class Image(_SpecNode):
-    """An image read from the observation (height, width, channels) and shaped for the model.
+    """An image input: read by observation key, or paired by role with an env's ``ImageTag``.
 
     Args:
-        key: the observation key (None = the whole observation, a tuple = a nested path).
-        layout: the layout the *model* wants: ``"hwc"`` as the env emits it, or ``"chw"``.
+        source: a role (``IMAGE_PRIMARY``: a str with a ``/``) or an observation key (None =
+            the whole observation, a tuple = a nested path); or pass ``key=`` / ``role=``.
+        layout: the layout the *model* wants: ``"hwc"`` or ``"chw"``.
         dtype: ``"uint8"`` or ``"float32"``.
-        normalize: False, True (map uint8 [0, 255] onto [0, 1]) or a range ``(lo, hi)``; needs
-            ``dtype="float32"`` and a uint8 image. Stored as False or ``(lo, hi)``.
-        stack: frames stacked along a new leading axis, oldest first (1 = none, at most 64):
-            ``[stack, C, H, W]`` per lane for ``"chw"``, ``[stack, H, W, C]`` for ``"hwc"``.
+        normalize: False, True (uint8 [0, 255] onto [0, 1]) or a range ``(lo, hi)``; needs
+            ``dtype="float32"``.
+        stack: frames stacked along a new leading axis, oldest first (1 = none, at most 64).
             The first frame of an episode fills the whole window, as Gymnasium's
-            ``FrameStackObservation(padding_type="reset")`` does; windows are kept per episode
-            and never span two.
+            ``FrameStackObservation(padding_type="reset")`` does.
+        size, height, width: the target size (``size`` sets both); None keeps the env's.
+        resample: ``"bilinear"`` (half-pixel centres, as OpenCV ``INTER_LINEAR``) or
+            ``"bilinear_aa"`` (antialiased, as Pillow's ``BILINEAR``).
+        allow_upscale: permit a target larger than the env's image.
+        fit: ``"stretch"`` to accept an aspect change (crop / pad are not supported here).
+        upside_down: the model was trained on frames rotated 180 degrees.
+        lead_dims: leading singleton axes to add (a batch or time axis the model expects).
+        channels: the channel count the model wants (a mismatch is then a resolve error).
+        optional, fill: a blank frame (``fill``, default 0) when the env has no such camera;
+            needs ``height``, ``width`` and ``channels``.
+
+        Every option after ``stack`` needs a role-based leaf.
 
     Example:
-        >>> import gymnasium as gym
-        >>> import numpy as np
         >>> image = Image("pixels", layout="chw", dtype="float32", normalize=True, stack=4)
-        >>> image.key, image.normalize
-        (('pixels',), (0.0, 1.0))
-        >>> space = gym.spaces.Dict({"pixels": gym.spaces.Box(0, 255, (64, 48, 3), np.uint8)})
-        >>> leaf = ModelSpec(input=image).compile(space, gym.spaces.Discrete(2)).observation[0]
-        >>> leaf.frame_shape, leaf.stack, leaf.scale == 1 / 255
-        ((3, 64, 48), 4, True)
+        >>> image.key, image.normalize, image.role
+        (('pixels',), (0.0, 1.0), None)
+        >>> Image("image/primary", size=224).role, Image("image/primary", size=224).height
+        ('image/primary', 224)
     """
 
-    key: Key = None
-    layout: str = "hwc"
-    dtype: str = "uint8"
-    normalize: bool | tuple[float, float] = False
-    stack: int = 1
+    key: KeyPath
+    role: str | None
+    layout: str
+    dtype: str
+    normalize: bool | tuple[float, float]
+    stack: int
+    height: int | None
+    width: int | None
+    channels: int | None
+    lead_dims: int
+    upside_down: bool
+    resample: str
+    allow_upscale: bool
+    fit: str | None
+    optional: bool
+    fill: float | None
+    extensions: Mapping[str, Any]
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "key", _key_path(self.key, "Image"))
-        _check_choice(self.label, "layout", self.layout, IMAGE_LAYOUTS)
-        _check_choice(self.label, "dtype", self.dtype, IMAGE_DTYPES)
-        object.__setattr__(self, "normalize", self._normalize_range())
-        _check_stack(self.label, self.stack)
+    _KEYED = ("key", "layout", "dtype", "normalize", "stack")
+
+    def __init__(
+        self,
+        source: Key = None,
+        *,
+        key: Key = None,
+        role: str | None = None,
+        layout: str = "hwc",
+        dtype: str = "uint8",
+        normalize: bool | tuple[float, float] = False,
+        stack: int = 1,
+        size: int | None = None,
+        height: int | None = None,
+        width: int | None = None,
+        channels: int | None = None,
+        lead_dims: int = 0,
+        upside_down: bool = False,
+        resample: str = "bilinear",
+        allow_upscale: bool = False,
+        fit: str | None = None,
+        optional: bool = False,
+        fill: float | None = None,
+        extensions: Mapping[str, Any] | None = None,
+    ) -> None:
+        path, role = _source("Image", source, key, role)
+        if size is not None:
+            if height is not None or width is not None:
+                raise SpecError("Image: pass size= or height=/width=, not both")
+            height = width = size
+        values = dict(
+            key=path,
+            role=role,
+            layout=layout,
+            dtype=dtype,
+            normalize=normalize,
+            stack=stack,
+            height=height,
+            width=width,
+            channels=channels,
+            lead_dims=lead_dims,
+            upside_down=upside_down,
+            resample=resample,
+            allow_upscale=allow_upscale,
+            fit=fit,
+            optional=optional,
+            fill=fill,
+            extensions=dict(extensions or {}),
+        )
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+        label = self.label
+        _keyed_only(
+            label,
+            role,
+            {
+                "size/height/width": ((height, width), (None, None)),
+                "channels": (channels, None),
+                "lead_dims": (lead_dims, 0),
+                "upside_down": (upside_down, False),
+                "resample": (resample, "bilinear"),
+                "allow_upscale": (allow_upscale, False),
+                "fit": (fit, None),
+                "optional": (optional, False),
+                "fill": (fill, None),
+            },
+        )
+        _check_choice(label, "layout", layout, IMAGE_LAYOUTS)
+        _check_choice(label, "dtype", dtype, IMAGE_DTYPES)
+        _check_stack(label, stack)
+        for name in ("height", "width", "channels"):
+            _check_int(label, name, getattr(self, name), 1)
+        _check_int(label, "lead_dims", lead_dims, 0, allow_none=False)
+        if fill is not None and not optional:
+            raise SpecError(f"{label}: fill is the blank frame's value; it needs optional=True")
+        if role is None:
+            object.__setattr__(self, "normalize", self._normalize_range())
+        elif normalize is not False:
+            self._normalize_range()  # checked; kept as written so v1 round-trips exactly
+            if isinstance(normalize, (list, tuple)):
+                object.__setattr__(self, "normalize", self._normalize_range())
 
     def _normalize_range(self) -> bool | tuple[float, float]:
         """``normalize`` stored: False, or the range ``(lo, hi)`` that True abbreviates."""
@@ -255,24 +404,40 @@ class Image(_SpecNode):
         return _value_range(self.label, "normalize", self.normalize)
 
     @property
+    def role_based(self) -> bool:
+        return self.role is not None
+
+    @property
     def label(self) -> str:
-        """The leaf as messages name it: ``Image(key="pixels")``."""
+        """The leaf as messages name it: ``Image(key="pixels")`` or ``Image("image/primary")``."""
+        if self.role is not None:
+            return f"Image({json.dumps(self.role)})"
         return f"Image(key={_key_text(self.key)})"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class State(_SpecNode):
-    """A numeric observation leaf, flattened to one vector and cast.
+    """A numeric input: read by observation key, or one role paired with an env's ``StateTag``.
 
-    Box, Discrete (one int64 element), MultiDiscrete and MultiBinary leaves are numeric.
+    Box, Discrete (one int64 element), MultiDiscrete and MultiBinary leaves are numeric; a
+    keyed leaf is flattened to one vector and cast.
 
     Args:
-        key: the observation key (None = the whole observation, a tuple = a nested path).
+        source: a role (``EEF_POS``) or an observation key (None = the whole observation, a
+            tuple = a nested path); or pass ``key=`` / ``role=``.
         dtype: ``"float32"``, ``"float64"`` or ``"int64"``.
         stack: frames stacked along a new leading axis, oldest first (1 = none, at most 64):
             ``[stack, size]`` per lane. The first frame of an episode fills the whole window, as
-            Gymnasium's ``FrameStackObservation(padding_type="reset")`` does; windows are kept
-            per episode and never span two.
+            Gymnasium's ``FrameStackObservation(padding_type="reset")`` does.
+        encoding: the rotation encoding the model wants (the env's is converted to it).
+        dim: keep the leading ``dim`` elements; index: keep element ``index`` only.
+        optional: zeros when the env has no such role (the width must be known: ``dim``,
+            ``index`` or ``encoding``).
+        range: ``(low, high)`` the model wants, mapped affinely from the env's range.
+        pad_to: zero-pad the result to this length. reshape: the result's shape.
+        container: ``"array"`` or ``"list"`` (plain floats).
+
+        ``encoding`` .. ``container`` need a role-based leaf.
 
     Example:
         >>> import gymnasium as gym
@@ -292,30 +457,125 @@ class State(_SpecNode):
         >>> [assembler.assemble([np.array([t], np.float32)], [0])[0].ravel().tolist()
         ...  for t in (1, 2, 3, 4)]
         [[1.0, 1.0, 1.0], [1.0, 1.0, 2.0], [1.0, 2.0, 3.0], [2.0, 3.0, 4.0]]
+        >>> State("proprio/eef_rot", encoding="rot6d").role
+        'proprio/eef_rot'
     """
 
-    key: Key = None
-    dtype: str = "float32"
-    stack: int = 1
+    key: KeyPath
+    role: str | None
+    dtype: str
+    stack: int
+    encoding: str | None
+    dim: int | None
+    index: int | None
+    optional: bool
+    range: tuple[float, float] | None
+    pad_to: int | None
+    reshape: tuple[int, ...] | None
+    container: str
+    extensions: Mapping[str, Any]
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "key", _key_path(self.key, "State"))
-        _check_choice(self.label, "dtype", self.dtype, FLAT_DTYPES)
-        _check_stack(self.label, self.stack)
+    _KEYED = ("key", "dtype", "stack")
+
+    def __init__(
+        self,
+        source: Key = None,
+        *,
+        key: Key = None,
+        role: str | None = None,
+        dtype: str = "float32",
+        stack: int = 1,
+        encoding: str | None = None,
+        dim: int | None = None,
+        index: int | None = None,
+        optional: bool = False,
+        range: tuple[float, float] | None = None,
+        pad_to: int | None = None,
+        reshape: tuple[int, ...] | None = None,
+        container: str = "array",
+        extensions: Mapping[str, Any] | None = None,
+    ) -> None:
+        path, role = _source("State", source, key, role)
+        values = dict(
+            key=path,
+            role=role,
+            dtype=dtype,
+            stack=stack,
+            encoding=encoding,
+            dim=dim,
+            index=index,
+            optional=optional,
+            range=range,
+            pad_to=pad_to,
+            reshape=None if reshape is None else tuple(reshape),
+            container=container,
+            extensions=dict(extensions or {}),
+        )
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+        label = self.label
+        _keyed_only(
+            label,
+            role,
+            {
+                "encoding": (encoding, None),
+                "dim": (dim, None),
+                "index": (index, None),
+                "optional": (optional, False),
+                "range": (range, None),
+                "pad_to": (pad_to, None),
+                "reshape": (reshape, None),
+                "container": (container, "array"),
+            },
+        )
+        _check_choice(label, "dtype", dtype, FLAT_DTYPES)
+        _check_stack(label, stack)
+        _check_part(label, self)
+        _check_int(label, "pad_to", pad_to, 1)
+        _check_choice(label, "container", container, STATE_CONTAINERS)
+
+    @property
+    def role_based(self) -> bool:
+        return self.role is not None
 
     @property
     def label(self) -> str:
-        """The leaf as messages name it: ``State(key="joints")``."""
+        """The leaf as messages name it: ``State(key="joints")`` or ``State("proprio/eef_pos")``."""
+        if self.role is not None:
+            return f"State({json.dumps(self.role)})"
         return f"State(key={_key_text(self.key)})"
+
+
+STATE_CONTAINERS = ("array", "list")
+
+
+def _check_part(label: str, part: State) -> None:
+    """The fields a State shares with a Concat part: encoding, dim / index, optional, range."""
+    if part.encoding is not None:
+        from .tags import check_encoding
+
+        check_encoding(label, part.encoding)
+    _check_int(label, "dim", part.dim, 1)
+    _check_int(label, "index", part.index, 0)
+    if part.dim is not None and part.index is not None:
+        raise SpecError(f"{label}: dim keeps the leading elements and index one; pass one")
+    if not isinstance(part.optional, bool):
+        raise SpecError(f"{label}: optional must be a bool, got {part.optional!r}")
+    if part.range is not None:
+        object.__setattr__(part, "range", _value_range(label, "range", part.range))
 
 
 @dataclass(frozen=True, init=False)
 class Concat(_SpecNode):
-    """Several numeric observation leaves, each flattened, concatenated in order into one vector.
+    """Several numeric inputs concatenated in order into one vector: by key, or by role.
 
     Args:
-        *keys: the observation keys, at least one (a tuple = a nested path).
+        *parts: observation keys (a tuple = a nested path), at least one; or roles (a bare
+            role str, or a ``State(role, ...)`` carrying part options: encoding, dim, index,
+            optional, range).
         dtype: ``"float32"``, ``"float64"`` or ``"int64"``.
+        pad_to, reshape, container, stack: as for ``State`` (role-based parts only, but
+            ``stack``).
 
     Example:
         >>> import gymnasium as gym
@@ -327,17 +587,69 @@ class Concat(_SpecNode):
         >>> spec = ModelSpec(input={"state": Concat("joints", "gripper")})
         >>> spec.compile(space, gym.spaces.Discrete(2)).observation[0].frame_shape
         (8,)
+        >>> state = Concat("proprio/eef_pos", State("proprio/eef_rot", encoding="rot6d"))
+        >>> [part.role for part in state.parts]
+        ['proprio/eef_pos', 'proprio/eef_rot']
     """
 
     keys: tuple[KeyPath, ...]
-    dtype: str = "float32"
+    parts: tuple[State, ...]
+    dtype: str
+    pad_to: int | None
+    reshape: tuple[int, ...] | None
+    container: str
+    stack: int
+    extensions: Mapping[str, Any]
 
-    def __init__(self, *keys: Key, dtype: str = "float32") -> None:
-        object.__setattr__(self, "keys", tuple(_key_path(key, "Concat") for key in keys))
-        object.__setattr__(self, "dtype", dtype)
-        if not self.keys:
+    _KEYED = ("keys", "dtype")
+    _REQUIRED = ("keys",)
+
+    def __init__(
+        self,
+        *parts: Key | State,
+        dtype: str = "float32",
+        pad_to: int | None = None,
+        reshape: tuple[int, ...] | None = None,
+        container: str = "array",
+        stack: int = 1,
+        extensions: Mapping[str, Any] | None = None,
+    ) -> None:
+        by_role = any(isinstance(part, State) or is_role(part) for part in parts)
+        if by_role:
+            role_parts = tuple(_role_part(part) for part in parts)
+            keys: tuple[KeyPath, ...] = ()
+        else:
+            role_parts = ()
+            keys = tuple(_key_path(key, "Concat") for key in parts)
+        values = dict(
+            keys=keys,
+            parts=role_parts,
+            dtype=dtype,
+            pad_to=pad_to,
+            reshape=None if reshape is None else tuple(reshape),
+            container=container,
+            stack=stack,
+            extensions=dict(extensions or {}),
+        )
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+        if not parts:
             raise SpecError('Concat() needs at least one key, e.g. Concat("joints", "gripper")')
-        _check_choice(self.label, "dtype", self.dtype, FLAT_DTYPES)
+        label = self.label
+        if not by_role:
+            _keyed_only(
+                label,
+                None,
+                {
+                    "pad_to": (pad_to, None),
+                    "reshape": (reshape, None),
+                    "container": (container, "array"),
+                },
+            )
+        _check_choice(label, "dtype", dtype, FLAT_DTYPES)
+        _check_stack(label, stack)
+        _check_int(label, "pad_to", pad_to, 1)
+        _check_choice(label, "container", container, STATE_CONTAINERS)
 
     @classmethod
     def _from_fields(cls, values: dict[str, Any]) -> Concat:
@@ -345,17 +657,56 @@ class Concat(_SpecNode):
         return cls(*keys, **values)
 
     @property
+    def role_based(self) -> bool:
+        return bool(self.parts)
+
+    @property
     def label(self) -> str:
         """The leaf as messages name it: ``Concat("joints", "gripper")``."""
+        if self.parts:
+            return f"Concat({', '.join(json.dumps(part.role) for part in self.parts)})"
         return f"Concat({', '.join(_key_text(key) for key in self.keys)})"
 
 
-@dataclass(frozen=True)
+def _role_part(part: object) -> State:
+    """A Concat part as a role-only State: a bare role str, or a State with part fields only."""
+    if isinstance(part, str) and is_role(part):
+        return State(role=part)
+    if isinstance(part, State) and part.role is not None:
+        container_fields = {
+            "pad_to": (part.pad_to, None),
+            "reshape": (part.reshape, None),
+            "container": (part.container, "array"),
+            "dtype": (part.dtype, "float32"),
+            "stack": (part.stack, 1),
+        }
+        set_fields = [
+            name for name, (value, default) in container_fields.items() if value != default
+        ]
+        if set_fields:
+            raise SpecError(
+                f"Concat: part {part.label} sets {', '.join(set_fields)}, which belong on the "
+                f"Concat itself"
+            )
+        return part
+    raise SpecError(
+        f"Concat: a role-based part is a role str or a State(role, ...), got {part!r}; keys "
+        f"and roles do not mix in one Concat"
+    )
+
+
+@dataclass(frozen=True, init=False)
 class Text(_SpecNode):
-    """A string from a text observation space, passed through (batched: a list of N strings).
+    """A string input: read by observation key, or paired by role with an env's ``TextTag``.
 
     A text space is a ``gymnasium.spaces.Text`` or any other space whose values are strings,
-    such as MiniGrid's ``MissionSpace`` (see ``is_text_space``).
+    such as MiniGrid's ``MissionSpace`` (see ``is_text_space``). Batched: a list of N strings.
+
+    Args:
+        source: a role (``INSTRUCTION``) or an observation key; or ``key=`` / ``role=``.
+        container: ``"str"``, or ``"list"`` for a one-element list (role-based only).
+        fill: the string given when the env has no such role (role-based only); without it a
+            missing role is a resolve error.
 
     Example:
         >>> import gymnasium as gym
@@ -363,17 +714,51 @@ class Text(_SpecNode):
         >>> spec = ModelSpec(input={"prompt": Text("instruction")})
         >>> spec.compile(space, gym.spaces.Discrete(2)).observation[0].kind
         'text'
+        >>> Text("text/instruction", fill="do the task").fill
+        'do the task'
     """
 
-    key: Key = None
+    key: KeyPath
+    role: str | None
+    container: str
+    fill: str | None
+    extensions: Mapping[str, Any]
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "key", _key_path(self.key, "Text"))
+    _KEYED = ("key",)
+
+    def __init__(
+        self,
+        source: Key = None,
+        *,
+        key: Key = None,
+        role: str | None = None,
+        container: str = "str",
+        fill: str | None = None,
+        extensions: Mapping[str, Any] | None = None,
+    ) -> None:
+        path, role = _source("Text", source, key, role)
+        for name, value in dict(
+            key=path, role=role, container=container, fill=fill, extensions=dict(extensions or {})
+        ).items():
+            object.__setattr__(self, name, value)
+        _keyed_only(self.label, role, {"container": (container, "str"), "fill": (fill, None)})
+        _check_choice(self.label, "container", container, TEXT_CONTAINERS)
+        if fill is not None and not isinstance(fill, str):
+            raise SpecError(f"{self.label}: fill must be a str, got {fill!r}")
+
+    @property
+    def role_based(self) -> bool:
+        return self.role is not None
 
     @property
     def label(self) -> str:
         """The leaf as messages name it: ``Text(key="instruction")``."""
+        if self.role is not None:
+            return f"Text({json.dumps(self.role)})"
         return f"Text(key={_key_text(self.key)})"
+
+
+TEXT_CONTAINERS = ("str", "list")
 
 
 @dataclass(frozen=True)
@@ -396,6 +781,9 @@ class Custom(_SpecNode):
     """
 
     fn: Callable[[Any], Any]
+
+    _KEYED = ("fn",)
+    _REQUIRED = ("fn",)
 
     def __post_init__(self) -> None:
         if not callable(self.fn):
@@ -453,14 +841,22 @@ def _import_function(path: object) -> Callable[[Any], Any]:
     return function
 
 
-@dataclass(frozen=True)
-class Action(_SpecNode):
-    """How the model's action is mapped into the action space: rescale, then clip, then cast.
+_CLIP_DEFAULT: Any = object()
 
-    Args:
-        rescale: None, or the model's range ``(lo, hi)``, mapped linearly onto the bounds of each
-            Box in the action space (which must be finite).
-        clip: clip Box actions to their bounds.
+
+@dataclass(frozen=True, init=False)
+class Action(_SpecNode):
+    """How the model's action reaches the action space.
+
+    Two forms:
+
+    - **by key** (no actuators): ``Action(rescale=None, clip=True)``: ``rescale`` maps the
+      model's range ``(lo, hi)`` linearly onto each Box's bounds, ``clip`` clips Box actions to
+      their bounds, then the action is cast into the space;
+    - **by role**: ``Action(*actuators, clip=None)``: the layout of an action vector, one
+      ``Actuator`` per contiguous slice; ``clip`` is None or a ``(low, high)`` applied to the
+      whole env vector (env side only). A model's layout is paired with the env's tagged
+      layout by role.
 
     Example:
         >>> import gymnasium as gym
@@ -470,20 +866,75 @@ class Action(_SpecNode):
         >>> leaf = spec.compile(gym.spaces.Box(-1, 1, (3,)), box).action[0]
         >>> leaf.rescale, leaf.clip, leaf.high
         ((-1.0, 1.0), True, array([2.]))
+        >>> layout = Action(Actuator("action/delta_eef_pos", dim=3), Actuator("action/x", dim=1))
+        >>> layout.dim, layout.clip
+        (4, None)
     """
 
-    rescale: tuple[float, float] | None = None
-    clip: bool = True
+    rescale: tuple[float, float] | None
+    clip: bool | tuple[float, float] | None
+    components: tuple[Actuator, ...] | None
 
-    def __post_init__(self) -> None:
-        if self.rescale is not None:
-            object.__setattr__(self, "rescale", _value_range("Action", "rescale", self.rescale))
-        if not isinstance(self.clip, bool):
-            raise SpecError(f"Action: clip must be True or False, got {self.clip!r}")
+    _KEYED = ("rescale", "clip")
+
+    def __init__(
+        self,
+        *components: Actuator,
+        rescale: tuple[float, float] | None = None,
+        clip: Any = _CLIP_DEFAULT,
+    ) -> None:
+        if components:
+            if not all(isinstance(component, Actuator) for component in components):
+                raise SpecError(
+                    f"Action(*actuators): each one is an Actuator(...), got {components!r}"
+                )
+            if rescale is not None:
+                raise SpecError(
+                    "Action: rescale maps onto Box bounds by key; with actuators declare each "
+                    "one's range instead"
+                )
+            clip = None if clip is _CLIP_DEFAULT else clip
+            if clip is not None:
+                from .tags import check_range
+
+                clip = check_range("Action", "clip", clip)
+            object.__setattr__(self, "components", tuple(components))
+        else:
+            clip = True if clip is _CLIP_DEFAULT else clip
+            if rescale is not None:
+                rescale = _value_range("Action", "rescale", rescale)
+            if not isinstance(clip, bool):
+                raise SpecError(f"Action: clip must be True or False, got {clip!r}")
+            object.__setattr__(self, "components", None)
+        object.__setattr__(self, "rescale", rescale)
+        object.__setattr__(self, "clip", clip)
+
+    @classmethod
+    def layout(
+        cls, components: tuple[Actuator, ...], clip: tuple[float, float] | None = None
+    ) -> Action:
+        """A role-based layout (possibly of no actuators) from a sequence of actuators."""
+        action = cls(*components, clip=clip) if components else cls.__new__(cls)
+        if not components:
+            object.__setattr__(action, "rescale", None)
+            object.__setattr__(action, "clip", clip)
+            object.__setattr__(action, "components", ())
+        return action
+
+    @property
+    def role_based(self) -> bool:
+        return self.components is not None
+
+    @property
+    def dim(self) -> int:
+        """The width of a role-based action vector: the sum of its actuators' dims."""
+        return sum(component.dim for component in self.components or ())
 
     @property
     def label(self) -> str:
         """The output as messages name it: ``Action(rescale=(-1, 1))``."""
+        if self.components is not None:
+            return f"Action({', '.join(component.label for component in self.components)})"
         if self.rescale is None:
             return "Action()"
         lo, hi = self.rescale
@@ -498,6 +949,23 @@ InputTree = Leaf | Mapping[str, "InputTree"]
 _LEAF_TYPES: dict[str, type[_SpecNode]] = {
     leaf_type.__name__: leaf_type for leaf_type in (Image, State, Concat, Text, Custom)
 }
+V1_LEAF_TYPES = ("image", "state", "text")
+
+
+def action_from_v1(data: object, where: str) -> Action:
+    """A role-based ``Action`` from its v1 form ``{"clip": ..., "components": [...]}``."""
+    from .tags import actuator_from_dict, expect_mapping, split_fields
+
+    data = expect_mapping(where, data)
+    split_fields(where, data, ("clip", "components"))
+    components = data.get("components")
+    if not isinstance(components, list):
+        raise SpecError(f"{where}: components must be a list of actuators, got {components!r}")
+    actuators = tuple(
+        actuator_from_dict(item, f"{where}.components[{index}]")
+        for index, item in enumerate(components)
+    )
+    return Action.layout(actuators, clip=data.get("clip"))
 
 
 def _input_leaves(tree: object, slot: KeyPath = ()) -> Iterator[tuple[KeyPath, Leaf]]:
@@ -553,13 +1021,21 @@ class ModelSpec:
         if not isinstance(self.output, Action):
             raise SpecError(f"ModelSpec: output must be an Action(...), got {self.output!r}")
 
+    @property
+    def role_based(self) -> bool:
+        """Whether any input leaf or the output pairs by role (resolve needs env tags)."""
+        leaves = () if self.input is None else (leaf for _, leaf in _input_leaves(self.input))
+        return self.output.role_based or any(leaf.role_based for leaf in leaves)
+
     def to_dict(self) -> dict[str, Any]:
-        """The spec as JSON-ready data; a SpecError if a Custom fn has no import path."""
+        """The spec as JSON-ready data (adapters-v1 for role-based leaves and output); a
+        SpecError if a Custom fn has no import path."""
         return {"input": _tree_to_dict(self.input), "output": self.output.to_dict()}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ModelSpec:
-        """The spec ``to_dict`` produced (also after JSON); a SpecError naming what is unknown."""
+        """The spec ``to_dict`` produced (also after JSON, and any adapters-v1 model spec); a
+        SpecError naming what is unknown."""
         if not isinstance(data, Mapping):
             raise SpecError(f"ModelSpec.from_dict: expected a dict, got {data!r}")
         unknown = sorted(set(data) - {"input", "output"})
@@ -568,10 +1044,22 @@ class ModelSpec:
                 f'ModelSpec.from_dict: unknown field(s) {unknown}; a spec has "input" and "output"'
             )
         output = data.get("output")
-        return cls(
-            input=_tree_from_dict(data.get("input"), ()),
-            output=Action() if output is None else _node_from_dict(output, {"Action": Action}),
-        )
+        if output is None:
+            action = Action()
+        elif isinstance(output, Mapping) and "components" in output:
+            action = action_from_v1(output, "output")
+        else:
+            action = _node_from_dict(output, {"Action": Action})
+        return cls(input=_tree_from_dict(data.get("input"), ()), output=action)
+
+    def to_json(self) -> str:
+        """``json.dumps(self.to_dict())``: a spec file's content."""
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_json(cls, text: str) -> ModelSpec:
+        """The spec a ``to_json`` text (a spec file) holds; pure data, nothing is run."""
+        return cls.from_dict(json.loads(text))
 
     def compile(self, observation_space: spaces.Space, action_space: spaces.Space) -> Plan:
         """``compile_spec(self, observation_space, action_space)``."""
@@ -588,6 +1076,10 @@ def _tree_from_dict(data: Any, slot: KeyPath) -> Any:
     """An input tree from its dict form: a dict whose "type" is a str is a leaf, else slots."""
     if data is None:
         return None
+    if isinstance(data, Mapping) and data.get("type") in V1_LEAF_TYPES:
+        from .v1 import leaf_from_v1
+
+        return leaf_from_v1(data, _path_text(slot, "input"))
     if isinstance(data, Mapping) and isinstance(data.get("type"), str):
         return _node_from_dict(data, _LEAF_TYPES)
     if isinstance(data, Mapping):
@@ -608,15 +1100,11 @@ def _node_from_dict(data: Mapping[str, Any], types: dict[str, type[_SpecNode]]) 
             f"ModelSpec.from_dict: unknown type {type_name!r}; expected one of {list(types)}"
         )
     node_type = types[type_name]
-    known = fields(node_type)
-    unknown = sorted(set(data) - {"type"} - {node_field.name for node_field in known})
+    known = node_type._KEYED
+    unknown = sorted(set(data) - {"type"} - set(known))
     if unknown:
         raise SpecError(f"ModelSpec.from_dict: {type_name} has no field(s) {unknown}")
-    missing = [
-        node_field.name
-        for node_field in known
-        if node_field.default is MISSING and node_field.name not in data
-    ]
+    missing = [name for name in node_type._REQUIRED if name not in data]
     if missing:
         raise SpecError(f"ModelSpec.from_dict: {type_name} is missing field(s) {missing}")
     values = {name: _from_json(value) for name, value in data.items() if name != "type"}
@@ -661,6 +1149,18 @@ class LeafPlan:
     frame_shape: tuple[int, ...]  # one lane's output for one frame (no lane or stack axis)
     fn: Callable[[Any], Any] | None = None  # Custom only
     leaf: str = ""  # the leaf as messages name it, e.g. 'Image(key="pixels")'
+    # Role-based leaves ("image", "state"; "text" with a fill), planned by ``resolve``.
+    src_layout: str = "hwc"  # image: how the env stores it
+    flip: bool = False  # image: rotate 180 degrees (the two sides disagree on upside_down)
+    resize: tuple[int, int] | None = None  # image: target (height, width)
+    resample: str = "bilinear"  # image: "bilinear" | "bilinear_aa"
+    lead_dims: int = 0  # image: leading singleton axes (inside frame_shape)
+    zero_fill: bool = False  # image: no source; every frame is `fill_value`
+    fill_value: float = 0.0
+    parts: tuple[StatePartPlan, ...] = ()  # state: concatenated in order
+    pad_to: int | None = None  # state: zero-pad to this length
+    container: str = "array"  # state: "array" | "list"; text: "str" | "list"
+    text_fill: str | None = None  # text: the string when the env has no such role
 
 
 @dataclass(frozen=True)
@@ -692,6 +1192,79 @@ class ActionLeafPlan:
     rescale: tuple[float, float] | None = None
     clip: bool = False
     nvec_start: np.ndarray | None = None  # MultiDiscrete: the lowest value of each entry
+    # A role-based layout: the model's vector of `model_dim` values is mapped, segment by
+    # segment, onto the env's vector (then clipped to `layout_clip`) before the Box cast.
+    segments: tuple[ActionSegmentPlan, ...] | None = None
+    model_dim: int = 0
+    layout_clip: tuple[float, float] | None = None
+
+
+@dataclass(frozen=True)
+class StatePartPlan:
+    """One part of a role-based state: a slice of one source, converted; or zeros.
+
+    The source is flattened; ``offset``/``width`` select its slice (a Split field), the
+    rotation is re-encoded ``encoding_from -> encoding_to``, then ``index`` keeps one element
+    or ``dim`` the leading ones, then ``range_from -> range_to`` maps affinely. A part with
+    no source is ``zeros`` zeros (an optional role the env lacks).
+    """
+
+    source: KeyPath | None
+    source_shape: tuple[int, ...] = ()
+    source_dtype: str = "float32"
+    offset: int = 0
+    width: int = 0
+    encoding_from: str | None = None
+    encoding_to: str | None = None
+    index: int | None = None
+    dim: int | None = None
+    range_from: tuple[float, float] | None = None
+    range_to: tuple[float, float] | None = None
+    zeros: int = 0
+    name: str = ""  # the source as describe shows it
+
+    @property
+    def size(self) -> int:
+        """The number of values this part contributes."""
+        if self.source is None:
+            return self.zeros
+        if self.index is not None:
+            return 1
+        width = self.width
+        if self.encoding_to is not None and self.encoding_to != self.encoding_from:
+            from .roles import encoding_width
+
+            width = encoding_width(self.encoding_to)
+        return width if self.dim is None else self.dim
+
+
+@dataclass(frozen=True)
+class ActionSegmentPlan:
+    """One env actuator of a role-based layout: read from ``model[start:stop]``, or a fill.
+
+    Applied in this order: rotation ``encoding_from -> encoding_to``, range map
+    ``range_from -> range_to``, the model side's scale, invert, threshold, then the env
+    side's, then the binary snap (``>= 0`` -> +1, else -1; a raw 0 stays 0 unless a
+    threshold is declared), then the clamp to ``clip``. In float32.
+    """
+
+    role: str | None
+    start: int = 0
+    stop: int = 0
+    encoding_from: str | None = None
+    encoding_to: str | None = None
+    range_from: tuple[float, float] | None = None
+    range_to: tuple[float, float] | None = None
+    model_scale: float | None = None
+    model_invert: bool = False
+    model_threshold: float | None = None
+    scale: float | None = None
+    invert: bool = False
+    threshold: float | None = None
+    binary: bool = False
+    clip: tuple[float, float] | None = None
+    fill: float | None = None  # an opaque (or optional, unmatched) actuator: `width` of these
+    width: int = 0
 
 
 @dataclass(frozen=True)
@@ -713,6 +1286,9 @@ class Plan:
     observation: tuple[LeafPlan, ...]
     action: tuple[ActionLeafPlan, ...]
     observation_keys: tuple[KeyPath, ...] = ()
+    # A plan from ``resolve``: its adapters-v1 description and advisories.
+    description: str | None = None
+    notes: tuple[str, ...] = ()
 
     def describe(self) -> str:
         """What the plan does, one line per observation leaf, then one per action leaf.
@@ -727,6 +1303,8 @@ class Plan:
             q: obs["q"] int64[] -> int64[1] (flatten)
             action: clip to [-1, 1], cast to float32[2]
         """
+        if self.description is not None:
+            return self.description
         lines = [_describe_observation_leaf(leaf) for leaf in self.observation]
         lines += [_describe_action_leaf(leaf) for leaf in self.action]
         return "\n".join(lines)
@@ -744,6 +1322,8 @@ class Plan:
             >>> ModelSpec(input=Image("pixels")).compile(space, gym.spaces.Discrete(2)).advisories()
             ['obs["joints"] is never read: no leaf of the spec names it.']
         """
+        if self.description is not None:
+            return list(self.notes)
         return _lossy_casts(self.observation) + _unread_keys(
             self.observation, self.observation_keys
         )
@@ -754,12 +1334,16 @@ class Plan:
 
 
 def compile_spec(
-    spec: ModelSpec | None, observation_space: spaces.Space, action_space: spaces.Space
+    spec: ModelSpec | None,
+    observation_space: spaces.Space,
+    action_space: spaces.Space,
+    env_tags: Any = None,
 ) -> Plan:
     """Check ``spec`` against the spaces and turn it into a ``Plan``; once per route.
 
     With ``spec=None`` the model gets the raw observation (a Dict observation becomes a dict of
     leaves, each in the space's own dtype) and its action is only cast into the action space.
+    A spec that pairs by role is resolved against ``env_tags`` (``rlmesh.adapters.resolve``).
 
     Raises:
         SpecError: the spec does not fit the spaces; the message names the leaf, the key and
@@ -774,6 +1358,10 @@ def compile_spec(
         >>> [(leaf.kind, leaf.clip, leaf.rescale) for leaf in plan.action]
         [('box', False, None)]
     """
+    if spec is not None and spec.role_based:
+        from .resolve import resolve
+
+        return resolve(env_tags, observation_space, action_space, spec)
     if spec is None or spec.input is None:
         observation = _raw_observation_plan(observation_space)
     else:

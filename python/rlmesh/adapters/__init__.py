@@ -1,0 +1,155 @@
+"""What a model consumes and emits, by observation key or by role (adapters-v1).
+
+Two ways to say what a model reads:
+
+- **by key**: ``Image("pixels")``, ``State("joints")``, ... name observation keys, and
+  ``compile_spec`` checks them against the spaces (see ``rlmesh.adapters.spec``);
+- **by role**: ``Image(IMAGE_PRIMARY, size=224)``, ``Concat(EEF_POS, State(EEF_ROT,
+  encoding="rot6d"))``, ``Action(Actuator(ACTION_GRIPPER, dim=1))`` name roles, an env's
+  ``EnvTags`` say which of its leaves plays each role, and ``resolve`` pairs them, planning
+  every conversion (resize, flip, layout, rotation encodings, concatenation, zero-fill,
+  actuator corrections) or failing with an exact error.
+
+Either way the result is a ``Plan``, pure data the core executes per lane.
+
+Example:
+    >>> import gymnasium as gym
+    >>> import numpy as np
+    >>> from rlmesh import adapters
+    >>> tags = adapters.EnvTags(
+    ...     observation={"q": adapters.StateTag(adapters.EEF_ROT, encoding="quat_xyzw")},
+    ...     action=adapters.Action(adapters.Actuator(adapters.ACTION_GRIPPER, dim=1)),
+    ... )
+    >>> spec = adapters.ModelSpec(
+    ...     input={"state": adapters.State(adapters.EEF_ROT, encoding="rot6d")},
+    ...     output=adapters.Action(adapters.Actuator(adapters.ACTION_GRIPPER, dim=1)),
+    ... )
+    >>> space = gym.spaces.Dict({"q": gym.spaces.Box(-1, 1, (4,), np.float32)})
+    >>> plan = adapters.resolve(tags, space, gym.spaces.Box(-1, 1, (1,), np.float32), spec)
+    >>> print(plan.describe())
+    observation:
+      "state" <- concat(q (quat_xyzw->rot6d))
+    action:
+      "action/gripper" <- model[0:1]
+"""
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import SpecError
+from .resolve import resolve
+from .roles import (
+    ACTION_DELTA_POS,
+    ACTION_DELTA_POS_2,
+    ACTION_DELTA_ROT,
+    ACTION_DELTA_ROT_2,
+    ACTION_GRIPPER,
+    ACTION_GRIPPER_2,
+    EEF_POS,
+    EEF_POS_2,
+    EEF_ROT,
+    EEF_ROT_2,
+    ENCODINGS,
+    GRIPPER_POS,
+    GRIPPER_POS_2,
+    IMAGE_PRIMARY,
+    IMAGE_SECONDARY,
+    IMAGE_WRIST,
+    INSTRUCTION,
+    JOINT_POS,
+    JOINT_VEL,
+)
+from .spec import (
+    CAST_ONLY,
+    Action,
+    ActionLeafPlan,
+    Concat,
+    Custom,
+    Image,
+    LeafPlan,
+    ModelSpec,
+    Plan,
+    State,
+    Text,
+    compile_spec,
+    is_text_space,
+)
+from .tags import Actuator, EnvTags, Field, ImageTag, Split, StateTag, TextTag
+
+ENV_TAGS_METADATA_KEY = "rlmesh.adapters.v1.env_io_spec"
+"""The env ``metadata`` key whose value (EnvTags, or their v1 dict / JSON) tags the env."""
+
+
+def checked_env_tags(where: str, value: Any) -> EnvTags:
+    """``value`` (EnvTags, their v1 dict or JSON text) as EnvTags; a SpecError naming ``where``.
+
+    Example:
+        >>> checked_env_tags("env_tags", {"observation": None, "action": None})
+        EnvTags(observation=None, action=None)
+    """
+    try:
+        if isinstance(value, EnvTags):
+            return value
+        if isinstance(value, str):
+            return EnvTags.from_json(value)
+        if isinstance(value, Mapping):
+            return EnvTags.from_dict(value)
+    except (SpecError, ValueError) as exc:
+        raise SpecError(f"{where}: {exc}") from None
+    raise SpecError(f"{where} must be EnvTags, their v1 dict or JSON text, got {value!r}")
+
+
+def env_tags_of(metadata: Mapping[str, Any] | None) -> EnvTags | None:
+    """The tags an env declares in ``metadata[ENV_TAGS_METADATA_KEY]``, or None."""
+    if not metadata or metadata.get(ENV_TAGS_METADATA_KEY) is None:
+        return None
+    return checked_env_tags(
+        f"the env's metadata[{ENV_TAGS_METADATA_KEY!r}]", metadata[ENV_TAGS_METADATA_KEY]
+    )
+
+
+__all__ = [
+    "ACTION_DELTA_POS",
+    "ACTION_DELTA_POS_2",
+    "ACTION_DELTA_ROT",
+    "ACTION_DELTA_ROT_2",
+    "ACTION_GRIPPER",
+    "ACTION_GRIPPER_2",
+    "CAST_ONLY",
+    "EEF_POS",
+    "EEF_POS_2",
+    "EEF_ROT",
+    "EEF_ROT_2",
+    "ENCODINGS",
+    "ENV_TAGS_METADATA_KEY",
+    "GRIPPER_POS",
+    "GRIPPER_POS_2",
+    "IMAGE_PRIMARY",
+    "IMAGE_SECONDARY",
+    "IMAGE_WRIST",
+    "INSTRUCTION",
+    "JOINT_POS",
+    "JOINT_VEL",
+    "Action",
+    "ActionLeafPlan",
+    "Actuator",
+    "Concat",
+    "Custom",
+    "EnvTags",
+    "Field",
+    "Image",
+    "ImageTag",
+    "LeafPlan",
+    "ModelSpec",
+    "Plan",
+    "Split",
+    "State",
+    "StateTag",
+    "Text",
+    "TextTag",
+    "checked_env_tags",
+    "compile_spec",
+    "env_tags_of",
+    "is_text_space",
+    "resolve",
+]
