@@ -74,12 +74,12 @@ def served(
         env={**os.environ, **(env or {})},
     )
     try:
-        yield _read_address(process, ready_timeout)
+        yield read_address(process, ready_timeout)
     finally:
         stop(process)
 
 
-def _read_address(process: subprocess.Popen[str], timeout: float) -> str:
+def read_address(process: subprocess.Popen[str], timeout: float) -> str:
     deadline = time.monotonic() + timeout
     selector = selectors.DefaultSelector()
     selector.register(process.stdout, selectors.EVENT_READ)
@@ -104,6 +104,21 @@ def _read_address(process: subprocess.Popen[str], timeout: float) -> str:
         f"{' '.join(process.args)} printed no address within {timeout} s; "
         f"stdout: {''.join(seen)!r}; stderr: {stderr[-2000:]!r}"
     )
+
+
+def read_line(process: subprocess.Popen[str], timeout: float = 60.0) -> str:
+    """The next line of ``process``'s stdout, or an AssertionError after ``timeout`` seconds
+    (so a process that never prints cannot hang a test)."""
+    selector = selectors.DefaultSelector()
+    selector.register(process.stdout, selectors.EVENT_READ)
+    try:
+        if not selector.select(timeout=timeout):
+            raise AssertionError(
+                f"{' '.join(map(str, process.args))} printed nothing in {timeout} s"
+            )
+        return process.stdout.readline()
+    finally:
+        selector.close()
 
 
 def stop(process: subprocess.Popen[str]) -> None:

@@ -27,6 +27,7 @@ from envs_for_workers import make_faulty, make_recorded_cartpole
 from helpers import CORES, cartpole_policy, comparable
 from rlmesh.lanes import LaneVector, ProcessLanes
 from rlmesh.lanes.process import SHARED_MEMORY_PREFIX
+from servers import read_line
 
 SEEDS = list(range(10, 18))
 FAULT_SEED, FAULT_STEP = 15, 10
@@ -228,7 +229,7 @@ def test_ctrl_c_leaves_no_worker_and_no_shared_memory(tmp_path):
         start_new_session=True,  # its own process group, as a terminal's foreground job
     )
     try:
-        first = run.stdout.readline()  # blocks until an episode ended, or the run failed
+        first = read_line(run)  # an episode ended, or the run failed
         assert first.startswith("episode"), run.stderr.read()
         os.killpg(run.pid, signal.SIGINT)  # what Ctrl-C sends: the whole group
         _, stderr = run.communicate(timeout=60)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import rlmesh
 from helpers import CORES, cartpole_policy
-from servers import _read_address, rlmesh_cli, served, stop
+from servers import read_address, read_line, rlmesh_cli, served, stop
 from test_remote_env_cases import (
     HERE,
     CartPoleChunks,
@@ -69,9 +69,11 @@ def test_chunks_replayed_on_the_driver_equal_the_in_process_run(core):
 
 def test_the_printed_line_names_the_env_its_lanes_and_the_bound_address():
     argv = rlmesh_cli("serve", "env", "CartPole-v1", "--num-envs", "3")
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
-        line = process.stdout.readline()
+        line = read_line(process)
         assert line.startswith("rlmesh: serving CartPole-v1 (3 lanes) at tcp://127.0.0.1:")
         assert not line.strip().endswith(":0")
         process.terminate()  # SIGTERM: a clean exit
@@ -117,7 +119,7 @@ def _server_process(address: str) -> tuple[subprocess.Popen, str]:
     process = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
-    return process, _read_address(process, 60.0)
+    return process, read_address(process, 60.0)
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import rlmesh
 from helpers import CORES, comparable
-from servers import rlmesh_cli, served
+from servers import read_line, rlmesh_cli, served
 
 POLICIES = '''
 """Deterministic policies served by the tests (each reads only its own row)."""
@@ -189,7 +189,7 @@ def test_serve_model_stops_cleanly_on_sigterm(policy_file):
         start_new_session=True,
     )
     try:
-        line = process.stdout.readline()
+        line = read_line(process)
         assert "tcp://127.0.0.1:" in line
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0
