@@ -473,7 +473,7 @@ class Coordinator:
             await self.hooks.episode_end(episode)
         self.landed_steps += steps
         now = time.perf_counter()
-        if now >= self.next_snapshot:
+        if steps and now >= self.next_snapshot:  # a batch of starts alone has no rate yet
             self.next_snapshot = now + self.settings.telemetry_window
             await self.hooks.telemetry(self._throughput(now))
         return added, steps
