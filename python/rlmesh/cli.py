@@ -724,12 +724,6 @@ def _add_run_options(parser: argparse.ArgumentParser, *, episodes: int | None) -
     parser.add_argument("--core", choices=("rust", "python"), help="the core (default: active)")
 
 
-def _non_negative_int(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
-    return int(text)
-
-
 def _add_cluster_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ray",
