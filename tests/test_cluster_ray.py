@@ -463,3 +463,13 @@ def test_a_policy_module_in_the_working_directory_loads_on_the_workers(
             "--max-episode-steps", "20", "--json", "--ray", ray_cluster]  # fmt: skip
     assert main(argv) == 0
     assert json.loads(capsys.readouterr().out)["episodes"] == 4
+
+
+def test_the_env_tags_reach_the_workers():
+    from helpers import comparable
+    from test_adapters_v1_libero import TAGS, RoleModel
+    from test_adapters_v1_served import UntaggedLibero
+
+    options = {"episodes": 4, "seed": 3, "max_episode_steps": 10, "env_tags": TAGS}
+    clustered = rlmesh.run(RoleModel(), UntaggedLibero, cluster="ray", workers=2, **options)
+    assert comparable(clustered) == comparable(rlmesh.run(RoleModel(), UntaggedLibero, **options))

@@ -38,6 +38,7 @@ class ListLanes:
 
     def __init__(self, env_id: str, num_lanes: int, spec: EnvSpec | None = None) -> None:
         self.spec = spec
+        self.metadata = {}
         self.envs = [gym.make(env_id) for _ in range(num_lanes)]
         self.num_lanes = num_lanes
         self.name = env_id

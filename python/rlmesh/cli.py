@@ -940,6 +940,12 @@ def _add_serve_env(served: Any, formatter: type[argparse.HelpFormatter]) -> None
     serve_env.add_argument(
         "--allow-shutdown", action="store_true", help="accept the Shutdown call of a client"
     )
+    serve_env.add_argument(
+        "--tags",
+        metavar="FILE",
+        help="the env's role tags, adapters-v1 JSON, published to drivers (default: the "
+        "env's own metadata tags, if any)",
+    )
 
 
 def load_env(spec: str) -> Any:
@@ -966,6 +972,16 @@ def load_env(spec: str) -> Any:
     return made
 
 
+def read_tags(path: str) -> Any:
+    """The ``EnvTags`` in the adapters-v1 JSON file ``--tags path``; a UsageError if it cannot
+    be read, a SpecError naming the file if it is not valid tags."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise UsageError(f"--tags {path!r}: {exc.strerror}") from None
+    return checked_env_tags(f"--tags {path}", text)
+
+
 def _describe(args: argparse.Namespace) -> int:
     """``rlmesh describe``: the plan and its advisories; nothing is stepped."""
     made = load_env(args.env)
@@ -976,14 +992,7 @@ def _describe(args: argparse.Namespace) -> int:
     finally:
         env.close()
     try:
-        if args.tags is not None:
-            try:
-                text = Path(args.tags).read_text()
-            except OSError as exc:
-                raise UsageError(f"--tags {args.tags!r}: {exc.strerror}") from None
-            tags = checked_env_tags(f"--tags {args.tags}", text)
-        else:
-            tags = env_tags_of(metadata)
+        tags = env_tags_of(metadata) if args.tags is None else read_tags(args.tags)
         policy = load_policy(args.model, lambda: action_space)
         plan = compile_spec(getattr(policy, "spec", None), observation_space, action_space, tags)
     except SpecError as exc:
@@ -1038,6 +1047,10 @@ def _serve_env(args: argparse.Namespace) -> int:
         raise UsageError(f"--address {args.address!r}: {exc}") from None
     from .remote.env_server import serve_env
 
+    try:
+        tags = None if args.tags is None else read_tags(args.tags)
+    except SpecError as exc:
+        raise UsageError(str(exc)) from None
     env = load_env(args.env)
     try:
         lanes = make_lanes(env, num_envs=args.num_envs)
@@ -1050,6 +1063,7 @@ def _serve_env(args: argparse.Namespace) -> int:
             token=args.token,
             max_message_mb=args.max_message_mb,
             allow_shutdown=args.allow_shutdown,
+            env_tags=tags,
         )
     except RlmeshError as exc:
         lanes.close()

@@ -411,7 +411,7 @@ class EvaluationRun:
             handler.spec,
             lanes.single_observation_space,
             lanes.single_action_space,
-            env_tags=settings.env_tags or env_tags_of(getattr(lanes, "metadata", None)),
+            env_tags=settings.env_tags or env_tags_of(lanes.metadata),
         )
         handler.fit_route(
             lanes.name, lanes.single_observation_space, lanes.single_action_space, plan

@@ -79,6 +79,11 @@ from .tags import Actuator, EnvTags, Field, ImageTag, Split, StateTag, TextTag
 ENV_TAGS_METADATA_KEY = "rlmesh.adapters.v1.env_io_spec"
 """The env ``metadata`` key whose value (EnvTags, or their v1 dict / JSON) tags the env."""
 
+ENV_TAGS_CONTRACT_KEY = "rlmesh.adapters.v1.env_tags"
+"""The key under which rlmesh 0.1.0 tags an env's ``metadata`` and a served env's contract
+(the v1 dict). Tags are read from either key and served under this one, so a tagged env
+served by either package resolves on either package's driver."""
+
 
 def checked_env_tags(where: str, value: Any) -> EnvTags:
     """``value`` (EnvTags, their v1 dict or JSON text) as EnvTags; a SpecError naming ``where``.
@@ -100,12 +105,24 @@ def checked_env_tags(where: str, value: Any) -> EnvTags:
 
 
 def env_tags_of(metadata: Mapping[str, Any] | None) -> EnvTags | None:
-    """The tags an env declares in ``metadata[ENV_TAGS_METADATA_KEY]``, or None."""
-    if not metadata or metadata.get(ENV_TAGS_METADATA_KEY) is None:
-        return None
-    return checked_env_tags(
-        f"the env's metadata[{ENV_TAGS_METADATA_KEY!r}]", metadata[ENV_TAGS_METADATA_KEY]
-    )
+    """The tags an env declares in ``metadata[ENV_TAGS_METADATA_KEY]`` (else under
+    ``ENV_TAGS_CONTRACT_KEY``, rlmesh 0.1.0's key), or None.
+
+    Example:
+        >>> env_tags_of({ENV_TAGS_CONTRACT_KEY: {"observation": None, "action": None}})
+        EnvTags(observation=None, action=None)
+    """
+    for key in (ENV_TAGS_METADATA_KEY, ENV_TAGS_CONTRACT_KEY):
+        if metadata and metadata.get(key) is not None:
+            return checked_env_tags(f"the env's metadata[{key!r}]", metadata[key])
+    return None
+
+
+def env_tags_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The entries of an env's ``metadata`` that tag it (a subset that pickles and travels),
+    e.g. for a worker process to send its driver."""
+    keys = (ENV_TAGS_METADATA_KEY, ENV_TAGS_CONTRACT_KEY)
+    return {key: metadata[key] for key in keys if metadata and metadata.get(key) is not None}
 
 
 __all__ = [
@@ -121,6 +138,7 @@ __all__ = [
     "EEF_ROT",
     "EEF_ROT_2",
     "ENCODINGS",
+    "ENV_TAGS_CONTRACT_KEY",
     "ENV_TAGS_METADATA_KEY",
     "GRIPPER_POS",
     "GRIPPER_POS_2",
@@ -149,6 +167,7 @@ __all__ = [
     "TextTag",
     "checked_env_tags",
     "compile_spec",
+    "env_tags_metadata",
     "env_tags_of",
     "is_text_space",
     "resolve",

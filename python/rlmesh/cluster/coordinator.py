@@ -139,6 +139,7 @@ def _window_arguments(
         "trial_index_base": settings.trial_index_base,
         "telemetry_window": settings.telemetry_window,
         "timeouts": settings.timeouts or None,
+        "env_tags": settings.env_tags,
         "core": core,
         "success": success,
     }

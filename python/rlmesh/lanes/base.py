@@ -7,7 +7,7 @@ it, without asking which kind it is.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -79,6 +79,8 @@ class Lanes(Protocol):
         spec: one lane's ``EnvSpec`` (what ``gymnasium.make`` registered: its id, its
             ``reward_threshold``, ...), None when it is unknown. ``rlmesh.success`` reads its
             ``reward_threshold`` when no other success rule applies.
+        metadata: one lane's env ``metadata`` (``{}`` when it has none), or at least the part
+            the driver reads: its role tags (``rlmesh.adapters.env_tags_of``).
     """
 
     num_lanes: int
@@ -89,6 +91,7 @@ class Lanes(Protocol):
     resets_itself: bool
     env_steps: Sequence[EnvStep] | None
     spec: EnvSpec | None
+    metadata: Mapping[str, Any]
 
     def reset(
         self, lanes: np.ndarray, seeds: Sequence[int | None], trials: Sequence[int | None]

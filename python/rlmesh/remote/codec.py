@@ -414,7 +414,7 @@ def _decode_text(raw: bytes, rows: int, where: str) -> list[str]:
 def meta_map(values: Mapping[str, Any]) -> meta_pb2.MetaMap:
     """A dict (an info, reset options, spec metadata) as a MetaMap.
 
-    Numbers, strings, bools, bytes, numpy scalars and arrays (as lists), lists and dicts
+    Numbers, strings, bools, bytes, None, numpy scalars and arrays (as lists), lists and dicts
     travel as themselves; anything else as its ``repr``, so an info never fails a step.
     """
     out = meta_pb2.MetaMap()
@@ -424,7 +424,9 @@ def meta_map(values: Mapping[str, Any]) -> meta_pb2.MetaMap:
 
 
 def meta_value(value: Any) -> meta_pb2.MetaValue:
-    """One value as a MetaValue (see ``meta_map``)."""
+    """One value as a MetaValue (see ``meta_map``); None as a MetaValue holding nothing."""
+    if value is None:
+        return meta_pb2.MetaValue()
     if isinstance(value, np.ndarray):
         value = value.tolist()
     elif isinstance(value, np.generic):

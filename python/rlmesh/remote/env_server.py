@@ -49,6 +49,7 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
+from ..adapters import ENV_TAGS_CONTRACT_KEY, EnvTags, checked_env_tags, env_tags_of
 from ..errors import RlmeshError
 from ..lanes import Lanes, make_lanes
 from ..lanes.base import TRIAL_INDEX_FLAG, TRIAL_INDEX_OPTION
@@ -100,6 +101,7 @@ def serve_env(
     max_message_mb: float = DEFAULT_MAX_MESSAGE_MB,
     allow_shutdown: bool = False,
     first_message_timeout: float = 10.0,
+    env_tags: Any = None,
 ) -> Server:
     """Serve ``env`` at ``address`` (rlmesh-wire-v1) until the returned ``Server`` closes.
 
@@ -115,6 +117,9 @@ def serve_env(
         max_message_mb: the largest message accepted or sent, in MiB.
         allow_shutdown: accept the ``Shutdown`` RPC (refused by default).
         first_message_timeout: seconds a new ``Join`` stream may wait for its first message.
+        env_tags: the env's role tags (``rlmesh.adapters.EnvTags``, their v1 dict or JSON
+            text), published in the contract's metadata so a driver's role-based model spec
+            resolves against them; default: the tags in the env's own ``metadata``.
 
     Returns:
         The running ``Server`` (``.address``, ``.wait()``, ``.close()``, a context manager).
@@ -126,10 +131,14 @@ def serve_env(
         True
         >>> server.close()
     """
+    tags = None if env_tags is None else checked_env_tags("serve_env(env_tags=...)", env_tags)
     lanes = make_lanes(env, num_envs=num_envs)
     try:
         servicer = EnvServicer(
-            lanes, allow_shutdown=allow_shutdown, first_message_timeout=first_message_timeout
+            lanes,
+            allow_shutdown=allow_shutdown,
+            first_message_timeout=first_message_timeout,
+            env_tags=tags,
         )
         server = Server.start(
             address,
@@ -150,11 +159,15 @@ def serve_env(
     return server
 
 
-def env_contract(lanes: Lanes) -> env_contract_pb2.EnvContract:
-    """What the handshake tells a driver of ``lanes``: spaces, width, metadata, autoreset."""
+def env_contract(lanes: Lanes, env_tags: EnvTags | None = None) -> env_contract_pb2.EnvContract:
+    """What the handshake tells a driver of ``lanes``: spaces, width, metadata (the spec's
+    fields, the trial-index flag, the role tags: ``env_tags``, else the lanes' own), autoreset."""
     metadata: dict[str, Any] = {}
     if getattr(lanes, "accepts_trial_index", False):
         metadata[TRIAL_INDEX_FLAG] = True
+    tags = env_tags or env_tags_of(lanes.metadata)
+    if tags is not None:
+        metadata[ENV_TAGS_CONTRACT_KEY] = tags.to_dict()
     spec = lanes.spec
     if spec is not None:
         for key, field in SPEC_METADATA.items():
@@ -185,13 +198,18 @@ class EnvServicer(service_pb2_grpc.EnvServiceServicer):
     """``rlmesh.env.v1.EnvService`` over ``lanes``: one ``Join`` session at a time."""
 
     def __init__(
-        self, lanes: Lanes, *, allow_shutdown: bool = False, first_message_timeout: float = 10.0
+        self,
+        lanes: Lanes,
+        *,
+        allow_shutdown: bool = False,
+        first_message_timeout: float = 10.0,
+        env_tags: EnvTags | None = None,
     ) -> None:
         self.lanes = lanes
         self.server: Server | None = None
         self.allow_shutdown = allow_shutdown
         self.first_message_timeout = first_message_timeout
-        self.contract = env_contract(lanes)
+        self.contract = env_contract(lanes, env_tags)
         self.capabilities = {} if lanes.lockstep else {SUBSET_STEP: "true"}
         self._session_slot = threading.Lock()
         # Held by whatever runs an env call, so an op abandoned at its deadline keeps the env

@@ -174,7 +174,7 @@ def env_source(env: Any, env_kwargs: Mapping[str, Any] | None) -> tuple[str, Any
                 f"env with them"
             ) from err
         return ("id", env, kwargs)
-    if callable(env) and not isinstance(env, type):
+    if callable(env):  # a function, a functools.partial, an env class
         name = getattr(env, "__qualname__", type(env).__name__)
         try:
             blob = pickle.dumps(env)
@@ -268,6 +268,7 @@ class ProcessLanes:
         self.name: str = first["name"]
         self.spec = first["spec"]
         self.accepts_trial_index: bool = first["accepts_trial_index"]
+        self.metadata: dict[str, Any] = first["metadata"]  # the env's tags, which pickle
         _, self.single_observation_space, self.single_action_space = first["spaces"][0]
         self._check_spaces([lane for info in ready.values() for lane in info["spaces"]])
         self._layout = SharedLayout.of(

@@ -31,6 +31,7 @@ from typing import Any
 
 import gymnasium
 
+from ...adapters import env_tags_metadata
 from ...utils import env_label
 from ..base import declares_trial_index
 from .layout import SharedLayout
@@ -65,6 +66,7 @@ def serve(conn: Connection, source: tuple[str, Any, Any], lanes: list[int], work
                     "spaces": spaces,
                     "spec": _picklable_spec(first.spec),
                     "accepts_trial_index": declares_trial_index(first),
+                    "metadata": env_tags_metadata(getattr(first, "metadata", None)),
                 },
             )
         )
