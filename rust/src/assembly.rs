@@ -343,7 +343,7 @@ impl OutKind {
     }
 }
 
-/// An image leaf: to hwc, flip 180, resize, cast and scale, to the model's layout.
+/// An image leaf: to hwc, flip 180, resize, crop or pad, cast and scale, to the model's layout.
 struct ImageOps {
     /// The source's (height, width, channels), and whether it is stored chw.
     source: (usize, usize, usize),
@@ -352,10 +352,21 @@ struct ImageOps {
     /// The source is read as uint8 (else as float64).
     source_u8: bool,
     resizer: Option<Resizer>,
+    /// With crop or pad: the resized (height, width), cut or placed at the frame's centre.
+    fit: Option<(Fit, (usize, usize))>,
+    /// The frame's (height, width).
+    frame: (usize, usize),
     out: OutKind,
     /// hwc -> chw of the resized frame, in the leaf's itemsize.
     to_chw: Option<Transpose>,
     zero_fill: Option<f64>,
+}
+
+/// How a resized image meets a frame of another aspect (see `rlmesh.adapters.Image`'s `fit`).
+#[derive(Clone, Copy)]
+enum Fit {
+    Crop,
+    Pad,
 }
 
 /// One part of a state leaf (see `rlmesh.adapters.StatePartPlan`).
@@ -413,6 +424,8 @@ impl ImageOps {
                 flip: false,
                 source_u8: true,
                 resizer: None,
+                fit: None,
+                frame: (height, width),
                 out,
                 to_chw,
                 zero_fill: Some(plan.getattr("fill_value")?.extract()?),
@@ -426,15 +439,26 @@ impl ImageOps {
             (shape[0], shape[1], shape[2])
         };
         let source_dtype: String = plan.getattr("source_dtypes")?.get_item(0)?.extract()?;
+        let mut resized = (source.0, source.1);
         let resizer = match optional(plan.getattr("resize")?) {
             None => None,
             Some(target) => {
-                let (h, w): (usize, usize) = target.extract()?;
+                resized = target.extract()?;
                 let name: String = plan.getattr("resample")?.extract()?;
                 let resample = Resample::from_name(&name).ok_or_else(|| {
                     PyValueError::new_err(format!("{label}: unknown resample '{name}'"))
                 })?;
-                Some(Resizer::plan(resample, source, (h, w)))
+                Some(Resizer::plan(resample, source, resized))
+            }
+        };
+        let fit = match plan.getattr("fit")?.extract::<String>()?.as_str() {
+            "stretch" => None,
+            "crop" => Some((Fit::Crop, resized)),
+            "pad" => Some((Fit::Pad, resized)),
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "{label}: unknown fit '{other}'"
+                )))
             }
         };
         Ok(ImageOps {
@@ -443,6 +467,8 @@ impl ImageOps {
             flip: plan.getattr("flip")?.is_truthy()?,
             source_u8: source_dtype == "uint8",
             resizer,
+            fit,
+            frame: (height, width),
             out,
             to_chw,
             zero_fill: None,
@@ -491,6 +517,7 @@ impl ImageOps {
                 }
                 None => upright,
             };
+            let resized = self.fitted(resized);
             if self.out == OutKind::U8 {
                 hwc.copy_from_slice(&resized);
             } else {
@@ -511,13 +538,42 @@ impl ImageOps {
                 }
                 None => upright.into_owned(),
             };
-            self.out.write(resized.into_iter(), &mut hwc);
+            let resized = self.fitted(std::borrow::Cow::Owned(resized));
+            self.out.write(resized.iter().copied(), &mut hwc);
         }
         apply_affine(affine, &mut hwc);
         match &self.to_chw {
             Some(transpose) => transpose.copy(&hwc, frame),
             None => frame.copy_from_slice(&hwc),
         }
+    }
+
+    /// The resized hwc pixels cut (crop) or placed on zeros (pad) at the centre of the frame,
+    /// the offset rounded down; as they are without a fit.
+    fn fitted<'a, T: Copy + Default>(
+        &self,
+        resized: std::borrow::Cow<'a, [T]>,
+    ) -> std::borrow::Cow<'a, [T]> {
+        let Some((fit, (height, width))) = self.fit else {
+            return resized;
+        };
+        let (frame_height, frame_width) = self.frame;
+        let channels = self.source.2;
+        let top = height.abs_diff(frame_height) / 2;
+        let left = width.abs_diff(frame_width) / 2;
+        let mut out = vec![T::default(); frame_height * frame_width * channels];
+        let (rows, row_len) = match fit {
+            Fit::Crop => (frame_height, frame_width * channels),
+            Fit::Pad => (height, width * channels),
+        };
+        for row in 0..rows {
+            let (from, to) = match fit {
+                Fit::Crop => (((top + row) * width + left) * channels, row * row_len),
+                Fit::Pad => (row * row_len, ((top + row) * frame_width + left) * channels),
+            };
+            out[to..to + row_len].copy_from_slice(&resized[from..from + row_len]);
+        }
+        std::borrow::Cow::Owned(out)
     }
 
     fn itemsize(&self) -> usize {

@@ -225,7 +225,8 @@ def _frame(leaf: Any, raw_observation: Any, lane: int) -> np.ndarray:
 
 
 def _image_frame(leaf: Any, raw_observation: Any, lane: int) -> np.ndarray:
-    """One lane's image: to hwc, flip 180, resize, cast and scale, to the model's layout."""
+    """One lane's image: to hwc, flip 180, resize, crop or pad, cast and scale, to the model's
+    layout."""
     dtype = np.dtype(leaf.dtype)
     if leaf.zero_fill:
         return np.full(tuple(leaf.frame_shape), leaf.fill_value, dtype)
@@ -236,12 +237,27 @@ def _image_frame(leaf: Any, raw_observation: Any, lane: int) -> np.ndarray:
         image = image[::-1, ::-1]
     if leaf.resize is not None:
         image = resize(np.ascontiguousarray(image), leaf.resize[0], leaf.resize[1], leaf.resample)
+    if leaf.fit != "stretch":
+        image = _fit_centred(image, leaf)
     frame = np.array(image, dtype=dtype, copy=True)
     if (leaf.scale, leaf.offset) != (1.0, 0.0):
         frame = frame * dtype.type(leaf.scale) + dtype.type(leaf.offset)
     if leaf.transpose is not None:
         frame = frame.transpose(leaf.transpose)
     return np.ascontiguousarray(frame).reshape(tuple(leaf.frame_shape))
+
+
+def _fit_centred(image: np.ndarray, leaf: Any) -> np.ndarray:
+    """The resized ``[h, w, c]`` image cut (``crop``) or placed on zeros (``pad``) at the
+    centre of the leaf's frame, rounding its offset down."""
+    out = leaf.frame_shape[leaf.lead_dims :]
+    height, width = (out[1], out[2]) if leaf.transpose is not None else (out[0], out[1])
+    top, left = abs(image.shape[0] - height) // 2, abs(image.shape[1] - width) // 2
+    if leaf.fit == "crop":
+        return image[top : top + height, left : left + width]
+    canvas = np.zeros((height, width, image.shape[2]), image.dtype)
+    canvas[top : top + image.shape[0], left : left + image.shape[1]] = image
+    return canvas
 
 
 def _state_frame(leaf: Any, raw_observation: Any, lane: int) -> np.ndarray:

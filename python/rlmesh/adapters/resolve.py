@@ -341,11 +341,6 @@ def _resolve_image(
             f"input {placement}: unsupported resample {image.resample!r}; expected one of "
             f"{', '.join(RESAMPLES)}"
         )
-    if image.fit not in (None, "stretch"):
-        raise SpecError(
-            f"input {placement}: unsupported fit {image.fit!r}; rlmesh resizes with "
-            f'fit="stretch" only (crop and pad are not supported)'
-        )
     lo, hi = _normalize(image)
     feature = features.get(image.role)
     if feature is not None and feature.kind != "image":
@@ -378,19 +373,8 @@ def _resolve_image(
             f"{_quoted(_path_name(feature.path))} has {channels}"
         )
     target = (image.height or height, image.width or width)
-    resize = None if target == (height, width) else target
-    if resize is not None:
-        if (target[0] > height or target[1] > width) and not image.allow_upscale:
-            raise SpecError(
-                f"input {placement}: target {target[0]}x{target[1]} is larger than "
-                f"{_quoted(_path_name(feature.path))} ({height}x{width}); set "
-                f"allow_upscale=True or lower the target"
-            )
-        if target[0] * width != target[1] * height and image.fit is None:
-            raise SpecError(
-                f"input {placement}: target {target[0]}x{target[1]} changes the aspect of "
-                f'{_quoted(_path_name(feature.path))} ({height}x{width}); set fit="stretch"'
-            )
+    source = _quoted(_path_name(feature.path))
+    fit, resize = _fit(placement, image, source, (height, width), target)
     source_dtype = np.dtype(feature.space.dtype).name
     if image.normalize is not False and source_dtype != "uint8":
         raise SpecError(
@@ -414,14 +398,20 @@ def _resolve_image(
         ((hi - lo) / 255.0, lo),
         flip=flip,
         resize=resize,
+        fit=fit,
     )
+    notes = []
+    if fit == "crop":
+        notes.append(f"image {placement}: aspect crop drops edge pixels")
+    elif fit == "pad":
+        notes.append(f"image {placement}: aspect pad adds letterbox borders")
     steps = []
     if tag.layout != "hwc":
         steps.append(f"{tag.layout}->hwc")
     if flip:
         steps.append("flip 180")
     if resize is not None:
-        steps.append(f"resize {resize[0]}x{resize[1]} ({image.resample})")
+        steps.append(f"resize {target[0]}x{target[1]} ({image.resample})")
     if image.normalize is not False:
         steps.append("normalize /255" if (lo, hi) == (0.0, 1.0) else f"normalize [{lo!r}, {hi!r}]")
     steps.append(image.dtype)
@@ -429,8 +419,54 @@ def _resolve_image(
         steps.append(f"hwc->{image.layout}")
     if image.lead_dims:
         steps.append(f"+{image.lead_dims} lead dims")
-    line = f"{placement} <- image {_quoted(_path_name(feature.path))} ({', '.join(steps)})"
-    return plan, line, []
+    line = f"{placement} <- image {source} ({', '.join(steps)})"
+    return plan, line, notes
+
+
+def _fit(
+    placement: str,
+    image: Image,
+    source: str,
+    size: tuple[int, int],
+    target: tuple[int, int],
+) -> tuple[str, tuple[int, int] | None]:
+    """The fit mode an image resize uses, and the size it resizes to before that mode crops or
+    pads it to ``target``: the first of ``image.fit``'s preferences needing no disallowed
+    upscale. A SpecError when none does, or when the aspect changes and ``fit`` is None."""
+    if target == size:
+        return "stretch", None
+    (height, width), (to_height, to_width) = size, target
+    if to_height * width == to_width * height:  # one uniform scale: every mode is a stretch
+        modes: tuple[str, ...] = ("stretch",)
+    elif image.fit is None:
+        raise SpecError(
+            f"input {placement}: target {to_height}x{to_width} changes the aspect of {source} "
+            f'({height}x{width}); set fit to "stretch", "crop" or "pad"'
+        )
+    else:
+        modes = image.fit if isinstance(image.fit, tuple) else (image.fit,)
+    for mode in modes:
+        scaled = _scaled_size(mode, size, target)
+        if image.allow_upscale or (scaled[0] <= height and scaled[1] <= width):
+            return mode, scaled
+    tried = "" if modes == ("stretch",) else f" with fit {' or '.join(modes)}"
+    raise SpecError(
+        f"input {placement}: target {to_height}x{to_width} is larger than {source} "
+        f"({height}x{width}){tried}; set allow_upscale=True or lower the target"
+    )
+
+
+def _scaled_size(mode: str, size: tuple[int, int], target: tuple[int, int]) -> tuple[int, int]:
+    """The size ``mode`` resizes ``size`` to before it crops or pads to ``target``: ``crop``
+    scales uniformly to cover the target, ``pad`` to fit inside it (rounded half up)."""
+    if mode == "stretch":
+        return target
+    ratios = (target[0] / size[0], target[1] / size[1])
+    scale = max(ratios) if mode == "crop" else min(ratios)
+    scaled = tuple(math.floor(side * scale + 0.5) for side in size)
+    if mode == "crop":
+        return max(scaled[0], target[0]), max(scaled[1], target[1])
+    return min(max(scaled[0], 1), target[0]), min(max(scaled[1], 1), target[1])
 
 
 def _normalize(image: Image) -> tuple[float, float]:
@@ -453,6 +489,7 @@ def _image_plan(
     *,
     flip: bool = False,
     resize: tuple[int, int] | None = None,
+    fit: str = "stretch",
     zero_fill: bool = False,
     fill: float = 0.0,
 ) -> LeafPlan:
@@ -474,6 +511,7 @@ def _image_plan(
         src_layout=src_layout,
         flip=flip,
         resize=resize,
+        fit=fit,
         resample=image.resample,
         lead_dims=image.lead_dims,
         zero_fill=zero_fill,

@@ -40,7 +40,7 @@ import copy
 import importlib
 import json
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +60,7 @@ Key = str | KeyPath | None
 MAX_STACK = 64
 IMAGE_LAYOUTS = ("hwc", "chw")
 IMAGE_DTYPES = ("uint8", "float32")
+IMAGE_FITS = ("stretch", "crop", "pad")
 FLAT_DTYPES = ("float32", "float64", "int64")
 # Environments emit images height-width-channels (the Gymnasium convention).
 CHW_AXES = (2, 0, 1)
@@ -273,7 +274,11 @@ class Image(_SpecNode):
         resample: ``"bilinear"`` (half-pixel centres, as OpenCV ``INTER_LINEAR``) or
             ``"bilinear_aa"`` (antialiased, as Pillow's ``BILINEAR``).
         allow_upscale: permit a target larger than the env's image.
-        fit: ``"stretch"`` to accept an aspect change (crop / pad are not supported here).
+        fit: how an aspect change is reconciled: ``"stretch"`` (scale each axis alone),
+            ``"crop"`` (scale uniformly to cover the target, then cut its centre) or ``"pad"``
+            (scale uniformly to fit inside, then centre it on zeros); or a preference list,
+            e.g. ``("crop", "pad")``: the first that needs no disallowed upscale is used. None:
+            an aspect change is a resolve error.
         upside_down: the model was trained on frames rotated 180 degrees.
         lead_dims: leading singleton axes to add (a batch or time axis the model expects).
         channels: the channel count the model wants (a mismatch is then a resolve error).
@@ -303,7 +308,7 @@ class Image(_SpecNode):
     upside_down: bool
     resample: str
     allow_upscale: bool
-    fit: str | None
+    fit: str | tuple[str, ...] | None
     optional: bool
     fill: float | None
     extensions: Mapping[str, Any]
@@ -328,12 +333,14 @@ class Image(_SpecNode):
         upside_down: bool = False,
         resample: str = "bilinear",
         allow_upscale: bool = False,
-        fit: str | None = None,
+        fit: str | Sequence[str] | None = None,
         optional: bool = False,
         fill: float | None = None,
         extensions: Mapping[str, Any] | None = None,
     ) -> None:
         path, role = _source("Image", source, key, role)
+        if isinstance(fit, (list, tuple)):
+            fit = tuple(fit)
         if size is not None:
             if height is not None or width is not None:
                 raise SpecError("Image: pass size= or height=/width=, not both")
@@ -377,6 +384,10 @@ class Image(_SpecNode):
         )
         _check_choice(label, "layout", layout, IMAGE_LAYOUTS)
         _check_choice(label, "dtype", dtype, IMAGE_DTYPES)
+        for mode in fit if isinstance(fit, tuple) else () if fit is None else (fit,):
+            _check_choice(label, "fit", mode, IMAGE_FITS)
+        if fit == ():
+            raise SpecError(f"{label}: fit must name at least one of stretch, crop, pad")
         _check_stack(label, stack)
         for name in ("height", "width", "channels"):
             _check_int(label, name, getattr(self, name), 1)
@@ -1152,7 +1163,8 @@ class LeafPlan:
     # Role-based leaves ("image", "state"; "text" with a fill), planned by ``resolve``.
     src_layout: str = "hwc"  # image: how the env stores it
     flip: bool = False  # image: rotate 180 degrees (the two sides disagree on upside_down)
-    resize: tuple[int, int] | None = None  # image: target (height, width)
+    resize: tuple[int, int] | None = None  # image: resized (height, width), before any fit
+    fit: str = "stretch"  # image: "crop" / "pad" the resized frame to frame_shape's centre
     resample: str = "bilinear"  # image: "bilinear" | "bilinear_aa"
     lead_dims: int = 0  # image: leading singleton axes (inside frame_shape)
     zero_fill: bool = False  # image: no source; every frame is `fill_value`
