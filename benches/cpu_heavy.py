@@ -1,11 +1,14 @@
 """A CPU-heavy env, about 1 ms of pure-Python work per step, and its policy: the workload of
-the scale-out benchmarks (``test_bench_cluster_ray.py``), where the env, not rlmesh, is what a
-run spends its time on, as with a physics simulator.
+the scale-out benchmarks (process lanes in ``test_bench_process_lanes.py``, Ray in
+``test_bench_cluster_ray.py``), where the env, not rlmesh, is what a run spends its time on,
+as with a physics simulator.
 
 The work is a fixed count of integer operations, so a step costs the same CPU every time and
-its results are deterministic; episodes last 100 to 300 steps, drawn from their seed, so
-windows of episodes are uneven, as real tasks are. ``import cpu_heavy`` registers the env as
-``cpu_heavy:CpuHeavy-v0`` (the form ``gymnasium.make`` imports on a Ray worker too).
+its results are deterministic; episodes last ``shortest`` to ``longest`` steps (default 100 to
+300), drawn from their seed, so lanes and windows of episodes are uneven, as real tasks are,
+and a lockstep vector, which cannot pause a lane, runs surplus steps. ``import cpu_heavy``
+registers the env as ``cpu_heavy:CpuHeavy-v0`` (the form ``gymnasium.make`` imports in a worker
+process and on a Ray worker too).
 """
 
 from __future__ import annotations
@@ -32,9 +35,12 @@ class CpuHeavyEnv(gym.Env):
     observation_space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
     action_space = gym.spaces.Discrete(2)
 
+    def __init__(self, shortest: int = SHORTEST, longest: int = LONGEST) -> None:
+        self.shortest, self.longest = shortest, longest
+
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
-        self.length = int(self.np_random.integers(SHORTEST, LONGEST + 1))
+        self.length = int(self.np_random.integers(self.shortest, self.longest + 1))
         self.state = self.np_random.normal(size=4).astype(np.float32)
         self.steps = 0
         return self.state.copy(), {}
@@ -51,6 +57,11 @@ class CpuHeavyEnv(gym.Env):
 def policy(obs):
     """Push the first coordinate back toward zero."""
     return int(obs[0] < 0)
+
+
+def batched_policy(obs: np.ndarray) -> np.ndarray:
+    """``policy`` for ``[N, 4]`` observations at once."""
+    return (obs[:, 0] < 0).astype(np.int64)
 
 
 if "CpuHeavy-v0" not in gym.registry:

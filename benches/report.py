@@ -77,10 +77,16 @@ from test_bench_ledger import EPISODE_STEPS, LANE_COUNTS, LedgerStepLoop
 from test_bench_process_lanes import (
     CARTPOLE_LANES,
     CPU_LANES,
+    HAS_MUJOCO,
+    SIM_ID,
+    SIM_LANES,
     async_vector_loop,
+    make_sim_env,
     rate,
     run_cartpole,
     run_cpu,
+    run_sim,
+    sim_policy,
     worker_start_s,
 )
 from test_bench_remote_env import (
@@ -117,6 +123,7 @@ class Settings:
     null_episodes: int
     summary_samples: int  # fresh processes summarizing the 1M-episode file
     cpu_episodes: int  # episodes of the CPU-heavy env (8 lanes, 40..119 steps each)
+    sim_episodes: int  # episodes of MuJoCo's Hopper-v5 (8 lanes)
     process_cartpole_episodes: int  # CartPole episodes over 16 process lanes
     cluster_episodes: int  # CPU-heavy episodes, one process vs a local Ray cluster
 
@@ -129,6 +136,7 @@ FULL = Settings(
     null_episodes=NULL_EPISODES_PER_LANE * NULL_LANES,
     summary_samples=5,
     cpu_episodes=48,
+    sim_episodes=48,
     process_cartpole_episodes=64,
     cluster_episodes=CLUSTER_EPISODES,
 )
@@ -140,6 +148,7 @@ QUICK = Settings(
     null_episodes=256,
     summary_samples=1,
     cpu_episodes=8,
+    sim_episodes=8,
     process_cartpole_episodes=16,
     cluster_episodes=16,
 )
@@ -583,59 +592,90 @@ def interleaved_values(sides: dict[str, Callable[[], float]], repeats: int) -> d
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def process_lanes_rows(settings: Settings) -> list[Row]:
-    """Process lanes: a CPU-heavy env at workers=2 vs workers=1 and vs ``AsyncVectorEnv(8)``
-    in scored lane-steps/s, and what a round costs more than in-process on CartPole."""
-    section = "process lanes (workers=W): scored lane-steps/s, time per round"
-    episodes = settings.cpu_episodes
-    one, two = run_cpu(1, episodes), run_cpu(2, episodes)
+def scale_out_rows(
+    section: str,
+    env_name: str,
+    lanes: int,
+    episodes: int,
+    run_lanes: Callable[[int], Any],
+    vector_loop: Callable[[], Any],
+    repeats: int,
+    start_s: float | None = None,
+) -> list[Row]:
+    """Two rows for one env: ``run_lanes(2)`` against ``run_lanes(1)``, and against a
+    hand-written ``AsyncVectorEnv`` loop (``vector_loop()``), in scored lane-steps/s."""
+    one, two = run_lanes(1), run_lanes(2)
     equal = "equal" if scored_fields(one) == scored_fields(two) else "DIFFER"
     step_ms = next(row.avg for row in one.telemetry if row.op == "env.step")
+    workload = f"{env_name} ({step_ms:.2f} ms/step), {lanes} lanes, {episodes} episodes"
     loops: list = []
 
     def vector_rate() -> float:
-        loops.append(async_vector_loop(episodes))
+        loops.append(vector_loop())
         return loops[-1].scored_steps / loops[-1].seconds
 
     rates = interleaved_values(
         {
-            "workers=1": lambda: rate(run_cpu(1, episodes), "lane-steps"),
-            "workers=2": lambda: rate(run_cpu(2, episodes), "lane-steps"),
+            "workers=1": lambda: rate(run_lanes(1), "lane-steps"),
+            "workers=2": lambda: rate(run_lanes(2), "lane-steps"),
             "vector": vector_rate,
         },
-        settings.repeats,
+        repeats,
     )
-    start_s = statistics.median(worker_start_s() for _ in range(settings.repeats))
     wasted = statistics.median(loop.wasted_steps for loop in loops)
     stepped = statistics.median(loop.lane_steps for loop in loops)
-    workload = f"CPU-heavy env ({step_ms:.2f} ms/step), {CPU_LANES} lanes, {episodes} episodes"
-    rows = [
-        Row(
-            section,
-            workload,
-            "workers=1",
-            rates["workers=1"],
-            "workers=2",
-            rates["workers=2"],
-            "steps/s",
-            1.7,
-            note=f"per-episode results of workers=1 and workers=2 {equal}; starting 2 workers "
-            f"with their envs (and closing them) takes {start_s:.2f} s, outside these rates",
-        ),
-        Row(
-            section,
-            workload + ", vs a hand-written AsyncVectorEnv loop",
-            f"AsyncVectorEnv({CPU_LANES})",
-            rates["vector"],
-            "workers=2",
-            rates["workers=2"],
-            "steps/s",
-            1.0,
+    started = (
+        ""
+        if start_s is None
+        else f"; starting 2 workers with their envs (and closing them) takes {start_s:.2f} s, "
+        "outside these rates"
+    )
+    return [
+        Row(section, workload, "workers=1", rates["workers=1"], "workers=2", rates["workers=2"],
+            "steps/s", 1.7,
+            note=f"per-episode results of workers=1 and workers=2 {equal}{started}"),
+        Row(section, workload + ", vs a hand-written AsyncVectorEnv loop",
+            f"AsyncVectorEnv({lanes})", rates["vector"], "workers=2", rates["workers=2"],
+            "steps/s", 1.0,
             note=f"scored lane-steps/s; the vector stepped {stepped:.0f} lane-steps of which "
             f"{wasted:.0f} ({wasted / stepped:.0%}) were surplus or autoreset steps, rlmesh "
-            f"{two.wasted_steps}",
-        ),
-    ]
+            f"{two.wasted_steps}"),
+    ]  # fmt: skip
+
+
+def process_lanes_rows(settings: Settings) -> list[Row]:
+    """Process lanes: a CPU-heavy env and MuJoCo's Hopper at workers=2 vs workers=1 and vs
+    ``AsyncVectorEnv(8)`` in scored lane-steps/s, and what a round costs more than in-process
+    on CartPole."""
+    section = "process lanes (workers=W): scored lane-steps/s, time per round"
+    rows = scale_out_rows(
+        section,
+        "CPU-heavy env",
+        CPU_LANES,
+        settings.cpu_episodes,
+        lambda workers: run_cpu(workers, settings.cpu_episodes),
+        lambda: async_vector_loop(settings.cpu_episodes),
+        settings.repeats,
+        start_s=statistics.median(worker_start_s() for _ in range(settings.repeats)),
+    )
+    if HAS_MUJOCO:
+        rows += scale_out_rows(
+            section,
+            f"MuJoCo {SIM_ID}",
+            SIM_LANES,
+            settings.sim_episodes,
+            lambda workers: run_sim(workers, settings.sim_episodes),
+            lambda: async_vector_loop(settings.sim_episodes, make_sim_env, sim_policy, SIM_LANES),
+            settings.repeats,
+        )
+    else:
+        sim = f"MuJoCo {SIM_ID}, {SIM_LANES} lanes, {settings.sim_episodes} episodes"
+        why = "skipped: MuJoCo is not installed (pip install rlmesh[sim])"
+        rows += [
+            Row(section, sim, "workers=1", None, "workers=2", None, "steps/s", 1.7, why),
+            Row(section, sim + ", vs a hand-written AsyncVectorEnv loop",
+                f"AsyncVectorEnv({SIM_LANES})", None, "workers=2", None, "steps/s", 1.0, why),
+        ]  # fmt: skip
     cartpole = settings.process_cartpole_episodes
     rounds = interleaved_values(
         {

@@ -1,9 +1,11 @@
 """Process lanes (``workers=W``) beside in-process lanes and Gymnasium's ``AsyncVectorEnv``.
 
-- A CPU-heavy env (``cpu_env.py``, about 1 ms of CPU a step), 8 lanes: ``rlmesh.run`` with
+- A CPU-heavy env (``cpu_heavy.py``, about 1 ms of CPU a step), 8 lanes: ``rlmesh.run`` with
   ``workers=2`` vs ``workers=1``, and vs ``AsyncVectorEnv(8)`` stepped by a hand-written loop
   until as many episodes completed, in *scored* lane-steps/s (the vector's surplus steps,
   which it cannot avoid, count for nothing; rlmesh's runs have none).
+- A real simulator, MuJoCo's ``Hopper-v5`` (the ``sim`` extra), the same comparison, with a
+  fixed linear policy whose falls end episodes unevenly.
 - CartPole, 16 lanes: what one round costs more with process lanes than in-process, the
   overhead that tells a user when not to use workers.
 
@@ -16,20 +18,41 @@ Run: ``pytest benches/test_bench_process_lanes.py --benchmark-enable``.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import rlmesh
 from cartpole import ENV_ID, batched_policy
-from cpu_env import cpu_policy, make_cpu_env
+from cpu_heavy import ENV_ID as CPU_ENV_ID
+from cpu_heavy import batched_policy as cpu_policy
 from rlmesh.lanes import ProcessLanes
 
 CPU_LANES = 8
 CPU_EPISODES = 16
+CPU_KWARGS = {"shortest": 40, "longest": 119}  # short episodes: many resets and ends a run
 CARTPOLE_LANES, CARTPOLE_EPISODES = 16, 32
+SIM_ID, SIM_LANES, SIM_EPISODES = "Hopper-v5", 8, 16
+HAS_MUJOCO = importlib.util.find_spec("mujoco") is not None
+# Hopper's 11 observations to its 3 torques, fixed and small: it stands a while, then falls
+# (episodes of about 50 to 150 steps, uneven across seeds).
+SIM_WEIGHTS = np.random.default_rng(0).normal(0.0, 0.01, (11, 3)).astype(np.float32)
+
+
+def sim_policy(obs: np.ndarray) -> np.ndarray:
+    """``[N, 11]`` Hopper observations to ``[N, 3]`` torques in [-1, 1]."""
+    return np.tanh(obs.astype(np.float32) @ SIM_WEIGHTS)
+
+
+# One lane of each, as a factory that pickles (worker processes build their lanes with it).
+make_cpu_env = functools.partial(gym.make, CPU_ENV_ID, **CPU_KWARGS)
+make_sim_env = functools.partial(gym.make, SIM_ID)
 
 
 class BatchedPolicy(rlmesh.Model):
@@ -61,6 +84,17 @@ def run_cpu(workers: int, episodes: int = CPU_EPISODES) -> rlmesh.RunResult:
     )
 
 
+def run_sim(workers: int, episodes: int = SIM_EPISODES) -> rlmesh.RunResult:
+    """``rlmesh.run`` on ``SIM_LANES`` Hopper lanes in ``workers`` processes (1: none)."""
+    return rlmesh.run(
+        BatchedPolicy(sim_policy),
+        SIM_ID,
+        episodes=episodes,
+        num_envs=SIM_LANES,
+        workers=workers,
+    )
+
+
 @dataclass
 class VectorLoop:
     """What the hand-written ``AsyncVectorEnv`` loop did."""
@@ -74,20 +108,26 @@ class VectorLoop:
         return self.lane_steps - self.scored_steps
 
 
-def async_vector_loop(episodes: int = CPU_EPISODES) -> VectorLoop:
-    """``AsyncVectorEnv`` of ``CPU_LANES`` CPU-heavy envs, stepped until ``episodes`` episodes
-    completed (the first to complete: a lockstep loop cannot do better without waste); the
-    loop alone is timed, as a user would write it (its default NEXT_STEP autoreset)."""
-    vector = gym.vector.AsyncVectorEnv([make_cpu_env] * CPU_LANES)
+def async_vector_loop(
+    episodes: int = CPU_EPISODES,
+    make_env: Callable[[], gym.Env] = make_cpu_env,
+    policy: Callable[[np.ndarray], Any] = cpu_policy,
+    lanes: int = CPU_LANES,
+) -> VectorLoop:
+    """``AsyncVectorEnv`` of ``lanes`` envs (default the CPU-heavy one), stepped until
+    ``episodes`` episodes completed (the first to complete: a lockstep loop cannot do better
+    without waste); the loop alone is timed, as a user would write it (its default NEXT_STEP
+    autoreset)."""
+    vector = gym.vector.AsyncVectorEnv([make_env] * lanes)
     try:
-        obs, _ = vector.reset(seed=list(range(CPU_LANES)))
+        obs, _ = vector.reset(seed=list(range(lanes)))
         started = time.perf_counter()
-        lengths = np.zeros(CPU_LANES, dtype=np.int64)
-        restarting = np.zeros(CPU_LANES, dtype=bool)
+        lengths = np.zeros(lanes, dtype=np.int64)
+        restarting = np.zeros(lanes, dtype=bool)
         completed = scored = lane_steps = 0
         while completed < episodes:
-            obs, _, terminated, truncated, _ = vector.step(cpu_policy(obs))
-            lane_steps += CPU_LANES
+            obs, _, terminated, truncated, _ = vector.step(policy(obs))
+            lane_steps += lanes
             lengths[~restarting] += 1  # a restarting lane's step is the autoreset, no step
             ended = (terminated | truncated) & ~restarting
             for lane in np.flatnonzero(ended)[: episodes - completed]:
@@ -137,3 +177,21 @@ def test_run_cartpole_sixteen_lanes_process_lanes(benchmark, workers):
     benchmark.group = "process lanes, CartPole 16 lanes"
     result = benchmark.pedantic(run_cartpole, args=(workers, 16), rounds=1)
     assert rate(result, "steps") > 0
+
+
+@pytest.mark.skipif(not HAS_MUJOCO, reason="MuJoCo is not installed (pip install rlmesh[sim])")
+@pytest.mark.parametrize("workers", [1, 2])
+def test_run_hopper_eight_lanes(benchmark, workers):
+    benchmark.group = "process lanes, Hopper-v5, 8 lanes"
+    result = benchmark.pedantic(run_sim, args=(workers, 8), rounds=1)
+    assert result.wasted_steps == 0 and rate(result, "lane-steps") > 0
+
+
+@pytest.mark.skipif(not HAS_MUJOCO, reason="MuJoCo is not installed (pip install rlmesh[sim])")
+def test_async_vector_loop_hopper_eight_lanes(benchmark):
+    benchmark.group = "process lanes, Hopper-v5, 8 lanes"
+    benchmark.extra_info["floor"] = "AsyncVectorEnv(8) stepped by hand"
+    loop = benchmark.pedantic(
+        async_vector_loop, args=(8, make_sim_env, sim_policy, SIM_LANES), rounds=1
+    )
+    assert loop.scored_steps > 0 and loop.wasted_steps >= 0
