@@ -980,21 +980,48 @@ def machine() -> dict:
     }
 
 
+def _end_to_end_and_peer(settings: Settings, peer: bool) -> list[Row]:
+    driver, ours = end_to_end_rows(settings)
+    return driver + (peer_rows(settings, ours) if peer else [])
+
+
+# The table's sections in its order; each gives its rows (``peer``: with rlmesh 0.1.0's rows).
+SECTIONS: dict[str, Callable[[Settings, bool], list[Row]]] = {
+    "core": lambda settings, peer: core_rows(settings),
+    "adapters": lambda settings, peer: adapter_rows(settings),
+    "driver": _end_to_end_and_peer,
+    "chunked": lambda settings, peer: chunked_rows(settings),
+    "process": lambda settings, peer: process_lanes_rows(settings),
+    "summary": lambda settings, peer: summary_rows(settings),
+    "cluster": lambda settings, peer: cluster_rows(settings),
+    "remote": remote_rows,
+    "served-model": lambda settings, peer: served_model_rows(settings),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats, shorter runs")
     parser.add_argument("--peer", action="store_true", help=f"also run rlmesh=={PEER_VERSION}")
     parser.add_argument("--json", metavar="PATH", help="write every row (and the machine) here")
+    parser.add_argument(
+        "--only",
+        metavar="SECTION[,SECTION]",
+        help=f"run these sections alone (of {', '.join(SECTIONS)}); default: all",
+    )
     args = parser.parse_args(argv)
     settings = QUICK if args.quick else FULL
+    only = SECTIONS if args.only is None else args.only.split(",")
+    unknown = [name for name in only if name not in SECTIONS]
+    if unknown:
+        parser.error(
+            f"--only: unknown section(s) {', '.join(unknown)}; expected {', '.join(SECTIONS)}"
+        )
 
     started = time.perf_counter()
-    rows = core_rows(settings) + adapter_rows(settings)
-    driver, ours = end_to_end_rows(settings)
-    rows += driver + chunked_rows(settings) + process_lanes_rows(settings) + summary_rows(settings)
-    rows += cluster_rows(settings) + remote_rows(settings, args.peer) + served_model_rows(settings)
-    if args.peer:
-        rows += peer_rows(settings, ours)
+    rows: list[Row] = []
+    for name in only:
+        rows += SECTIONS[name](settings, args.peer)
     elapsed = time.perf_counter() - started
 
     facts = machine()
