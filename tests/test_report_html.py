@@ -56,15 +56,26 @@ class Page(HTMLParser):
 
 
 def assert_self_contained(page: Page) -> None:
-    """Nothing the page would load comes from elsewhere: every src is a data: URI, no link,
-    no script, no base, no url() in its styles, no http(s) address in any attribute."""
+    """Nothing the page would load comes from elsewhere: every src is a data: URI, every
+    href points inside the page, no link, script or base tag, no url() or @import in its
+    styles. (An inline SVG's xmlns attributes are namespace names, never fetched.)"""
     for tag, attrs in page.tags:
-        assert tag not in ("link", "script", "base", "iframe", "object", "embed"), tag
+        assert tag not in ("link", "script", "base", "iframe", "object", "embed", "img"), tag
         for name, value in attrs.items():
+            if name.startswith("xmlns"):
+                assert value.startswith("http://www.w3.org/"), (tag, name, value)
+                continue
             assert not re.match(r"\s*(https?:)?//", value), (tag, name, value[:80])
             if name in ("src", "srcset", "poster", "data"):
                 assert value.startswith("data:"), (tag, name, value[:80])
+            if name in ("href", "xlink:href"):
+                assert value.startswith("#"), (tag, name, value[:80])
     assert not any("url(" in style or "@import" in style for style in page.styles)
+
+
+def plot_ids(page: Page, kind: str) -> list[str]:
+    """The ids of a kind's per-task artists (``returns-0``, ``returns-1``, ...), in order."""
+    return [attrs["id"] for tag, attrs in page.tags if attrs.get("id", "").startswith(kind + "-")]
 
 
 def write_mp4(path: Path, frames: int = 16, size: tuple[int, int] = (64, 96)) -> bytes:
@@ -93,7 +104,10 @@ def suite_file(folder: Path, *, core: str = "rust", videos: int = 0, errors: int
     for task, settings in runs.items():
         path = folder / f"{task}.jsonl"
         policy = settings.pop("policy")
-        rlmesh.run(policy, "CartPole-v1", episodes=5, core=core, results_path=path, **settings)
+        # Success: a return of 30 or more, so the tasks' success rates differ (1, 1, 0).
+        rlmesh.run(
+            policy, "CartPole-v1", episodes=5, core=core, results_path=path, success=30, **settings
+        )
         header, *records = [json.loads(line) for line in path.read_text().splitlines()]
         if not lines:
             lines.append(dumps(header))
@@ -122,8 +136,12 @@ def test_a_runs_report_is_one_self_contained_file(core, tmp_path):
     text = out.read_text(encoding="utf-8")
     page = Page(text)
     assert_self_contained(page)
-    assert len(page.having("img", "plot-task")) == 1  # no tasks: one group of all episodes
-    assert len(page.having("img", "plot-latency")) == 1 and page.having("img", "plot-success")
+    # No tasks: one group of all episodes, one row in each per-task plot.
+    assert len(page.having("figure", "plot-distributions")) == 1
+    assert plot_ids(page, "returns") == ["returns-0"] and plot_ids(page, "lengths") == ["lengths-0"]
+    assert plot_ids(page, "success") == ["success-0"]
+    assert len(page.having("figure", "plot-latency")) == 1
+    assert len(page.having("svg")) == len(page.having("figure", "plot")) == 3
     # The summary table is the run's, and the metadata is the header's and its provenance.
     _, result, _ = read_run(path)
     summary = summarize(result)
@@ -131,11 +149,6 @@ def test_a_runs_report_is_one_self_contained_file(core, tmp_path):
     header = json.loads(path.read_text().splitlines()[0])
     assert header[PROVENANCE_KEY]["python"].split()[0] in text
     assert f"<td>{header[PROVENANCE_KEY]['host']}</td>" in text
-    for svg in page.having("img", "plot"):
-        document = base64.b64decode(svg["src"].split(",", 1)[1]).decode("utf-8")
-        assert document.startswith("<svg") and document.rstrip().endswith("</svg>")
-        assert "http://www.w3.org" in document  # its namespaces: names, never fetched
-        assert 'xlink:href="http' not in document and 'href="http' not in document
 
 
 def test_a_suite_has_one_plot_per_task_and_its_videos_inline(tmp_path):
@@ -145,7 +158,8 @@ def test_a_suite_has_one_plot_per_task_and_its_videos_inline(tmp_path):
     assert_self_contained(page)
     sections = page.having("section", "task")
     assert [section["data-task"] for section in sections] == list(TASKS)
-    assert len(page.having("img", "plot-task")) == len(TASKS)
+    for kind in ("returns", "lengths", "success"):
+        assert plot_ids(page, kind) == [f"{kind}-{k}" for k in range(len(TASKS))]
     videos = page.having("video")
     assert len(videos) == 2 * len(TASKS)
     linked = sorted((tmp_path / "videos").glob("*.mp4"))
@@ -183,7 +197,7 @@ def test_a_run_result_reports_without_a_file(tmp_path):
     result = rlmesh.run(cartpole_policy, "CartPole-v1", episodes=3)
     page = Page(write_html(result, tmp_path / "report.html").read_text(encoding="utf-8"))
     assert_self_contained(page)
-    assert len(page.having("img", "plot-task")) == 1
+    assert plot_ids(page, "returns") == ["returns-0"]
 
 
 def test_rlmesh_report_html_writes_the_report_and_prints_the_summary(tmp_path, capsys):

@@ -7,9 +7,9 @@ episodes that failed (an ``error``), the latency percentiles of the run's teleme
 recorded videos inline, and the run's metadata (its header and each segment's provenance).
 
 Nothing is fetched when the file is opened: no script, font, style sheet or image comes from
-elsewhere. Figures are SVG documents and videos mp4 files, each inlined as a base64 ``data:``
-URI (``<img>`` and ``<video controls>``), so the file can be mailed or archived as it is. The
-figures need matplotlib, the ``report`` extra.
+elsewhere. Figures are inline SVG elements and videos mp4 files inlined as base64 ``data:``
+URIs (``<video controls>``), so the file can be mailed or archived as it is. The figures need
+matplotlib, the ``report`` extra.
 
 Example:
     >>> import os, tempfile, rlmesh
@@ -17,8 +17,8 @@ Example:
     >>> path = os.path.join(folder, "r.jsonl")
     >>> _ = rlmesh.run(lambda obs: 0, "CartPole-v1", episodes=3, results_path=path)
     >>> out = write_html(path, os.path.join(folder, "report.html"))
-    >>> "<img" in out.read_text() and "http://" not in out.read_text()
-    True
+    >>> out.read_text().count('<figure class="plot')
+    3
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..errors import ResultsFileError
 from ..results import (
     _EPISODE_FIELDS,
@@ -40,7 +42,7 @@ from ..results import (
     HEADER_KEY,
     RESUME_KEY,
     RUN_KEY,
-    EpisodeResult,
+    RunColumns,
     RunResult,
     _check_header,
     _config,
@@ -60,11 +62,12 @@ _VIDEO_TYPES = {".mp4": "video/mp4", ".webm": "video/webm", ".ogv": "video/ogg"}
 
 @dataclass(frozen=True)
 class ReportData:
-    """What a report shows: the run (``RunResult`` of the episodes without an ``error``), the
-    raw episode records (every field, the other parts' ``task``, ``error`` and ``video``
-    included), the header and resumptions, and the directory video paths are relative to."""
+    """What a report shows: the run (``RunColumns`` of the episodes without an ``error``, with
+    the run segments' telemetry), the raw episode records in index order (every field, the
+    ``task``, ``error`` and ``video`` of suites, failure isolation and videos included), the
+    header and resumptions, and the directory video paths are relative to."""
 
-    run: RunResult
+    run: RunColumns
     records: tuple[dict[str, Any], ...]
     header: dict[str, Any]
     resumes: tuple[dict[str, Any], ...]
@@ -110,7 +113,7 @@ def read_report_data(path: str | os.PathLike[str]) -> ReportData:
     if header is None:
         raise ResultsFileError(f"{name} is empty: it holds no results header")
     records.sort(key=lambda record: record["index"])
-    run = RunResult(episodes=_scored(records, name), **_file_fields(header, runs))
+    run = scored_columns(records, **_file_fields(header, runs))
     return ReportData(
         run, tuple(records), _config(header, HEADER_KEY), tuple(resumes), Path(name).parent, name
     )
@@ -129,17 +132,21 @@ def _decoded(record: dict[str, Any], where: str) -> dict[str, Any]:
     return record
 
 
-def _scored(records: Iterable[dict[str, Any]], name: str) -> tuple[EpisodeResult, ...]:
-    """The episodes that completed (no ``error``), as ``EpisodeResult``s: what statistics
-    count. Fields this version's ``EpisodeResult`` does not know are left to the records."""
-    try:
-        return tuple(
-            EpisodeResult(**{key: record[key] for key in _EPISODE_FIELDS if key in record})
-            for record in records
-            if not record.get("error")
-        )
-    except TypeError as exc:
-        raise ResultsFileError(f"{name}: an episode line lacks a field ({exc})") from None
+def scored_columns(records: Sequence[dict[str, Any]], **run_fields: Any) -> RunColumns:
+    """The episodes of ``records`` that completed (no ``error``) as ``RunColumns``: what
+    statistics count; ``run_fields`` are ``RunColumns``' other fields (default: none known)."""
+    done = [record for record in records if not record.get("error")]
+    success = [record.get("success") for record in done]
+    return RunColumns(
+        index=np.array([record["index"] for record in done], dtype=np.int64),
+        steps=np.array([record["steps"] for record in done], dtype=np.int64),
+        reward=np.array([record["reward"] for record in done], dtype=np.float64),
+        success=np.array([-1 if s is None else int(s) for s in success], dtype=np.int8),
+        success_reported=np.array(
+            [bool(record.get("success_reported")) for record in done], dtype=bool
+        ),
+        **{"base_seed": None, **run_fields},
+    )
 
 
 def report_data_of(result: RunResult, base_dir: str | os.PathLike[str] = ".") -> ReportData:
@@ -147,7 +154,7 @@ def report_data_of(result: RunResult, base_dir: str | os.PathLike[str] = ".") ->
     ``base_dir``."""
     records = tuple(episode.to_dict() for episode in result.episodes)
     header = {"core": result.core, "seed": result.base_seed}
-    return ReportData(result, records, header, (), Path(base_dir), "a RunResult")
+    return ReportData(result.columns(), records, header, (), Path(base_dir), "a RunResult")
 
 
 def episodes_by_task(records: Iterable[dict[str, Any]]) -> dict[str | None, list[dict[str, Any]]]:
@@ -199,7 +206,7 @@ def render_html(data: ReportData) -> str:
         f'<p class="source">{_text(data.source)}</p>',
         _summary_section(data.run),
         _tasks_section(groups),
-        *(_task_section(task, group, data.base_dir) for task, group in groups.items()),
+        _videos_section(groups, data.base_dir),
         _failures_section(data.records),
         _latency_section(data.run),
         _metadata_section(data),
@@ -220,14 +227,11 @@ def _table(header: Sequence[str] | None, rows: Iterable[Sequence[Any]], css: str
     return f'<table class="{css}">{head}{body}</table>'
 
 
-def _image(svg: str, css: str, label: str) -> str:
-    encoded = base64.b64encode(svg.encode("utf-8")).decode("ascii")
-    return (
-        f'<img class="plot {css}" alt="{_text(label)}" src="data:image/svg+xml;base64,{encoded}">'
-    )
+def _plot(svg: str, css: str, label: str) -> str:
+    return f'<figure class="plot {css}" role="img" aria-label="{_text(label)}">{svg}</figure>'
 
 
-def _summary_section(run: RunResult) -> str:
+def _summary_section(run: RunColumns) -> str:
     rows = summary_rows(summarize(run))
     return f'<section id="summary"><h2>Summary</h2>{_table(None, rows, "summary")}</section>'
 
@@ -245,25 +249,28 @@ def _figure(value: float | None) -> str:
 
 
 def _tasks_section(groups: dict[str | None, list[dict[str, Any]]]) -> str:
-    """The per-task table and success plot: a row per task with its episodes, errors,
-    success rate and mean return, each with its 95% interval."""
-    rows, names, rates, intervals = [], [], [], []
+    """The per-task table and plots: a row per task with its episodes, errors, success rate
+    and mean return, each with its 95% interval; the success rates with their Wilson error
+    bars; each task's histograms of returns and lengths."""
+    rows, names, rates, intervals, rewards, lengths = [], [], [], [], [], []
     for task, group in groups.items():
-        scored = [record for record in group if not record.get("error")]
-        summary = summarize(RunResult(_scored(scored, _task_label(task)), base_seed=None))
-        judged = [record["success"] for record in scored if record.get("success") is not None]
-        rate = sum(judged) / len(judged) if judged else None
-        low, high = wilson_interval(sum(judged), len(judged))
+        columns = scored_columns(group)
+        summary = summarize(columns)
+        judged = columns.success[columns.success >= 0]
+        rate = float(judged.mean()) if judged.size else None
+        low, high = wilson_interval(int(judged.sum()), int(judged.size))
         names.append(_task_label(task))
         rates.append(rate)
         intervals.append((low, high))
+        rewards.append(columns.reward)
+        lengths.append(columns.steps)
         success = "n/a" if rate is None else f"{_percent(rate)} [{_percent(low)}, {_percent(high)}]"
         reward_low, reward_high = summary["mean_reward_ci95"]
         rows.append(
             (
                 _task_label(task),
                 len(group),
-                len(group) - len(scored),
+                len(group) - columns.num_episodes,
                 success,
                 f"{_figure(summary['mean_reward'])} "
                 f"[{_figure(reward_low)}, {_figure(reward_high)}]",
@@ -278,29 +285,35 @@ def _tasks_section(groups: dict[str | None, list[dict[str, Any]]]) -> str:
         "mean return (95% bootstrap CI)",
         "mean length",
     )
-    figure = (
-        _image(plots.success_svg(names, rates, intervals), "plot-success", "success per task")
+    success_plot = (
+        _plot(plots.success_svg(names, rates, intervals), "plot-success", "success per task")
         if any(rate is not None for rate in rates)
         else '<p class="note">success is not available for these episodes</p>'
     )
-    return f'<section id="tasks"><h2>Per task</h2>{_table(header, rows, "tasks")}{figure}</section>'
-
-
-def _task_section(task: str | None, group: list[dict[str, Any]], base_dir: Path) -> str:
-    scored = [record for record in group if not record.get("error")]
-    svg = plots.returns_and_lengths_svg(
-        rewards=[record["reward"] for record in scored],
-        steps=[record["steps"] for record in scored],
-        task=task,
+    distributions = _plot(
+        plots.distributions_svg(names, rewards, lengths),
+        "plot-distributions",
+        "episode returns and lengths per task",
     )
-    label = _task_label(task)
-    videos = [_video(record, base_dir) for record in group if record.get("video")]
-    gallery = f'<div class="videos">{"".join(videos)}</div>' if videos else ""
     return (
-        f'<section class="task" data-task="{_text("" if task is None else task)}">'
-        f"<h3>{_text(label)}</h3>"
-        f"{_image(svg, 'plot-task', f'returns and lengths: {label}')}{gallery}</section>"
+        f'<section id="tasks"><h2>Per task</h2>{_table(header, rows, "tasks")}'
+        f"<h3>Success</h3>{success_plot}<h3>Returns and episode lengths</h3>{distributions}"
+        "</section>"
     )
+
+
+def _videos_section(groups: dict[str | None, list[dict[str, Any]]], base_dir: Path) -> str:
+    """The recorded videos, inline, by task (episodes whose record links a ``video``)."""
+    sections = []
+    for task, group in groups.items():
+        videos = [_video(record, base_dir) for record in group if record.get("video")]
+        if videos:
+            sections.append(
+                f'<section class="task" data-task="{_text("" if task is None else task)}">'
+                f'<h3>{_text(_task_label(task))}</h3><div class="videos">{"".join(videos)}</div>'
+                "</section>"
+            )
+    return f'<section id="videos"><h2>Videos</h2>{"".join(sections)}</section>' if sections else ""
 
 
 def _video(record: dict[str, Any], base_dir: Path) -> str:
@@ -340,7 +353,7 @@ def _failures_section(records: Sequence[dict[str, Any]]) -> str:
     )
 
 
-def _latency_section(run: RunResult) -> str:
+def _latency_section(run: RunColumns) -> str:
     latency = [row for row in run.telemetry if row.metric == "latency"]
     rates = [row for row in run.telemetry if row.metric != "latency"]
     if not latency and not rates:
@@ -351,7 +364,9 @@ def _latency_section(run: RunResult) -> str:
         for row in latency
     ]
     throughput = [(f"{row.op} {row.metric}", row.count, f"{row.avg:,.0f} /s") for row in rates]
-    figure = _image(plots.latency_svg(latency), "plot-latency", "latency") if latency else ""
+    figure = (
+        _plot(plots.latency_svg(latency), "plot-latency", "latency percentiles") if latency else ""
+    )
     return (
         '<section id="latency"><h2>Latency</h2>'
         f"{_table(header, rows, 'latency')}{figure}"
@@ -391,7 +406,7 @@ td, th { padding: 0.2em 0.7em; border-bottom: 1px solid #eee; text-align: left;
   vertical-align: top; }
 table.summary td:first-child, table.header td:first-child,
 table.provenance td:first-child { color: #555; }
-img.plot { display: block; max-width: 100%; margin: 0.6em 0; }
+figure.plot { margin: 0.6em 0; } figure.plot svg { display: block; max-width: 100%; height: auto; }
 .videos { display: flex; flex-wrap: wrap; gap: 1em; }
 figure.video { margin: 0; } figure.video video { width: 320px; background: #000; }
 figcaption { font-size: 0.85em; color: #555; }
@@ -404,5 +419,6 @@ __all__ = [
     "read_report_data",
     "render_html",
     "report_data_of",
+    "scored_columns",
     "write_html",
 ]
