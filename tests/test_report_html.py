@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import re
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from rlmesh.cli import main
 from rlmesh.errors import ResultsFileError
 from rlmesh.report import write_html
 from rlmesh.report.provenance import PROVENANCE_KEY
-from rlmesh.results import dumps, read_run
+from rlmesh.results import EpisodeResult, ResultsFile, RunResult, dumps, read_run
 from rlmesh.stats import summarize
 
 TASKS = ("balance-short", "balance-long", "random-pushes")
@@ -254,3 +255,18 @@ def test_without_matplotlib_the_error_names_the_extra(tmp_path):
     assert "pip install 'rlmesh[report]'" in done.stderr and "Traceback" not in done.stderr
     assert done.stdout.startswith("episodes")  # the text summary needs no matplotlib
     assert not (tmp_path / "o.html").exists()
+
+
+def test_a_file_without_episodes_and_non_finite_returns_still_report(tmp_path):
+    path = tmp_path / "r.jsonl"
+    ResultsFile.open(path, {"episodes": 3}, resume=False).close()  # a run that died at once
+    empty = write_html(path, tmp_path / "empty.html").read_text(encoding="utf-8")
+    assert_self_contained(Page(empty))
+    assert plot_ids(Page(empty), "returns") == []
+    assert "<td>episodes</td><td>0 of 3, incomplete</td>" in empty
+    episodes = [
+        EpisodeResult(k, k, k, 0, 5, reward, True, False, None, 0.1, 0.1, 0.1)
+        for k, reward in enumerate([1.0, math.inf, math.nan])
+    ]
+    text = write_html(RunResult(episodes, base_seed=0), tmp_path / "r.html").read_text()
+    assert "2 non-finite not shown" in text

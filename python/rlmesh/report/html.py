@@ -47,7 +47,9 @@ from ..results import (
     _check_header,
     _config,
     _file_fields,
+    _judged_by_rule,
     _record,
+    _run_fields,
     _warn_dropped,
     decode_float,
 )
@@ -112,7 +114,10 @@ def read_report_data(path: str | os.PathLike[str]) -> ReportData:
                 records.append(_decoded(record, where))
     if header is None:
         raise ResultsFileError(f"{name} is empty: it holds no results header")
-    records.sort(key=lambda record: record["index"])
+    records.sort(key=lambda record: record["index"])  # stable: a suite's tasks in file order
+    if not _judged_by_rule(header):  # a file from before success rules: the env's verdicts
+        for record in records:
+            record["success_reported"] = record.get("success") is not None
     run = scored_columns(records, **_file_fields(header, runs))
     return ReportData(
         run, tuple(records), _config(header, HEADER_KEY), tuple(resumes), Path(name).parent, name
@@ -154,7 +159,8 @@ def report_data_of(result: RunResult, base_dir: str | os.PathLike[str] = ".") ->
     ``base_dir``."""
     records = tuple(episode.to_dict() for episode in result.episodes)
     header = {"core": result.core, "seed": result.base_seed}
-    return ReportData(result.columns(), records, header, (), Path(base_dir), "a RunResult")
+    run = scored_columns(records, **_run_fields(result))
+    return ReportData(run, records, header, (), Path(base_dir), "a RunResult")
 
 
 def episodes_by_task(records: Iterable[dict[str, Any]]) -> dict[str | None, list[dict[str, Any]]]:
