@@ -12,7 +12,8 @@ calls long enough to dwarf the timer.
 Sections: the core micro-benchmarks (Rust vs Python core), the role-based adapters (the Rust
 core's resize against Pillow, a LIBERO-like assembly on both cores), end to end (``rlmesh.run`` vs a
 hand-written loop of the same policy and seeds), chunked runs, the summary of a 1M-episode
-results file against its time and memory budget, a CPU-heavy env in worker processes against
+results file against its time and memory budget, the HTML report of a 10,000-episode suite
+file against its time budget, a CPU-heavy env in worker processes against
 the same env in this process and a hand-written ``AsyncVectorEnv`` loop, the same env on one
 process vs a local Ray cluster (``cluster="ray"``, one run a side, Ray's start-up included), a
 served env over loopback against the same run in-process, and with ``--peer`` the
@@ -104,6 +105,13 @@ from test_bench_remote_env import (
 )
 from test_bench_remote_model import DRIVERS, EPISODES_PER_DRIVER
 from test_bench_remote_model import measure as measure_served_model
+from test_bench_report_html import (
+    HTML_BUDGET_S,
+    HTML_EPISODES,
+    HTML_TASKS,
+    html_in_subprocess,
+)
+from test_bench_report_html import suite_file as html_suite_file
 from test_bench_summary import REPORT_EPISODES, results_file, summary_in_subprocess
 
 PEER_VERSION = "0.1.0"
@@ -721,6 +729,26 @@ def summary_rows(settings: Settings) -> list[Row]:
     ]  # fmt: skip
 
 
+def report_html_rows(settings: Settings) -> list[Row]:
+    """``write_html`` of a 10,000-episode, 10-task results file in a fresh process each time
+    (imports included), against the issue's budget of a few seconds: the median."""
+    section = "the HTML report of a 10,000-episode results file (rlmesh report --html)"
+    path = html_suite_file()
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "report.html"
+        samples = [html_in_subprocess(path, out) for _ in range(settings.summary_samples)]
+        size = out.stat().st_size
+    seconds = statistics.median(sample["seconds"] for sample in samples)
+    cpu = statistics.median(sample["cpu_s"] for sample in samples)
+    workload = f"{HTML_EPISODES:,} episodes of {HTML_TASKS} tasks, to {size / 1e3:.0f} kB of HTML"
+    note = (
+        f"CPU time {cpu:.2f} s; a fresh process: the imports of rlmesh, numpy and matplotlib "
+        "included (the wall time includes waiting for a core)"
+    )
+    return [Row(section, workload, "budget", HTML_BUDGET_S, "rlmesh", seconds, "s", 1.0,
+                note=note)]  # fmt: skip
+
+
 def cluster_rows(settings: Settings) -> list[Row]:
     """The CPU-heavy env's episodes on one process, then on a local Ray cluster of
     ``CLUSTER_WORKERS`` workers started inside the timed run (one run a side: a sample lasts
@@ -993,6 +1021,7 @@ SECTIONS: dict[str, Callable[[Settings, bool], list[Row]]] = {
     "chunked": lambda settings, peer: chunked_rows(settings),
     "process": lambda settings, peer: process_lanes_rows(settings),
     "summary": lambda settings, peer: summary_rows(settings),
+    "report-html": lambda settings, peer: report_html_rows(settings),
     "cluster": lambda settings, peer: cluster_rows(settings),
     "remote": remote_rows,
     "served-model": lambda settings, peer: served_model_rows(settings),

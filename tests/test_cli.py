@@ -164,7 +164,9 @@ def test_an_existing_results_file_needs_resume_and_a_matching_header(tmp_path, c
 def test_report_equals_the_eval_summary(tmp_path, capsys):
     out = str(tmp_path / "r.jsonl")
     evaluated = _json(capsys, _eval("--episodes", "5", "--num-envs", "2", "--out", out, "--json"))
-    assert _json(capsys, ["report", out, "--json"]) == evaluated
+    reported = _json(capsys, ["report", out, "--json"])
+    assert reported.pop("provenance")[0]["command"][:2] == ["rlmesh", "eval"]
+    assert reported == evaluated
     assert main(["report", out]) == 0
     assert "mean reward" in capsys.readouterr().out
 
@@ -488,7 +490,9 @@ def test_a_resume_may_change_the_core(tmp_path, capsys):
     assert main([*argv, "--core", "python", "--out", out, "--resume"]) == 0
     assert _stable(out) == _stable(whole)  # the cores' episodes are equal by contract
     records = [json.loads(line) for line in Path(out).read_text().splitlines()]
-    assert records[0]["core"] == "rust" and {"rlmesh_resume": 1, "core": "python"} in records
+    resumed = [record for record in records if "rlmesh_resume" in record]
+    assert records[0]["core"] == "rust" and [record["core"] for record in resumed] == ["python"]
+    assert resumed[0]["provenance"]["core"] == "python"  # the resuming segment's own record
 
 
 def test_the_header_records_the_policy_source_hash(tmp_path, capsys, local_module):
@@ -523,7 +527,8 @@ def test_an_edited_policy_is_refused_unless_allowed(tmp_path, capsys, policy_fil
     assert "rlmesh: warning: " in err and "the policy's source file changed" in err
     records = [json.loads(line) for line in Path(out).read_text().splitlines()]
     new_hash = hashlib.sha256(policy_file.read_bytes()).hexdigest()
-    assert {"rlmesh_resume": 1, "policy_sha256": new_hash} in records
+    resumed = [record for record in records if "rlmesh_resume" in record]
+    assert [record["policy_sha256"] for record in resumed] == [new_hash]
     assert len(read_results(out)[1]) == 4
 
 

@@ -31,6 +31,7 @@ def test_summary_is_exactly_what_eval_json_and_report_json_print(core, tmp_path,
     assert result.summary() == printed
     assert printed["core"] == core and result.core == core
     report = json.loads(_printed(capsys, ["report", str(out), "--json"]))
+    assert report.pop("provenance")[0]["core"] == core  # then the auditable record
     assert report == printed
 
 
@@ -39,7 +40,8 @@ def test_format_summary_is_exactly_the_table_eval_and_report_print(tmp_path, cap
     table = _printed(capsys, _eval(out))
     _, result, _ = read_run(out)
     assert table == result.format_summary() + "\n"
-    assert _printed(capsys, ["report", str(out)]) == table
+    # The table, then the provenance block (rlmesh.report.provenance).
+    assert _printed(capsys, ["report", str(out)]).startswith(table + "\nprovenance\n")
 
 
 @pytest.mark.parametrize("core", CORES)

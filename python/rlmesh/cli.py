@@ -6,7 +6,8 @@ Commands:
   (``--out``) that survives a crash and can be resumed (``--resume``), and with ``--ray
   [ADDRESS] --workers K`` across a Ray cluster (``rlmesh.cluster``);
 - ``rlmesh demo``: ``eval`` of a built-in CartPole heuristic over 8 lanes and 100 episodes;
-- ``rlmesh report FILE``: the summary table of a results file alone;
+- ``rlmesh report FILE [--html OUT]``: the summary table and provenance of a results file
+  alone, and with ``--html`` a self-contained HTML report of it (``rlmesh.report.html``);
 - ``rlmesh describe --env ID_OR_FACTORY [--tags FILE] --model POLICY``: the plan that pairs
   the policy's spec with the env (its tags, from FILE or the env's metadata) and its
   advisories, without running an episode;
@@ -62,7 +63,14 @@ from .errors import ModelDefinitionError, ResultsFileError, RlmeshError, SpecErr
 from .hooks import RunHooks, RuntimeHooks
 from .model import Model
 from .remote.address import is_address
-from .results import LOCK_SUFFIX, EpisodeResult, dumps, read_columns, read_results, read_run
+from .results import (
+    LOCK_SUFFIX,
+    EpisodeResult,
+    dumps,
+    read_columns_with_resumes,
+    read_results,
+    read_run,
+)
 from .stats import format_summary, summarize
 from .success import rule_for
 
@@ -548,6 +556,8 @@ def _eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 "policy_sha256": policy_sha256,
                 "env_kwargs": args.env_kwargs,
             },
+            # Recorded in the header's auditable record, not checked on resume.
+            provenance={"policy": args.policy, "command": ["rlmesh", *argv]},
             **cluster,
         )
     except ResultsFileError as exc:
@@ -670,15 +680,38 @@ def _interrupted(args: argparse.Namespace, argv: Sequence[str]) -> None:
 
 
 def _report(args: argparse.Namespace) -> int:
+    from .report.provenance import format_provenance, provenance_segments
+
     try:
-        _, columns = read_columns(args.file)
+        header, columns, resumes = read_columns_with_resumes(args.file)
     except OSError as exc:
         raise UsageError(f"{args.file}: cannot read it ({exc.strerror})") from None
     except ResultsFileError as exc:
         raise UsageError(str(exc)) from None
     # An unfinished file (a crash, an interrupt) says so: "6 of 10, incomplete".
-    _print_summary(summarize(columns), as_json=args.json)
+    summary = summarize(columns)
+    # The auditable record of each run segment (rlmesh.report.provenance), after the figures.
+    segments = provenance_segments(header, resumes)
+    if args.json:
+        print(dumps({**summary, "provenance": segments}))
+    else:
+        print(format_summary(summary) + "\n\n" + format_provenance(segments))
+    if args.html is not None:
+        _write_html(args)
     return EXIT_OK
+
+
+def _write_html(args: argparse.Namespace) -> None:
+    """``rlmesh report FILE --html OUT``: the self-contained HTML report (the report extra)."""
+    from .report.html import write_html
+
+    try:
+        write_html(args.file, args.html)
+    except ImportError as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise UsageError(f"--html {args.html}: cannot write it ({exc.strerror})") from None
+    print(f"rlmesh: wrote {args.html}", file=sys.stderr)
 
 
 def _print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
@@ -831,12 +864,19 @@ def build_parser() -> argparse.ArgumentParser:
     report = commands.add_parser(
         "report",
         help="the summary of a results file",
-        description="Print the summary table of a results file written by `rlmesh eval --out`.",
-        epilog="example:\n  rlmesh report results.jsonl --json",
+        description="Print the summary table of a results file written by `rlmesh eval --out`, "
+        "and the provenance of each run segment (versions, host, command line, git revision).",
+        epilog="example:\n  rlmesh report results.jsonl --html report.html",
         formatter_class=formatter,
     )
     report.add_argument("file", metavar="FILE", help="a results file (JSON lines)")
     report.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    report.add_argument(
+        "--html",
+        metavar="OUT",
+        help="also write a self-contained HTML report to OUT: tables, plots, videos, metadata "
+        "(needs the report extra)",
+    )
 
     describe = commands.add_parser(
         "describe",

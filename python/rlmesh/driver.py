@@ -43,6 +43,7 @@ from .errors import OperationTimeout, RlmeshError, call_failure
 from .hooks import HookDispatcher, StepEvent
 from .lanes import Lanes, StepBatch, make_lanes
 from .model import ModelHandler
+from .report.provenance import PROVENANCE_KEY, check_provenance, collect_provenance
 from .results import EpisodeResult, ResultsFile, RunResult
 from .settings import RunSettings, check_cluster_settings, check_settings
 from .success import SuccessRule, rule_for
@@ -118,6 +119,7 @@ async def arun(
     window_episodes: int | None = None,
     processes_per_worker: int | None = None,
     env_tags: Any = None,
+    provenance: dict[str, Any] | None = None,
 ) -> RunResult:
     """Evaluate ``model`` on ``env``: the coroutine behind ``rlmesh.run``.
 
@@ -188,6 +190,10 @@ async def arun(
         env_tags: the env's ``rlmesh.adapters.EnvTags`` (or their v1 dict), for a model spec
             that pairs by role; default: the env's
             ``metadata["rlmesh.adapters.v1.env_io_spec"]``, if any.
+        provenance: with ``results_path``, what the header's auditable record
+            (``rlmesh.report.provenance``) should say of ``policy`` (its spec string; default
+            the model's ``module:qualname``) and ``command`` (the command line, a list of str;
+            default None). The record is not checked on resume.
 
     Returns:
         The ``RunResult``: M episodes sorted by index (with ``results_path``, every episode in
@@ -222,6 +228,9 @@ async def arun(
         window_episodes=window_episodes,
         processes_per_worker=processes_per_worker,
     )
+    stated = check_provenance(provenance)
+    if results_path is not None:
+        run_info = _with_provenance(run_info, model, env, core, stated)
     if placement is not None:
         from .cluster import run_on_cluster  # Ray is imported only by runs that ask for it
 
@@ -274,6 +283,19 @@ def _results_header(
         "core": core or core_name(),
         **(run_info or {}),
     }
+
+
+def _with_provenance(
+    run_info: dict[str, Any] | None,
+    model: Any,
+    env: Any,
+    core: str | None,
+    stated: dict[str, Any],
+) -> dict[str, Any]:
+    """``run_info`` with the run's provenance record (under ``PROVENANCE_KEY``, which the
+    resume check skips): collected only for a run that writes a results file (git runs)."""
+    record = collect_provenance(model=model, env=env, core=core or core_name(), **stated)
+    return {**(run_info or {}), PROVENANCE_KEY: record}
 
 
 def _version() -> str:

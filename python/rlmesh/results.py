@@ -395,8 +395,9 @@ FORMAT_VERSION = 1
 LOCK_SUFFIX = ".lock"  # the writer's lock file sits next to the results file
 
 # Header fields a resumed run records but need not match: the cores give equal results by
-# contract, so a run started on one may be finished on the other.
-RECORDED_NOT_IDENTITY = frozenset({"core"})
+# contract, so a run started on one may be finished on the other; the provenance record
+# (rlmesh.report.provenance: versions, host, command line) says where a segment ran.
+RECORDED_NOT_IDENTITY = frozenset({"core", "provenance"})
 # The policy's source file's sha256: a change is refused unless the caller allows it.
 POLICY_HASH_KEY = "policy_sha256"
 
@@ -929,14 +930,8 @@ def _fast_episodes(
 
 
 def read_columns(path: str | os.PathLike[str]) -> tuple[dict[str, Any], RunColumns]:
-    """A results file's header (without its format key) and the file as ``RunColumns``: what
-    ``rlmesh report`` summarizes, in bounded memory and without an object per episode.
-
-    The same figures as ``read_run(path)[1].columns()``, and the same errors for a line that
-    is not JSON, an episode index given twice or a missing header; a cut-off last line is
-    skipped with a warning. Episode lines as rlmesh writes them are parsed a block at a time
-    with numpy (their ``index``, ``steps``, ``reward``, ``success`` and ``success_reported``:
-    what a summary reads); any other line is parsed as JSON.
+    """A results file's header and columns: ``read_columns_with_resumes`` without the
+    resumptions' records.
 
     Example:
         >>> import os, tempfile
@@ -948,10 +943,38 @@ def read_columns(path: str | os.PathLike[str]) -> tuple[dict[str, Any], RunColum
         >>> columns.index.tolist(), columns.reward.tolist(), columns.episodes_requested
         ([0, 2], [0.0, 3.0], 3)
     """
+    header, columns, _ = read_columns_with_resumes(path)
+    return header, columns
+
+
+def read_columns_with_resumes(
+    path: str | os.PathLike[str],
+) -> tuple[dict[str, Any], RunColumns, list[dict[str, Any]]]:
+    """A results file's header (without its format key) and the file as ``RunColumns``: what
+    ``rlmesh report`` summarizes, in bounded memory and without an object per episode.
+
+    The same figures as ``read_run(path)[1].columns()``, and the same errors for a line that
+    is not JSON, an episode index given twice or a missing header; a cut-off last line is
+    skipped with a warning. Episode lines as rlmesh writes them are parsed a block at a time
+    with numpy (their ``index``, ``steps``, ``reward``, ``success`` and ``success_reported``:
+    what a summary reads); any other line is parsed as JSON. The third value is the records
+    of the file's resumptions that changed a recorded field (``rlmesh_resume`` lines, without
+    their marker), in file order: each one's ``provenance`` among them.
+
+    Example:
+        >>> import os, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "r.jsonl")
+        >>> with ResultsFile.open(path, {"episodes": 1, "core": "rust"}, resume=False) as out:
+        ...     pass
+        >>> ResultsFile.open(path, {"episodes": 1, "core": "python"}, resume=True).close()
+        >>> read_columns_with_resumes(path)[2]
+        [{'core': 'python'}]
+    """
     name = os.fspath(path)
     parts = _ColumnParts()
     header: dict[str, Any] | None = None
     runs: list[dict[str, Any]] = []
+    resumes: list[dict[str, Any]] = []
     first_line = 1
     with open(path, "rb") as handle:
         carry = b""
@@ -984,6 +1007,8 @@ def read_columns(path: str | os.PathLike[str]) -> tuple[dict[str, Any], RunColum
                     header = record
                 elif RUN_KEY in record:
                     runs.append(record)
+                elif RESUME_KEY in record:
+                    resumes.append(_config(record, RESUME_KEY))
                 else:
                     parts.add_episode(_episode(record, where), number)
             first_line += starts.size
@@ -1021,7 +1046,7 @@ def read_columns(path: str | os.PathLike[str]) -> tuple[dict[str, Any], RunColum
         success_reported=reported,
         **_file_fields(header, runs),
     )
-    return _config(header), columns
+    return _config(header), columns, resumes
 
 
 class ResultsFile:
@@ -1042,7 +1067,8 @@ class ResultsFile:
     started with the header. A file holding results is refused without ``resume``. With
     ``resume``, the file's header (updated by its recorded resumptions) must equal ``header``
     (after a JSON round trip) or the differing fields are listed in a ``ResultsFileError``,
-    except ``core`` (the cores' results are equal by contract), and ``policy_sha256`` when
+    except ``core`` (the cores' results are equal by contract), ``provenance`` (where and from
+    what each segment ran: ``rlmesh.report.provenance``), and ``policy_sha256`` when
     ``allow_changed_policy`` (then with a warning); a last line cut mid-write is dropped from
     the file with a warning; the completed episodes are loaded (``episodes``, ``indices``) and
     new lines are appended.
