@@ -7,6 +7,8 @@ Commands:
   [ADDRESS] --workers K`` across a Ray cluster (``rlmesh.cluster``);
 - ``rlmesh demo``: ``eval`` of a built-in CartPole heuristic over 8 lanes and 100 episodes;
 - ``rlmesh report FILE``: the summary table of a results file alone;
+- ``rlmesh compare A B``: policy B against policy A on the same seeded episodes, pair by pair
+  (``rlmesh.report.compare``); exit 2 when the runs cannot be paired;
 - ``rlmesh describe --env ID_OR_FACTORY [--tags FILE] --model POLICY``: the plan that pairs
   the policy's spec with the env (its tags, from FILE or the env's metadata) and its
   advisories, without running an episode;
@@ -681,6 +683,34 @@ def _report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from .report.compare import RunsNotPairedError, compare, format_comparison
+
+    try:
+        comparison = compare(
+            args.a,
+            args.b,
+            confidence=args.confidence,
+            resamples=args.resamples,
+            seed=args.seed,
+            intersection=args.intersection,
+        )
+    except (ResultsFileError, RunsNotPairedError) as exc:
+        raise UsageError(f"rlmesh compare: error: {exc}") from None
+    print(dumps(comparison) if args.json else format_comparison(comparison))
+    return EXIT_OK
+
+
+def _confidence(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1) such as 0.95, got {text!r}")
+    return value
+
+
 def _print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
     print(dumps(summary) if as_json else format_summary(summary))
 
@@ -843,6 +873,34 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("file", metavar="FILE", help="a results file (JSON lines)")
     report.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+
+    paired = commands.add_parser(
+        "compare",
+        help="policy B against policy A on the same episodes",
+        description="Compare two results files of runs with the same seeds, episode by "
+        "episode (matched by task, index and seed): the paired difference B - A in mean "
+        "return with a paired bootstrap CI, in success rate with Newcombe's paired interval "
+        "and McNemar's exact test, per task and overall, and how many episodes each won.",
+        epilog="example:\n  rlmesh compare baseline.jsonl candidate.jsonl --json",
+        formatter_class=formatter,
+    )
+    paired.add_argument("a", metavar="A", help="the results file of the baseline run")
+    paired.add_argument("b", metavar="B", help="the results file of the run compared to A")
+    paired.add_argument(
+        "--intersection",
+        action="store_true",
+        help="compare only the episodes both files hold (default: refuse files that differ)",
+    )
+    paired.add_argument(
+        "--confidence", type=_confidence, default=0.95, help="the intervals' level (0.95)"
+    )
+    paired.add_argument(
+        "--resamples", type=_positive_int, default=10_000, help="bootstrap resamples (10000)"
+    )
+    paired.add_argument(
+        "--seed", type=_non_negative_int, default=0, help="the bootstrap's seed (0)"
+    )
+    paired.add_argument("--json", action="store_true", help="print everything as one JSON object")
 
     describe = commands.add_parser(
         "describe",
@@ -1139,6 +1197,8 @@ def _main(argv: list[str]) -> int:
                 return _eval(_demo_args(args), argv)
             if args.command == "report":
                 return _report(args)
+            if args.command == "compare":
+                return _compare(args)
             if args.command == "describe":
                 return _describe(args)
             if args.command == "serve":
