@@ -517,3 +517,22 @@ def test_import_rlmesh_stays_light_and_compare_loads_on_first_use():
 def test_docstring_examples_hold(module_name):
     result = doctest.testmod(importlib.import_module(module_name), optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_a_task_whose_every_pair_erred_keeps_its_row_without_figures(tmp_path):
+    a = [record(k, k, True, task=task) for task in ("pick", "push") for k in range(3)]
+    b = [
+        record(k, k + 1, True, task=task, error="EnvError: crashed" if task == "push" else None)
+        for task in ("pick", "push")
+        for k in range(3)
+    ]
+    result = compare(write_run(tmp_path / "a.jsonl", a), write_run(tmp_path / "b.jsonl", b))
+    pick, push = result["tasks"]
+    assert pick["pairs"] == 3 and pick["mean_return_difference"] == 1.0
+    assert push["pairs"] == 0 and push["mean_return_difference"] is None
+    assert push["mean_return_difference_ci"] == [None, None] and push["success"] is None
+    assert result["overall"]["mean_return_difference"] is None
+    assert result["overall"]["pairs"] == 3
+    assert result["excluded_for_errors"]["pairs"] == 3
+    json.loads(dumps(result), parse_constant=pytest.fail)
+    assert "push" in format_comparison(result)

@@ -158,9 +158,10 @@ def compare(
     erred = [key for key in keys if run_a.episodes[key].error or run_b.episodes[key].error]
     left_out = set(erred)
     paired = [key for key in keys if key not in left_out]
-    groups: dict[str | None, list[tuple[_Episode, _Episode]]] = {}
+    # Every task keeps its row, even one whose every pair was left out for errors.
+    groups: dict[str | None, list[tuple[_Episode, _Episode]]] = {task: [] for task, _ in keys}
     for key in paired:
-        groups.setdefault(key[0], []).append((run_a.episodes[key], run_b.episodes[key]))
+        groups[key[0]].append((run_a.episodes[key], run_b.episodes[key]))
     options = {"confidence": confidence, "resamples": resamples, "seed": seed}
     suite = any(task is not None for task in groups)
     tasks = [_row(name, groups[name], options) for name in groups] if suite else []
@@ -391,7 +392,9 @@ def _interval(pair: tuple[float, float]) -> list[float | None]:
     return [_number(pair[0]), _number(pair[1])]
 
 
-def _row(task: str | None, pairs: Sequence[tuple[_Episode, _Episode]], options) -> dict:
+def _row(
+    task: str | None, pairs: Sequence[tuple[_Episode, _Episode]], options: dict[str, Any]
+) -> dict[str, Any]:
     """The figures of one group of pairs (a task, or every pair outside a suite)."""
     rewards_a = np.array([a.reward for a, _ in pairs], dtype=np.float64)
     rewards_b = np.array([b.reward for _, b in pairs], dtype=np.float64)
