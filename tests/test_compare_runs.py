@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import zlib
 
 import gymnasium as gym
 import numpy as np
@@ -19,8 +20,29 @@ from scipy.stats import binomtest
 EPISODES = 24
 
 
+def noisy_heuristic(percent):
+    """The heuristic, but for the observations whose digest falls in ``percent`` of 100, where
+    it pushes the other way: a pure function of the observation, so reproducible on any lane,
+    and with CartPole's seeds 0..23 the 20% and 30% versions each win some episodes."""
+
+    def policy(obs):
+        push = int(obs[2] + 0.3 * obs[3] > 0)
+        flip = zlib.crc32(obs.tobytes()) % 100 < percent
+        return 1 - push if flip else push
+
+    return policy
+
+
+def make_policy(name):
+    if name == "heuristic":
+        return CartPoleHeuristic()
+    if name == "random":
+        return RandomPolicy(gym.spaces.Discrete(2))
+    return noisy_heuristic(int(name.removeprefix("noisy")))
+
+
 def evaluate(path, policy, *, core, seed=0, episodes=EPISODES, num_envs=3):
-    model = CartPoleHeuristic() if policy == "heuristic" else RandomPolicy(gym.spaces.Discrete(2))
+    model = make_policy(policy)
     return rlmesh.run(
         model,
         "CartPole-v1",
@@ -39,7 +61,7 @@ def runs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("runs")
     files = {}
     for core in CORES:
-        for policy in ("random", "heuristic"):
+        for policy in ("random", "heuristic", "noisy20", "noisy30"):
             path = folder / f"{policy}-{core}.jsonl"
             evaluate(path, policy, core=core, num_envs=3 if core == "rust" else 2)
             files[policy, core] = path
@@ -47,8 +69,11 @@ def runs(tmp_path_factory):
 
 
 @pytest.mark.parametrize("core", CORES)
-def test_two_real_policies_compare_as_their_episodes_say(runs, core):
-    a_path, b_path = runs["random", core], runs["heuristic", core]
+@pytest.mark.parametrize(
+    ("policy_a", "policy_b"), [("random", "heuristic"), ("noisy20", "noisy30")]
+)
+def test_two_real_policies_compare_as_their_episodes_say(runs, core, policy_a, policy_b):
+    a_path, b_path = runs[policy_a, core], runs[policy_b, core]
     result = rlmesh.compare(a_path, b_path)
     _, a = read_results(a_path)
     _, b = read_results(b_path)
@@ -63,6 +88,8 @@ def test_two_real_policies_compare_as_their_episodes_say(runs, core):
         "tie": int(np.sum(rewards_a == rewards_b)),
     }
     assert overall["mean_return_difference"] == pytest.approx(np.mean(rewards_b - rewards_a))
+    if policy_a.startswith("noisy"):  # the pair where each policy wins some episodes
+        assert min(overall["return_wins"]["a"], overall["return_wins"]["b"]) > 0
     low, high = overall["mean_return_difference_ci"]
     assert low <= overall["mean_return_difference"] <= high
     # CartPole-v1's reward_threshold (475) judges success.
@@ -74,7 +101,7 @@ def test_two_real_policies_compare_as_their_episodes_say(runs, core):
     assert success["mcnemar_p"] == pytest.approx(
         binomtest(min(only_a, only_b), only_a + only_b).pvalue
     )
-    assert result["a"]["policy"] == "random" and result["b"]["policy"] == "heuristic"
+    assert result["a"]["policy"] == policy_a and result["b"]["policy"] == policy_b
 
 
 def test_the_comparison_is_the_same_on_either_core_and_from_run_results(runs, tmp_path):
