@@ -495,6 +495,13 @@ def test_infinite_returns_stay_strict_json():
     assert both_infinite["overall"]["mean_return_difference"] is None  # inf - inf: no figure
 
 
+def test_the_table_notes_runs_of_different_envs(tmp_path):
+    a = write_run(tmp_path / "a.jsonl", [record(k, k) for k in range(3)], env="CartPole-v1")
+    b = write_run(tmp_path / "b.jsonl", [record(k, k) for k in range(3)], env="Acrobot-v1")
+    assert "the runs' envs differ (a CartPole-v1, b Acrobot-v1)" in format_comparison(compare(a, b))
+    assert "envs differ" not in format_comparison(compare(a, a))
+
+
 def test_the_table_names_the_direction_and_the_methods():
     result = compare(run_result([1, 2, 3], [False, True, False]), run_result([2, 2, 5], [True] * 3))
     text = format_comparison(result)

@@ -141,7 +141,7 @@ def test_rlmesh_compare_prints_the_table(runs, capsys):
     assert main(["compare", a, b]) == 0
     text = capsys.readouterr().out
     lines = text.splitlines()
-    assert lines[0] == f"b - a: b = {b}, a = {a}; positive means b did better"
+    assert lines[0] == f"b - a: b = {b} (heuristic), a = {a} (random); positive means b did better"
     assert lines[1].split()[:5] == ["return", "pairs", "a", "b", "b-a"]
     assert lines[2].split()[:2] == ["overall", str(EPISODES)]
     assert any(line.startswith("success ") and "McNemar p" in line for line in lines)

@@ -585,6 +585,10 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     ]
 
 
+def _described(side: dict[str, Any]) -> str:
+    return side["source"] if side["policy"] is None else f"{side['source']} ({side['policy']})"
+
+
 def format_comparison(comparison: dict[str, Any]) -> str:
     """The comparison as the plain-text tables ``rlmesh compare`` prints (return, then
     success: a row per task and the overall row), then the counts and the methods.
@@ -632,9 +636,14 @@ def format_comparison(comparison: dict[str, Any]) -> str:
     ]
     if comparison["tasks"]:
         notes.append(f"overall: {methods['suite_overall']}")
+    if a["env"] != b["env"]:
+        notes.append(
+            f"note: the runs' envs differ (a {a['env']}, b {b['env']}); their episodes are "
+            "paired by seed alone"
+        )
     return "\n".join(
         [
-            f"b - a: b = {b['source']}, a = {a['source']}; positive means b did better",
+            f"b - a: b = {_described(b)}, a = {_described(a)}; positive means b did better",
             *returns,
             "",
             *successes,
