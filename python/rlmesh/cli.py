@@ -877,10 +877,10 @@ def build_parser() -> argparse.ArgumentParser:
     paired = commands.add_parser(
         "compare",
         help="policy B against policy A on the same episodes",
-        description="Compare two results files of runs with the same seeds, episode by "
-        "episode (matched by task, index and seed): the paired difference B - A in mean "
-        "return with a paired bootstrap CI, in success rate with Newcombe's paired interval "
-        "and McNemar's exact test, per task and overall, and how many episodes each won.",
+        description="Compare two results files of runs with the same seeds, episode by episode\n"
+        "(matched by task, index and seed): the paired difference B - A in mean return with\n"
+        "a paired bootstrap CI, in success rate with Newcombe's paired interval and McNemar's\n"
+        "exact test, per task and overall, and how many episodes each policy won.",
         epilog="example:\n  rlmesh compare baseline.jsonl candidate.jsonl --json",
         formatter_class=formatter,
     )
@@ -892,13 +892,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="compare only the episodes both files hold (default: refuse files that differ)",
     )
     paired.add_argument(
-        "--confidence", type=_confidence, default=0.95, help="the intervals' level (0.95)"
+        "--confidence",
+        type=_confidence,
+        metavar="C",
+        default=0.95,
+        help="the intervals' level (0.95)",
     )
     paired.add_argument(
-        "--resamples", type=_positive_int, default=10_000, help="bootstrap resamples (10000)"
+        "--resamples",
+        type=_positive_int,
+        metavar="N",
+        default=10_000,
+        help="bootstrap resamples (10000)",
     )
     paired.add_argument(
-        "--seed", type=_non_negative_int, default=0, help="the bootstrap's seed (0)"
+        "--seed", type=_non_negative_int, default=0, metavar="S", help="the bootstrap's seed (0)"
     )
     paired.add_argument("--json", action="store_true", help="print everything as one JSON object")
 
