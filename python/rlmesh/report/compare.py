@@ -1,9 +1,10 @@
 """Paired comparison of two runs: policy b against policy a, episode by episode.
 
-Episode k of a run is reset with the seed of its index (and task, in a suite), so two runs of
-the same settings are *paired*: episode (task, index) starts from the same state in both, and
-the difference between the policies is measured on each start, not only on average. That
-takes far fewer episodes to see a difference than comparing two unpaired means.
+Episode k of a run is reset with a seed fixed by its index (per task, in a suite), so two runs
+of the same settings are *paired*: episode (task, index) starts from the same state in both,
+and the difference between the policies is measured on each start, not only on average.
+Where outcomes depend on the start, that needs far fewer episodes to see a difference than
+comparing two unpaired means.
 
 ``compare(a, b)`` matches the episodes of two runs by (task, index, seed), where ``task`` is
 None outside a suite. It refuses (``RunsNotPairedError``) runs that cannot be paired: an
