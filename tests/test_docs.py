@@ -40,7 +40,7 @@ DOCUMENTED_MODULES = (
     "rlmesh.settings",
     "rlmesh.stats",
     "rlmesh.report",
-    "rlmesh.report.provenance",
+    "rlmesh.provenance",
     "rlmesh.report.plots",
     "rlmesh.report.html",
     "rlmesh.cli",

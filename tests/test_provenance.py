@@ -20,7 +20,7 @@ import pytest
 import rlmesh
 from helpers import CORES, cartpole_policy, comparable
 from rlmesh.cli import main
-from rlmesh.report.provenance import PROVENANCE_KEY, format_provenance
+from rlmesh.provenance import PROVENANCE_KEY, format_provenance
 from rlmesh.results import read_results, read_run
 
 POLICY = textwrap.dedent(

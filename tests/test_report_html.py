@@ -19,8 +19,8 @@ import rlmesh
 from helpers import CORES, cartpole_policy
 from rlmesh.cli import main
 from rlmesh.errors import ResultsFileError
+from rlmesh.provenance import PROVENANCE_KEY
 from rlmesh.report import write_html
-from rlmesh.report.provenance import PROVENANCE_KEY
 from rlmesh.results import EpisodeResult, ResultsFile, RunResult, dumps, read_run
 from rlmesh.stats import summarize
 

@@ -40,7 +40,7 @@ def test_format_summary_is_exactly_the_table_eval_and_report_print(tmp_path, cap
     table = _printed(capsys, _eval(out))
     _, result, _ = read_run(out)
     assert table == result.format_summary() + "\n"
-    # The table, then the provenance block (rlmesh.report.provenance).
+    # The table, then the provenance block (rlmesh.provenance).
     assert _printed(capsys, ["report", str(out)]).startswith(table + "\nprovenance\n")
 
 

@@ -72,6 +72,7 @@ __all__ = [
     "Text",
     "__version__",
     "arun",
+    "compare",
     "compile_spec",
     "core_name",
     "episode_seed",
@@ -91,12 +92,18 @@ _REMOTE = {
 }
 
 
+# What reads results files (rlmesh.report) is imported on first use too.
+_REPORT = {"compare": "rlmesh.report.compare"}
+
+
 def __getattr__(name: str) -> object:
+    import importlib
+
+    if name in _REPORT:
+        return getattr(importlib.import_module(_REPORT[name]), name)
     if name not in _REMOTE:
         raise AttributeError(f"module 'rlmesh' has no attribute {name!r}")
     from .remote import require_grpc
 
     require_grpc(name)
-    import importlib
-
     return getattr(importlib.import_module(_REMOTE[name]), name)

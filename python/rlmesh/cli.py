@@ -8,6 +8,8 @@ Commands:
 - ``rlmesh demo``: ``eval`` of a built-in CartPole heuristic over 8 lanes and 100 episodes;
 - ``rlmesh report FILE [--html OUT]``: the summary table and provenance of a results file
   alone, and with ``--html`` a self-contained HTML report of it (``rlmesh.report.html``);
+- ``rlmesh compare A B``: policy B against policy A on the same seeded episodes, pair by pair
+  (``rlmesh.report.compare``); exit 2 when the runs cannot be paired;
 - ``rlmesh describe --env ID_OR_FACTORY [--tags FILE] --model POLICY``: the plan that pairs
   the policy's spec with the env (its tags, from FILE or the env's metadata) and its
   advisories, without running an episode;
@@ -680,7 +682,7 @@ def _interrupted(args: argparse.Namespace, argv: Sequence[str]) -> None:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from .report.provenance import format_provenance, provenance_segments
+    from .provenance import format_provenance, provenance_segments
 
     try:
         header, columns, resumes = read_columns_with_resumes(args.file)
@@ -690,7 +692,7 @@ def _report(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     # An unfinished file (a crash, an interrupt) says so: "6 of 10, incomplete".
     summary = summarize(columns)
-    # The auditable record of each run segment (rlmesh.report.provenance), after the figures.
+    # The auditable record of each run segment (rlmesh.provenance), after the figures.
     segments = provenance_segments(header, resumes)
     if args.json:
         print(dumps({**summary, "provenance": segments}))
@@ -712,6 +714,34 @@ def _write_html(args: argparse.Namespace) -> None:
     except OSError as exc:
         raise UsageError(f"--html {args.html}: cannot write it ({exc.strerror})") from None
     print(f"rlmesh: wrote {args.html}", file=sys.stderr)
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from .report.compare import RunsNotPairedError, compare, format_comparison
+
+    try:
+        comparison = compare(
+            args.a,
+            args.b,
+            confidence=args.confidence,
+            resamples=args.resamples,
+            seed=args.seed,
+            intersection=args.intersection,
+        )
+    except (ResultsFileError, RunsNotPairedError) as exc:
+        raise UsageError(f"rlmesh compare: error: {exc}") from None
+    print(dumps(comparison) if args.json else format_comparison(comparison))
+    return EXIT_OK
+
+
+def _confidence(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1) such as 0.95, got {text!r}")
+    return value
 
 
 def _print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
@@ -877,6 +907,42 @@ def build_parser() -> argparse.ArgumentParser:
         help="also write a self-contained HTML report to OUT: tables, plots, videos, metadata "
         "(needs the report extra)",
     )
+
+    paired = commands.add_parser(
+        "compare",
+        help="policy B against policy A on the same episodes",
+        description="Compare two results files of runs with the same seeds, episode by episode\n"
+        "(matched by task, index and seed): the paired difference B - A in mean return with\n"
+        "a paired bootstrap CI, in success rate with Newcombe's paired interval and McNemar's\n"
+        "exact test, per task and overall, and how many episodes each policy won.",
+        epilog="example:\n  rlmesh compare baseline.jsonl candidate.jsonl --json",
+        formatter_class=formatter,
+    )
+    paired.add_argument("a", metavar="A", help="the results file of the baseline run")
+    paired.add_argument("b", metavar="B", help="the results file of the run compared to A")
+    paired.add_argument(
+        "--intersection",
+        action="store_true",
+        help="compare only the episodes both files hold (default: refuse files that differ)",
+    )
+    paired.add_argument(
+        "--confidence",
+        type=_confidence,
+        metavar="C",
+        default=0.95,
+        help="the intervals' level (0.95)",
+    )
+    paired.add_argument(
+        "--resamples",
+        type=_positive_int,
+        metavar="N",
+        default=10_000,
+        help="bootstrap resamples (10000)",
+    )
+    paired.add_argument(
+        "--seed", type=_non_negative_int, default=0, metavar="S", help="the bootstrap's seed (0)"
+    )
+    paired.add_argument("--json", action="store_true", help="print everything as one JSON object")
 
     describe = commands.add_parser(
         "describe",
@@ -1187,6 +1253,8 @@ def _main(argv: list[str]) -> int:
                 return _eval(_demo_args(args), argv)
             if args.command == "report":
                 return _report(args)
+            if args.command == "compare":
+                return _compare(args)
             if args.command == "describe":
                 return _describe(args)
             if args.command == "serve":

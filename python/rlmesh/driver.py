@@ -43,7 +43,7 @@ from .errors import OperationTimeout, RlmeshError, call_failure
 from .hooks import HookDispatcher, StepEvent
 from .lanes import Lanes, StepBatch, make_lanes
 from .model import ModelHandler
-from .report.provenance import PROVENANCE_KEY, check_provenance, collect_provenance
+from .provenance import PROVENANCE_KEY, check_provenance, collect_provenance
 from .results import EpisodeResult, ResultsFile, RunResult
 from .settings import RunSettings, check_cluster_settings, check_settings
 from .success import SuccessRule, rule_for
@@ -191,7 +191,7 @@ async def arun(
             that pairs by role; default: the env's
             ``metadata["rlmesh.adapters.v1.env_io_spec"]``, if any.
         provenance: with ``results_path``, what the header's auditable record
-            (``rlmesh.report.provenance``) should say of ``policy`` (its spec string; default
+            (``rlmesh.provenance``) should say of ``policy`` (its spec string; default
             the model's ``module:qualname``) and ``command`` (the command line, a list of str;
             default None). The record is not checked on resume.
 

@@ -396,7 +396,7 @@ LOCK_SUFFIX = ".lock"  # the writer's lock file sits next to the results file
 
 # Header fields a resumed run records but need not match: the cores give equal results by
 # contract, so a run started on one may be finished on the other; the provenance record
-# (rlmesh.report.provenance: versions, host, command line) says where a segment ran.
+# (rlmesh.provenance: versions, host, command line) says where a segment ran.
 RECORDED_NOT_IDENTITY = frozenset({"core", "provenance"})
 # The policy's source file's sha256: a change is refused unless the caller allows it.
 POLICY_HASH_KEY = "policy_sha256"
@@ -1068,7 +1068,7 @@ class ResultsFile:
     ``resume``, the file's header (updated by its recorded resumptions) must equal ``header``
     (after a JSON round trip) or the differing fields are listed in a ``ResultsFileError``,
     except ``core`` (the cores' results are equal by contract), ``provenance`` (where and from
-    what each segment ran: ``rlmesh.report.provenance``), and ``policy_sha256`` when
+    what each segment ran: ``rlmesh.provenance``), and ``policy_sha256`` when
     ``allow_changed_policy`` (then with a warning); a last line cut mid-write is dropped from
     the file with a warning; the completed episodes are loaded (``episodes``, ``indices``) and
     new lines are appended.

@@ -1,13 +1,13 @@
-"""What reads results files: the auditable provenance record and the HTML report.
+"""What reads results files: the paired comparison of two runs (``compare``), the auditable
+provenance record and the HTML report.
 
 Example:
-    >>> from rlmesh.report import provenance_rows
-    >>> provenance_rows({"host": "box"})
-    [('host', 'box')]
+    >>> from rlmesh.report import compare, provenance_rows
+    >>> callable(compare), provenance_rows({"host": "box"})
+    (True, [('host', 'box')])
 """
 
-from .html import episodes_by_task, read_report_data, render_html, write_html
-from .provenance import (
+from ..provenance import (
     PROVENANCE_KEY,
     collect_provenance,
     format_provenance,
@@ -15,11 +15,16 @@ from .provenance import (
     provenance_rows,
     provenance_segments,
 )
+from .compare import RunsNotPairedError, compare, format_comparison
+from .html import episodes_by_task, read_report_data, render_html, write_html
 
 __all__ = [
     "PROVENANCE_KEY",
+    "RunsNotPairedError",
     "collect_provenance",
+    "compare",
     "episodes_by_task",
+    "format_comparison",
     "format_provenance",
     "git_revision",
     "provenance_rows",

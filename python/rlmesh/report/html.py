@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ResultsFileError
+from ..provenance import PROVENANCE_KEY, provenance_rows, provenance_segments
 from ..results import (
     _EPISODE_FIELDS,
     _FLOAT_FIELDS,
@@ -55,7 +56,6 @@ from ..results import (
 )
 from ..stats import summarize, summary_rows, wilson_interval
 from . import plots
-from .provenance import PROVENANCE_KEY, provenance_rows, provenance_segments
 
 # A header value longer than this (a list of 10,000 seeds) is shown cut, with its length.
 LONG_VALUE_CHARS = 160
