@@ -133,6 +133,32 @@ class Lanes(Protocol):
         ...
 
 
+@runtime_checkable
+class RenderingLanes(Protocol):
+    """Lanes that can draw one lane as it is now: the optional part of the seam that video
+    recording (``rlmesh.video``) reads frames through, when they do not come from an
+    observation. In-process lanes, a user's ``VectorEnv`` and worker-process lanes (rendered
+    in the worker) implement it; a served env does not (record its image observation with
+    ``video_key`` instead).
+
+    Attributes:
+        render_mode: the envs' ``render_mode`` (``"rgb_array"`` for frames), None if unset.
+        render_fps: the envs' ``metadata["render_fps"]``, None if they do not say.
+    """
+
+    render_mode: str | None
+    render_fps: float | None
+
+    def render(self, lane: int) -> Any:
+        """What lane ``lane``'s env's ``render()`` returns now: in ``rgb_array`` mode an
+        ``[H, W, 3]`` uint8 array.
+
+        Raises:
+            EnvError: the env's ``render`` raised.
+        """
+        ...
+
+
 def declares_trial_index(env: Any) -> bool:
     """The env (or vector) declares ``metadata["rlmesh.trial_index"] is True``."""
     return (getattr(env, "metadata", None) or {}).get(TRIAL_INDEX_FLAG) is True
