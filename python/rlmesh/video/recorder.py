@@ -14,6 +14,11 @@ that lane's ``env_steps`` entry is swapped for one that steps and then takes the
 put back when the episode ends, so the other lanes' steps are the env's own, untouched. The
 driver tells the recorder of episode starts and ends; recording never changes what the envs
 or the model see, so every result is the same with or without it.
+
+A ``VectorEnv`` with SAME_STEP autoreset restarts a lane inside the step that ended its
+episode, so ``render()`` after that step already draws the next episode: the last frame of
+such a video is the next episode's first. Its observation has the real last frame
+(``StepBatch.final_observations``), which ``video_key`` records.
 """
 
 from __future__ import annotations
