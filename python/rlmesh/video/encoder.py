@@ -85,6 +85,9 @@ class _Video:
                 pixelformat="yuv420p",
                 macro_block_size=1,  # sizes are made even below, never rescaled
                 ffmpeg_log_level="error",
+                # A third of the default preset's CPU, for files no larger: the encoder
+                # shares the machine with the run.
+                ffmpeg_params=["-preset", "veryfast"],
             )
         elif (frame.shape, frame.dtype) != self.shape:
             raise ValueError(
