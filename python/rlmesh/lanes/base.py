@@ -79,6 +79,9 @@ class Lanes(Protocol):
         spec: one lane's ``EnvSpec`` (what ``gymnasium.make`` registered: its id, its
             ``reward_threshold``, ...), None when it is unknown. ``rlmesh.success`` reads its
             ``reward_threshold`` when no other success rule applies.
+
+    Lanes that can draw a lane also implement ``RenderingLanes``, which video recording
+    reads frames through.
     """
 
     num_lanes: int
