@@ -13,7 +13,8 @@ Sections: the core micro-benchmarks (Rust vs Python core), the role-based adapte
 core's resize against Pillow, a LIBERO-like assembly on both cores), end to end (``rlmesh.run`` vs a
 hand-written loop of the same policy and seeds), chunked runs, the summary of a 1M-episode
 results file against its time and memory budget, the HTML report of a 10,000-episode suite
-file against its time budget, a CPU-heavy env in worker processes against
+file against its time budget, recording 5 of 50 pixel episodes to video against encoding
+their frames alone, a CPU-heavy env in worker processes against
 the same env in this process and a hand-written ``AsyncVectorEnv`` loop, the same env on one
 process vs a local Ray cluster (``cluster="ray"``, one run a side, Ray's start-up included), a
 served env over loopback against the same run in-process, and with ``--peer`` the
@@ -113,6 +114,15 @@ from test_bench_report_html import (
 )
 from test_bench_report_html import suite_file as html_suite_file
 from test_bench_summary import REPORT_EPISODES, results_file, summary_in_subprocess
+from test_bench_video import (
+    RECORDED_EPISODES,
+    VIDEO_EPISODES,
+    VIDEO_LANES,
+    encode_only,
+    recorded_frames,
+    run_pixel,
+    unrecorded_s_per_step,
+)
 
 PEER_VERSION = "0.1.0"
 LOWER_IS_BETTER = ("s", "MB")
@@ -711,6 +721,70 @@ def process_lanes_rows(settings: Settings) -> list[Row]:
     return rows
 
 
+def video_rows(settings: Settings) -> list[Row]:
+    """Recording the first 5 of 50 pixel episodes (``record_video``): what the run costs more
+    than without recording, against encoding the same frames alone; and the unrecorded
+    episodes' time per step, with and without recording."""
+    section = "videos (record_video): the run's extra time, against the encoding alone"
+    results: dict[str, list[rlmesh.RunResult]] = {"plain": [], "recorded": []}
+    frames = recorded_frames(run_pixel(None)[0])
+    with tempfile.TemporaryDirectory() as directory:
+        out = Path(directory)
+
+        def timed(side: str) -> float:
+            result, seconds = run_pixel(None if side == "plain" else out / "run")
+            results[side].append(result)
+            return seconds
+
+        seconds = interleaved_values(
+            {
+                "plain": lambda: timed("plain"),
+                "recorded": lambda: timed("recorded"),
+                "encode": lambda: encode_only(frames, out),
+            },
+            settings.repeats,
+        )
+    plain, recorded = results["plain"][-1], results["recorded"][-1]
+    equal = "equal" if scored_fields(plain) == scored_fields(recorded) else "DIFFER"
+    extra_s = seconds["recorded"] - seconds["plain"]
+    per_step = {
+        side: statistics.median(unrecorded_s_per_step(result) for result in runs)
+        for side, runs in results.items()
+    }
+    workload = (
+        f"pixel env 120x160, {VIDEO_LANES} lanes, first {RECORDED_EPISODES} of "
+        f"{VIDEO_EPISODES} episodes recorded"
+    )
+    frame_count = sum(len(episode) for episode in frames)
+    return [
+        Row(
+            section,
+            workload + ": recorded run - plain run",
+            "encode only",
+            seconds["encode"],
+            "extra",
+            max(extra_s, 1e-9),
+            "s",
+            1.0,
+            note=f"plain run {format_time(seconds['plain'])}, recorded "
+            f"{format_time(seconds['recorded'])}; encoding its {frame_count} frames alone "
+            f"{format_time(seconds['encode'])}; per-episode results {equal}",
+        ),
+        Row(
+            section,
+            workload + ": the unrecorded episodes' time per step",
+            "no recording",
+            per_step["plain"],
+            "recording",
+            per_step["recorded"],
+            "s",
+            0.9,
+            note="each unrecorded episode's wall time (reset to last step) over its steps, "
+            "all of them together",
+        ),
+    ]
+
+
 def summary_rows(settings: Settings) -> list[Row]:
     """``rlmesh report`` of a 1M-episode results file (read + summary) in a fresh process each
     time, against the issue's budget: seconds (median) and peak resident memory (largest)."""
@@ -1022,6 +1096,7 @@ SECTIONS: dict[str, Callable[[Settings, bool], list[Row]]] = {
     "process": lambda settings, peer: process_lanes_rows(settings),
     "summary": lambda settings, peer: summary_rows(settings),
     "report-html": lambda settings, peer: report_html_rows(settings),
+    "video": lambda settings, peer: video_rows(settings),
     "cluster": lambda settings, peer: cluster_rows(settings),
     "remote": remote_rows,
     "served-model": lambda settings, peer: served_model_rows(settings),

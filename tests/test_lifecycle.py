@@ -90,6 +90,14 @@ def test_a_new_kind_of_lanes_runs_through_the_driver_unchanged(core, num_lanes):
         rlmesh.run(cartpole_policy, ListLanes("CartPole-v1", 3), episodes=1, num_envs=2)
 
 
+def test_lanes_that_lack_a_member_are_refused_naming_it():
+    lanes = ListLanes("CartPole-v1", 1)
+    del lanes.metadata
+    with pytest.raises(TypeError, match=r"ListLanes has num_lanes but .* lacks metadata"):
+        rlmesh.run(cartpole_policy, lanes, episodes=1)
+    lanes.close()
+
+
 @pytest.mark.parametrize("core", CORES)
 def test_lanes_without_a_spec_have_no_success_rate_unless_a_rule_is_given(core):
     lanes = ListLanes("CartPole-v1", 2)

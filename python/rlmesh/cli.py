@@ -73,6 +73,7 @@ from .results import (
     read_results,
     read_run,
 )
+from .settings import check_video_settings
 from .stats import format_summary, summarize
 from .success import rule_for
 
@@ -482,6 +483,7 @@ def _cluster_arguments(args: argparse.Namespace) -> dict[str, Any]:
 def _eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
     cluster = _cluster_arguments(args)
     check_env(args.env)
+    _check_video_options(args)
     seeds = read_seeds(args.seeds) if args.seeds is not None else None
     episodes = args.episodes or (len(seeds) if seeds is not None else 100)
     base_seed = 0 if args.seed is None else args.seed
@@ -549,6 +551,9 @@ def _eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
             results_path=args.out,
             resume=args.resume,
             allow_changed_policy=args.allow_changed_policy,
+            record_video=args.record_video,
+            video_dir=args.video_dir,
+            video_key=args.video_key,
             # From the id: with --env-kwargs the env is a factory, whose spec comes late.
             success=rule_for(args.success_reward, args.env),
             # The results file's header records these too, and a resume must match them.
@@ -593,6 +598,31 @@ def _eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if report is not None and not args.json:
         print(report.format())
     return status
+
+
+def _check_video_options(args: argparse.Namespace) -> None:
+    """``--record-video`` and its options, refused before any work as usage errors."""
+    if not args.record_video:
+        if args.video_dir is not None or args.video_key is not None:
+            raise UsageError(
+                "rlmesh eval: error: --video-dir and --video-key need --record-video K"
+            )
+        return
+    if args.out is None and args.video_dir is None:
+        raise UsageError(
+            "rlmesh eval: error: --record-video needs --out FILE (the videos go beside it, in "
+            "<FILE stem>_videos/) or --video-dir DIR"
+        )
+    try:
+        check_video_settings(
+            record_video=args.record_video,
+            video_dir=args.video_dir,
+            video_key=args.video_key,
+            video_prefix=None,
+            results_path=args.out,
+        )
+    except (ValueError, ImportError) as exc:
+        raise UsageError(f"rlmesh eval: error: --record-video: {exc}") from None
 
 
 def _served_policy(address: str, token: str | None) -> Any:
@@ -878,6 +908,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-changed-policy",
         action="store_true",
         help="with --resume: continue although the policy's source file changed (recorded)",
+    )
+    evaluate.add_argument(
+        "--record-video",
+        type=_non_negative_int,
+        default=0,
+        metavar="K",
+        help="record the episodes of index 0..K-1 to mp4 files, linked from their results "
+        "(needs the video extra)",
+    )
+    evaluate.add_argument(
+        "--video-dir",
+        metavar="DIR",
+        help="where --record-video writes (default: <--out stem>_videos/ beside --out)",
+    )
+    evaluate.add_argument(
+        "--video-key",
+        metavar="KEY",
+        help="with --record-video: take the frames from this image key of the observation "
+        "('observation': the whole observation) instead of render() in rgb_array mode",
     )
     _add_cluster_options(evaluate)
     _add_run_options(evaluate, episodes=None)
@@ -1203,6 +1252,9 @@ def _demo_args(args: argparse.Namespace) -> argparse.Namespace:
         allow_changed_policy=False,
         ray=None,
         max_retries=None,
+        record_video=0,
+        video_dir=None,
+        video_key=None,
     )
 
 

@@ -45,7 +45,7 @@ from .lanes import Lanes, StepBatch, make_lanes
 from .model import ModelHandler
 from .provenance import PROVENANCE_KEY, check_provenance, collect_provenance
 from .results import EpisodeResult, ResultsFile, RunResult
-from .settings import RunSettings, check_cluster_settings, check_settings
+from .settings import RunSettings, check_cluster_settings, check_settings, check_video_settings
 from .success import SuccessRule, rule_for
 from .telemetry import Telemetry
 from .utils import env_label, map_leaves, shares
@@ -120,6 +120,10 @@ async def arun(
     processes_per_worker: int | None = None,
     env_tags: Any = None,
     provenance: dict[str, Any] | None = None,
+    record_video: int = 0,
+    video_dir: str | os.PathLike[str] | None = None,
+    video_key: str | None = None,
+    video_prefix: str | None = None,
 ) -> RunResult:
     """Evaluate ``model`` on ``env``: the coroutine behind ``rlmesh.run``.
 
@@ -194,6 +198,16 @@ async def arun(
             (``rlmesh.provenance``) should say of ``policy`` (its spec string; default
             the model's ``module:qualname``) and ``command`` (the command line, a list of str;
             default None). The record is not checked on resume.
+        record_video: record the episodes whose index is below this (``rlmesh.video``) to
+            mp4 files of ``steps + 1`` frames each (the reset's, then one per step), linked
+            from their ``EpisodeResult.video``. Recording changes no result.
+        video_dir: where the videos go (default: ``<results stem>_videos/`` beside
+            ``results_path``; one of the two is needed).
+        video_key: take the frames from this image key of a Dict observation (or
+            ``"observation"``: the whole Box observation), ``[H, W, 3]`` or ``[H, W]`` uint8;
+            default: from ``render()``, the envs built with ``render_mode="rgb_array"``.
+        video_prefix: what the file names start with (a suite's task name); default the
+            env's name: ``CartPole-v1_ep00003_seed3.mp4``.
 
     Returns:
         The ``RunResult``: M episodes sorted by index (with ``results_path``, every episode in
@@ -219,6 +233,13 @@ async def arun(
         workers=_local_workers(workers, cluster, processes_per_worker),
         restart_workers=restart_workers,
         env_tags=env_tags,
+        video=check_video_settings(
+            record_video=record_video,
+            video_dir=video_dir,
+            video_key=video_key,
+            video_prefix=video_prefix,
+            results_path=results_path,
+        ),
     )
     placement = check_cluster_settings(
         cluster=cluster,
@@ -232,6 +253,12 @@ async def arun(
     if results_path is not None:
         run_info = _with_provenance(run_info, model, env, core, stated)
     if placement is not None:
+        if settings.video is not None:
+            raise ValueError(
+                "record_video records on this process's lanes; it does not run with "
+                "cluster='ray' yet: record the episodes in a local run (the same seeds give "
+                "the same episodes)"
+            )
         from .cluster import run_on_cluster  # Ray is imported only by runs that ask for it
 
         return await run_on_cluster(
@@ -342,6 +369,7 @@ class EvaluationRun:
         self.handler: ModelHandler | None = None
         self.runner: Any = None
         self.telemetry: Telemetry | None = None
+        self.videos: Any = None  # rlmesh.video.VideoRecorder, with record_video
         self.deadlines = DeadlineCaller()
 
     # -------------------------------------------------------------------- set-up and teardown
@@ -420,7 +448,16 @@ class EvaluationRun:
             workers=settings.workers,
             restart_workers=settings.restart_workers,
             record_latency=self._record_lanes_latency,
+            render_mode=None if settings.video is None else settings.video.render_mode,
         )
+        if settings.video is not None:
+            from .video import VideoRecorder
+
+            self.lanes = lanes  # closed by the teardown if the recorder refuses them
+            self.videos = VideoRecorder(
+                settings.video, lanes, lambda lanes: self.runner.observations(lanes)
+            )
+            self.lanes = lanes = self.videos.lanes  # takes frames of the recorded lanes
         handler.fit_lanes(lanes.num_lanes)
         self.success_rule = self.success_rule.for_lanes(lanes)  # an env factory's spec
         if lanes.resets_itself and (settings.max_episode_steps or settings.max_episode_seconds):
@@ -471,6 +508,8 @@ class EvaluationRun:
         Returns the error the run ends with: the first one, or one raised here.
         """
         steps: list[Callable[[], Any]] = []
+        if self.videos is not None:
+            steps.append(self.videos.close)
         if self.handler is not None:
             handler = self.handler
             if self.runner is not None and handler.wants_episode_ends:
@@ -507,8 +546,11 @@ class EvaluationRun:
             () if self.telemetry is None else self.telemetry.cumulative_rows(time.perf_counter_ns())
         )
         rule, settings = self.success_rule, self.settings
+        episodes = (EpisodeResult.from_summary(summary, rule) for summary in summaries)
+        if self.videos is not None:
+            episodes = (self.videos.linked(episode) for episode in episodes)
         return RunResult(
-            episodes=tuple(EpisodeResult.from_summary(summary, rule) for summary in summaries),
+            episodes=tuple(episodes),
             base_seed=settings.base_seed,
             wasted_steps=0 if runner is None else runner.wasted_steps,
             telemetry=telemetry,
@@ -677,6 +719,8 @@ class EvaluationRun:
 
     async def _announce(self, starts: Any) -> None:
         """Tell the model handler of every new episode, and the hooks of the scored ones."""
+        if self.videos is not None:
+            self.videos.started(starts.lanes, starts.indices, starts.seeds)
         surplus = len(starts.surplus_lanes)
         self.handler.start_episodes(
             [*starts.episode_ids.tolist(), *starts.surplus_episode_ids.tolist()],
@@ -752,6 +796,8 @@ class EvaluationRun:
         summaries, episode_ids, model_ends = self.runner.finish(
             ended, [_success(info) for info in infos]
         )
+        if self.videos is not None:
+            self.videos.finished(ended)
         await self._guard(
             "episode_end",
             self.handler.end_episodes,
@@ -765,6 +811,8 @@ class EvaluationRun:
         for summary in summaries:
             # A user's success rule runs here, once per episode, so its errors stop the run.
             episode = EpisodeResult.from_summary(summary, rule)
+            if self.videos is not None:
+                episode = self.videos.linked(episode)
             if self.results is not None:
                 self.results.append(episode)  # on disk before anyone hears of it
             await self.hooks.episode_end(episode)

@@ -121,6 +121,9 @@ class EpisodeResult:
     ``predict_ms`` its share of the model's time per step (a call for P lanes is charged
     ``1/P`` of its time to each; steps that replay a queued chunk action are charged nothing).
     So at 4 lanes a 2 ms env shows about 2 ms, as the run's ``env.step`` telemetry does.
+
+    ``video`` is the recorded episode's mp4 (``record_video``), relative to the results file's
+    directory; None for an episode not recorded.
     """
 
     index: int
@@ -136,6 +139,7 @@ class EpisodeResult:
     predict_ms: float
     step_ms: float
     success_reported: bool = False
+    video: str | None = None
 
     @classmethod
     def from_summary(cls, summary: Any, rule: SuccessRule | None = None) -> EpisodeResult:
@@ -171,8 +175,18 @@ class EpisodeResult:
         return episode
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields as a plain dict, in declaration order."""
-        return asdict(self)
+        """The fields as a plain dict, in declaration order (a results file's episode line),
+        without the optional fields that are None (``OPTIONAL_FIELDS``): an episode that was
+        not recorded reads and writes as before they existed."""
+        record = asdict(self)
+        for name in OPTIONAL_FIELDS:
+            if record[name] is None:
+                del record[name]
+        return record
+
+
+OPTIONAL_FIELDS = ("video",)
+"""``EpisodeResult`` fields a results file line holds only when they are not None."""
 
 
 def succeeded(episode: EpisodeResult) -> bool | None:
@@ -494,6 +508,9 @@ class _Contents:
 
 
 _EPISODE_FIELDS = tuple(field.name for field in fields(EpisodeResult))
+# The fields every episode line holds, in order: what read_columns' fast path expects. A line
+# with an optional field too (a recorded episode's video) is read as JSON.
+_LINE_FIELDS = tuple(name for name in _EPISODE_FIELDS if name not in OPTIONAL_FIELDS)
 _FLOAT_FIELDS = ("reward", "duration_s", "predict_ms", "step_ms")
 
 
@@ -771,9 +788,9 @@ READ_BLOCK_BYTES = 1 << 20
 # with numpy, a block at a time; any other line goes through json.
 _LITERALS = tuple(
     (b"{" if k == 0 else b" ") + json.dumps(name).encode() + b": "
-    for k, name in enumerate(_EPISODE_FIELDS)
+    for k, name in enumerate(_LINE_FIELDS)
 )
-_FIELD = {name: k for k, name in enumerate(_EPISODE_FIELDS)}
+_FIELD = {name: k for k, name in enumerate(_LINE_FIELDS)}
 _NEWLINE, _COMMA, _CLOSE = ord("\n"), ord(","), ord("}")
 
 

@@ -13,8 +13,10 @@ Example:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -49,6 +51,94 @@ class RunSettings:
     workers: int = 1
     restart_workers: int = 0
     env_tags: Any = None  # rlmesh.adapters.EnvTags
+    video: VideoSettings | None = None  # record_video=K > 0
+
+
+@dataclass(frozen=True)
+class VideoSettings:
+    """The checked video arguments of a run (``rlmesh.video``): record the episodes whose
+    index is below ``episodes``, into ``directory``, from ``render()`` (``key`` None) or from
+    the observation's image ``key``; files are named ``{prefix}_ep{index:05d}_seed{seed}.mp4``
+    (``prefix`` None: the env's name). ``links_from`` is the results file's directory, which
+    ``EpisodeResult.video`` is relative to (None without a results file: the path as made)."""
+
+    episodes: int
+    directory: Path
+    key: str | None = None
+    prefix: str | None = None
+    links_from: Path | None = None
+
+    @property
+    def render_mode(self) -> str | None:
+        """The render mode the envs are built with: ``rgb_array`` when frames come from
+        ``render()``."""
+        return "rgb_array" if self.key is None else None
+
+
+def check_video_settings(
+    *,
+    record_video: int | None,
+    video_dir: str | os.PathLike[str] | None,
+    video_key: str | None,
+    video_prefix: str | None,
+    results_path: str | os.PathLike[str] | None,
+) -> VideoSettings | None:
+    """The video arguments checked: None when nothing is recorded; ValueError otherwise, and
+    ImportError naming the ``video`` extra when imageio or imageio-ffmpeg is missing.
+
+    ``video_dir`` defaults to ``<results stem>_videos/`` beside the results file.
+
+    Example:
+        >>> check_video_settings(record_video=2, video_dir=None, video_key=None,
+        ...     video_prefix=None, results_path="out/run.jsonl").directory.as_posix()
+        'out/run_videos'
+    """
+    if record_video is None or record_video == 0:
+        extras = {"video_dir": video_dir, "video_key": video_key, "video_prefix": video_prefix}
+        named = [name for name, value in extras.items() if value is not None]
+        if named:
+            raise ValueError(
+                f"{', '.join(named)} {'is' if len(named) == 1 else 'are'} for recording "
+                f"videos: pass record_video=K (the first K episode indices) too"
+            )
+        return None
+    if isinstance(record_video, bool) or not isinstance(record_video, (int, np.integer)):
+        raise ValueError(
+            f"record_video must be a non-negative integer (how many of the first episode "
+            f"indices to record), got {record_video!r}"
+        )
+    if record_video < 0:
+        raise ValueError(f"record_video must be a non-negative integer, got {record_video}")
+    for name, value in (("video_key", video_key), ("video_prefix", video_prefix)):
+        if value is not None and (not isinstance(value, str) or not value):
+            raise ValueError(f"{name} must be a non-empty str or None, got {value!r}")
+    links_from = None if results_path is None else Path(results_path).parent
+    if video_dir is not None:
+        directory = Path(video_dir)
+    elif results_path is not None:
+        results = Path(results_path)
+        directory = results.with_name(f"{results.stem}_videos")
+    else:
+        raise ValueError(
+            f"record_video={record_video} needs somewhere to write the videos: pass "
+            f"video_dir=DIR, or results_path= (the videos then go beside it, in "
+            f"<results stem>_videos/)"
+        )
+    try:
+        import imageio  # noqa: F401
+        import imageio_ffmpeg  # noqa: F401
+    except ImportError as err:
+        raise ImportError(
+            f"record_video writes mp4 files through imageio and imageio-ffmpeg ({err}): "
+            f'install them with pip install "rlmesh[video]"'
+        ) from err
+    return VideoSettings(
+        episodes=int(record_video),
+        directory=directory,
+        key=video_key,
+        prefix=video_prefix,
+        links_from=links_from,
+    )
 
 
 def check_settings(
@@ -68,6 +158,7 @@ def check_settings(
     workers: int = 1,
     restart_workers: int = 0,
     env_tags: Any = None,
+    video: VideoSettings | None = None,
 ) -> RunSettings:
     """The run's arguments checked, with the defaults DESIGN.md gives; ValueError otherwise.
 
@@ -130,6 +221,7 @@ def check_settings(
         workers=workers,
         restart_workers=int(restart_workers),
         env_tags=None if env_tags is None else checked_env_tags("env_tags", env_tags),
+        video=video,
     )
 
 

@@ -48,6 +48,8 @@ Example:
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -57,7 +59,7 @@ from gymnasium.vector import VectorEnv
 from ..errors import EnvError
 from ..remote.address import is_address
 from ..utils import positive_int
-from .base import TRIAL_INDEX_FLAG, TRIAL_INDEX_OPTION, Lanes, StepBatch
+from .base import TRIAL_INDEX_FLAG, TRIAL_INDEX_OPTION, Lanes, RenderingLanes, StepBatch
 from .local import LaneVector
 from .vector import VectorLanes
 
@@ -75,6 +77,7 @@ def make_lanes(
     workers: int = 1,
     restart_workers: int = 0,
     record_latency: Callable[[str, int], None] | None = None,
+    render_mode: str | None = None,
 ) -> Lanes:
     """The lanes for ``env=``: see the module docstring for what each form becomes.
 
@@ -89,6 +92,9 @@ def make_lanes(
         workers: with more than 1, ``ProcessLanes``: the lanes run in this many worker
             processes (``lanes/process``), built there from an id or a picklable factory.
         restart_workers, record_latency: with ``workers > 1``, passed to ``ProcessLanes``.
+        render_mode: build the envs with this ``render_mode`` (``"rgb_array"`` to record
+            videos from ``render()``): passed to ``gymnasium.make`` with an id, and to a
+            factory that takes a ``render_mode`` keyword; envs made elsewhere keep theirs.
 
     Raises:
         EnvError: ``gymnasium.make`` or the factory raised (an unknown id, a bad keyword).
@@ -112,6 +118,8 @@ def make_lanes(
             f"env_kwargs is passed to gymnasium.make, so it needs env= to be a Gymnasium id, "
             f"got {type(env).__name__}: build the env with its arguments yourself"
         )
+    if render_mode is not None:
+        env, env_kwargs = _rendering(env, env_kwargs, render_mode)
     if workers > 1:
         return _process_lanes(
             env, num_envs or 1, env_kwargs, workers, restart_workers, record_latency
@@ -165,7 +173,38 @@ def make_lanes(
                 "env= as a callable must build a gymnasium.Env when called with no arguments",
             )
         )
+    missing = [name for name in _LANES_MEMBERS if not hasattr(env, name)]
+    if hasattr(env, "num_lanes") and missing:  # meant as Lanes: say what it lacks
+        raise TypeError(
+            f"env= {type(env).__name__} has num_lanes but is not rlmesh.lanes.Lanes: it lacks "
+            f"{', '.join(missing)} (see the Lanes protocol in rlmesh/lanes/base.py)"
+        )
     raise TypeError(f"env= must be {ENV_FORMS}; got {type(env).__name__}")
+
+
+# What the Lanes protocol asks of an object, in its order.
+_LANES_MEMBERS = tuple(
+    name for name in (*Lanes.__annotations__, *vars(Lanes)) if not name.startswith("_")
+)
+
+
+def _rendering(
+    env: Any, env_kwargs: Mapping[str, Any] | None, render_mode: str
+) -> tuple[Any, Mapping[str, Any] | None]:
+    """``env`` and ``env_kwargs`` that build envs in ``render_mode``, where rlmesh builds them:
+    an id gets ``render_mode`` among its ``gymnasium.make`` keywords, a factory that takes the
+    keyword is called with it. Anything else is returned as it is."""
+    if isinstance(env, str) and not is_address(env):
+        return env, {**(env_kwargs or {}), "render_mode": render_mode}
+    if isinstance(env, (Lanes, VectorEnv, gymnasium.Env, type)) or not callable(env):
+        return env, env_kwargs
+    try:
+        parameters = inspect.signature(env).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable that does not say
+        return env, env_kwargs
+    if any(p.name == "render_mode" or p.kind is p.VAR_KEYWORD for p in parameters):
+        return functools.partial(env, render_mode=render_mode), env_kwargs
+    return env, env_kwargs
 
 
 def _remote(address: str, num_envs: int | None) -> Lanes:
@@ -255,6 +294,7 @@ __all__ = [
     "LaneVector",
     "Lanes",
     "ProcessLanes",
+    "RenderingLanes",
     "StepBatch",
     "VectorLanes",
     "build_envs",

@@ -81,6 +81,9 @@ class Lanes(Protocol):
             ``reward_threshold`` when no other success rule applies.
         metadata: one lane's env ``metadata`` (``{}`` when it has none), or at least the part
             the driver reads: its role tags (``rlmesh.adapters.env_tags_of``).
+
+    Lanes that can draw a lane also implement ``RenderingLanes``, which video recording
+    reads frames through.
     """
 
     num_lanes: int
@@ -133,6 +136,32 @@ class Lanes(Protocol):
 
     def close(self) -> None:
         """Close every env. Closing again does nothing."""
+        ...
+
+
+@runtime_checkable
+class RenderingLanes(Protocol):
+    """Lanes that can draw one lane as it is now: the optional part of the seam that video
+    recording (``rlmesh.video``) reads frames through, when they do not come from an
+    observation. In-process lanes, a user's ``VectorEnv`` and worker-process lanes (rendered
+    in the worker) implement it; a served env does not (record its image observation with
+    ``video_key`` instead).
+
+    Attributes:
+        render_mode: the envs' ``render_mode`` (``"rgb_array"`` for frames), None if unset.
+        render_fps: the envs' ``metadata["render_fps"]``, None if they do not say.
+    """
+
+    render_mode: str | None
+    render_fps: float | None
+
+    def render(self, lane: int) -> Any:
+        """What lane ``lane``'s env's ``render()`` returns now: in ``rgb_array`` mode an
+        ``[H, W, 3]`` uint8 array.
+
+        Raises:
+            EnvError: the env's ``render`` raised.
+        """
         ...
 
 

@@ -65,6 +65,8 @@ class LaneVector:
         self.accepts_trial_index = declares_trial_index(first)
         self.spec = first.spec
         self.metadata = dict(getattr(first, "metadata", None) or {})  # env tags may live here
+        self.render_mode = first.render_mode
+        self.render_fps = self.metadata.get("render_fps")
 
     def reset(
         self, lanes: np.ndarray, seeds: Sequence[int | None], trials: Sequence[int | None]
@@ -111,6 +113,12 @@ class LaneVector:
 
     def env_episode_ids(self) -> np.ndarray | None:
         return None
+
+    def render(self, lane: int) -> Any:
+        try:
+            return self._envs[lane].render()
+        except Exception as err:
+            raise env_failure(self.name, "render", err, lane) from err
 
     def close(self) -> None:
         if self._closed:

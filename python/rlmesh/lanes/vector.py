@@ -99,6 +99,8 @@ class VectorLanes:
         self.accepts_trial_index = declares_trial_index(env)
         self.spec = vector_spec(env)
         self.metadata = dict(getattr(env, "metadata", None) or {})  # env tags may live here
+        self.render_mode = getattr(env, "render_mode", None)
+        self.render_fps = self.metadata.get("render_fps")
         self._all_lanes = np.arange(self.num_lanes)
         # Lanes whose episode ended on the last step and that no reset has restarted since:
         # a NEXT_STEP vector resets them on the next step; DISABLED needs the driver to.
@@ -217,6 +219,20 @@ class VectorLanes:
         if self.autoreset == DRIVER:
             return None
         return self._env_episodes.copy()
+
+    def render(self, lane: int) -> Any:
+        # A Gymnasium vector renders every lane at once (a tuple of frames, one per lane).
+        try:
+            frames = self._env.render()
+        except Exception as err:
+            raise env_failure(self._name, "render", err, lane) from err
+        if frames is None or len(frames) != self.num_lanes:
+            raise EnvError(
+                f"lane {lane} ({self._name}): render() returned {type(frames).__name__}, "
+                f"expected one frame per lane ({self.num_lanes}); build the vector's envs with "
+                f"render_mode='rgb_array'"
+            )
+        return frames[lane]
 
     def close(self) -> None:
         if self._closed:

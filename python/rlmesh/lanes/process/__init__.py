@@ -269,6 +269,8 @@ class ProcessLanes:
         self.spec = first["spec"]
         self.accepts_trial_index: bool = first["accepts_trial_index"]
         self.metadata: dict[str, Any] = first["metadata"]  # the env's tags, which pickle
+        self.render_mode: str | None = first["render_mode"]
+        self.render_fps: float | None = first["render_fps"]
         _, self.single_observation_space, self.single_action_space = first["spaces"][0]
         self._check_spaces([lane for info in ready.values() for lane in info["spaces"]])
         self._layout = SharedLayout.of(
@@ -431,6 +433,13 @@ class ProcessLanes:
 
     def env_episode_ids(self) -> np.ndarray | None:
         return None
+
+    def render(self, lane: int) -> Any:
+        """Lane ``lane``'s frame, rendered by the worker that owns it."""
+        rows = np.array([lane], dtype=np.int64)
+        self._views_now()  # refuses closed or broken lanes, as a step would
+        frames, _ = self._exchange({int(self._owner[lane]): ("render", [lane])}, rows)
+        return frames[0]
 
     def __repr__(self) -> str:
         return (

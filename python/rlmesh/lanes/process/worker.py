@@ -7,6 +7,8 @@ driver went away). Requests and replies are small tuples through the pipe:
 - ``("reset", lanes, seeds, options)`` -> ``("ok", infos, loose, ns)``
 - ``("step", lanes, actions or None)`` -> ``("ok", infos, loose, ns)``: actions None means
   they are in the buffer; ``ns`` is the time spent inside the envs' ``step`` calls;
+- ``("render", lanes)`` -> ``("ok", frames, loose, ns)``: what each lane's ``render()``
+  returns (the frames travel pickled; only lanes being recorded are rendered);
 - ``("replay", [(lane, seed, options, actions), ...])`` -> ``("ok",)``: a restarted worker
   brings its lanes back to where the dead one left them;
 - ``("close",)`` -> ``("closed", error or None)``, then the process exits.
@@ -67,6 +69,8 @@ def serve(conn: Connection, source: tuple[str, Any, Any], lanes: list[int], work
                     "spec": _picklable_spec(first.spec),
                     "accepts_trial_index": declares_trial_index(first),
                     "metadata": env_tags_metadata(getattr(first, "metadata", None)),
+                    "render_mode": first.render_mode,
+                    "render_fps": (first.metadata or {}).get("render_fps"),
                 },
             )
         )
@@ -147,7 +151,12 @@ class _Server:
     def run(self) -> None:
         conn = self.conn
         conn.send(("attached",))
-        handlers = {"step": self.step, "reset": self.reset, "replay": self.replay}
+        handlers = {
+            "step": self.step,
+            "reset": self.reset,
+            "render": self.render,
+            "replay": self.replay,
+        }
         while True:
             message = conn.recv()
             kind = message[0]
@@ -205,6 +214,17 @@ class _Server:
         except Exception as err:
             return ("error", lane, "reset", _describe(err), traceback.format_exc())
         return ("ok", infos, loose, time.perf_counter_ns() - started)
+
+    def render(self, lanes: list[int]) -> tuple[Any, ...]:
+        frames = []
+        lane = None
+        started = time.perf_counter_ns()
+        try:
+            for lane in lanes:
+                frames.append(self.envs[lane].render())
+        except Exception as err:
+            return ("error", lane, "render", _describe(err), traceback.format_exc())
+        return ("ok", frames, [None] * len(frames), time.perf_counter_ns() - started)
 
     def replay(self, episodes: list[tuple[int, int | None, Any, list[Any]]]) -> tuple[Any, ...]:
         lane = None
