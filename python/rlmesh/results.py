@@ -121,6 +121,13 @@ class EpisodeResult:
     ``predict_ms`` its share of the model's time per step (a call for P lanes is charged
     ``1/P`` of its time to each; steps that replay a queued chunk action are charged nothing).
     So at 4 lanes a 2 ms env shows about 2 ms, as the run's ``env.step`` telemetry does.
+
+    ``error`` is None for an episode that ran to its end. With ``on_error="record"`` (or
+    ``"retry"`` once the retries are spent), an episode whose env raised is kept as a result with
+    ``error`` the env's ``"<ExceptionType>: <message>"``: its ``steps`` and ``reward`` are
+    those of the steps completed before the failing ``reset`` / ``step`` call, it is neither
+    terminated nor truncated, its ``success`` is None, and summaries count it apart, out of the
+    reward, length and success statistics.
     """
 
     index: int
@@ -136,6 +143,7 @@ class EpisodeResult:
     predict_ms: float
     step_ms: float
     success_reported: bool = False
+    error: str | None = None
 
     @classmethod
     def from_summary(cls, summary: Any, rule: SuccessRule | None = None) -> EpisodeResult:
@@ -165,8 +173,9 @@ class EpisodeResult:
             predict_ms=summary.predict_ms,
             step_ms=summary.step_ms,
             success_reported=success is not None,
+            error=summary.error,
         )
-        if success is None and rule is not None:
+        if success is None and rule is not None and summary.error is None:
             episode.__dict__["success"] = rule.verdict(episode)
         return episode
 
@@ -273,18 +282,27 @@ class RunResult:
 
     @property
     def total_steps(self) -> int:
-        """Steps of the scored episodes (surplus steps are in ``wasted_steps``)."""
+        """Steps of the scored episodes, failed ones' included (surplus steps are in
+        ``wasted_steps``)."""
         return sum(episode.steps for episode in self.episodes)
 
     @property
+    def failed_indices(self) -> list[int]:
+        """The indices of the episodes recorded as failed (``EpisodeResult.error`` set: their
+        env raised), ascending."""
+        return [episode.index for episode in self.episodes if episode.error is not None]
+
+    @property
     def mean_reward(self) -> float:
-        """The mean episode reward; nan when there are no episodes (no mean to report)."""
-        return mean([episode.reward for episode in self.episodes])
+        """The mean reward of the episodes that ran to their end (failed ones are left out);
+        nan when there are none (no mean to report)."""
+        return mean([episode.reward for episode in self.episodes if episode.error is None])
 
     @property
     def success_rate(self) -> float | None:
-        """The fraction of the episodes with a verdict (``EpisodeResult.success`` not None)
-        that succeeded; None when no episode has one (success is not available)."""
+        """The fraction of the episodes with a verdict (``EpisodeResult.success`` not None;
+        a failed episode has none) that succeeded; None when no episode has one (success is
+        not available)."""
         verdicts = [episode.success for episode in self.episodes if episode.success is not None]
         return sum(verdicts) / len(verdicts) if verdicts else None
 
@@ -303,6 +321,7 @@ class RunResult:
                 [episode.success_reported for episode in episodes], dtype=bool
             ),
             **_run_fields(self),
+            failed=np.array([episode.error is not None for episode in episodes], dtype=bool),
         )
 
     def summary(self) -> dict[str, Any]:
@@ -363,8 +382,9 @@ class RunColumns:
     A few bytes per episode where a ``RunResult`` holds an object per episode: ``rlmesh
     report`` reads a results file into this (``read_columns``). ``index``, ``steps``: int64;
     ``reward``: float64; ``success``: int8, 1 succeeded, 0 failed, -1 not available;
-    ``success_reported``: bool, the env's info gave the verdict. The other fields are
-    ``RunResult``'s.
+    ``success_reported``: bool, the env's info gave the verdict; ``failed``: bool, the episode
+    was recorded as failed (``EpisodeResult.error``), None when no episode was. The other
+    fields are ``RunResult``'s.
     """
 
     index: np.ndarray
@@ -380,6 +400,7 @@ class RunColumns:
     success_rule: SuccessRule = field(default_factory=lambda: SuccessRule(NONE))
     episodes_requested: int | None = None
     elapsed_s: float | None = None
+    failed: np.ndarray | None = None
 
     @property
     def num_episodes(self) -> int:
@@ -794,6 +815,7 @@ class _ColumnParts:
     reward: list[np.ndarray] = field(default_factory=list)
     success: list[np.ndarray] = field(default_factory=list)
     success_reported: list[np.ndarray] = field(default_factory=list)
+    failed: list[np.ndarray] = field(default_factory=list)
     line: list[np.ndarray] = field(default_factory=list)
 
     def add(self, **columns: np.ndarray) -> None:
@@ -809,6 +831,7 @@ class _ColumnParts:
                 [-1 if episode.success is None else int(episode.success)], dtype=np.int8
             ),
             success_reported=np.array([episode.success_reported], dtype=bool),
+            failed=np.array([episode.error is not None], dtype=bool),
             line=np.array([line], dtype=np.int64),
         )
 
@@ -897,6 +920,11 @@ def _fast_episodes(
         for offset, word in pairs:
             good &= words[literal_at[:, k] + offset] == word
         good &= value_start[:, k] < value_stop[:, k]
+    # A failed episode's line (its error a text, not null) is left to json, which reads it.
+    error = _FIELD["error"]
+    good &= (value_stop[:, error] - value_start[:, error] == 4) & (
+        data[value_start[:, error]] == ord("n")
+    )
     keep = np.flatnonzero(good)
     rows, value_start, value_stop = rows[keep], value_start[keep], value_stop[keep]
     count = rows.size
@@ -925,6 +953,7 @@ def _fast_episodes(
     ):
         return rows[:0], {}
     columns["success_reported"] = columns["success_reported"].astype(bool)
+    columns["failed"] = np.zeros(count, dtype=bool)
     return rows, columns
 
 
@@ -1020,6 +1049,7 @@ def read_columns(path: str | os.PathLike[str]) -> tuple[dict[str, Any], RunColum
         success=success,
         success_reported=reported,
         **_file_fields(header, runs),
+        failed=column("failed", bool),
     )
     return _config(header), columns
 
