@@ -13,6 +13,7 @@ import functools
 import json
 import math
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import gymnasium as gym
@@ -22,7 +23,7 @@ import rlmesh
 from gymnasium import spaces
 from rlmesh.cli import main
 from rlmesh.errors import EnvError, ModelError, ModelOutputError
-from rlmesh.results import read_columns, read_run
+from rlmesh.results import EpisodeResult, ResultsFile, read_columns, read_run
 from rlmesh.settings import check_settings
 from rlmesh.stats import summarize
 
@@ -75,7 +76,7 @@ def policy(observation):
 def flaky(tmp_path: Path, fail: dict[int, tuple[int, int]] | None = None):
     """A picklable factory of ``FlakyEnv`` counting attempts under ``tmp_path``."""
     directory = tmp_path / "attempts"
-    directory.mkdir(exist_ok=True)
+    directory.mkdir(parents=True, exist_ok=True)
     return functools.partial(FlakyEnv, str(directory), fail or {})
 
 
@@ -470,3 +471,58 @@ def test_the_cli_records_failures_and_report_lists_them(tmp_path, capsys, monkey
         assert "--max-retries needs --on-error retry" in capsys.readouterr().err
     finally:
         gym.registry.pop("rlmesh-tests/Flaky-v0", None)
+
+
+# ---------------------------------------------------------------------------- served envs
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_a_served_env_s_failure_is_recorded_and_its_session_opened_again(tmp_path, clean, core):
+    pytest.importorskip("grpc")
+    with rlmesh.serve_env(flaky(tmp_path, FAILURES), num_envs=1) as server:
+        result = rlmesh.run(policy, server.address, seeds=SEEDS, on_error="record", core=core)
+    assert result.failed_indices == sorted(EXPECTED_ERRORS)
+    for index, expected in EXPECTED_ERRORS.items():
+        error = result.episodes[index].error
+        # The error the driver saw: the server's in-band answer, naming the env's own.
+        assert error.startswith("RemoteError: ") and expected in error, error
+    assert {index: row for index, row in rows(result).items() if index not in EXPECTED_ERRORS} == {
+        index: row for index, row in clean.items() if index not in EXPECTED_ERRORS
+    }
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_a_served_env_s_failure_fails_every_episode_in_flight_there(tmp_path, clean, core):
+    """The wire ends a session with the env's error, so the other lanes' episodes are lost
+    too: with retry they are played again, and every episode equals the clean run's."""
+    pytest.importorskip("grpc")
+    transient = {seed: (step, 1) for seed, (step, _) in FAILURES.items()}
+    with rlmesh.serve_env(flaky(tmp_path, transient), num_envs=3) as server:
+        result = rlmesh.run(
+            policy, server.address, seeds=SEEDS, on_error="retry", max_retries=5, core=core
+        )
+    assert rows(result) == clean
+
+
+def test_the_column_reader_reads_failed_lines_and_files_from_before_the_error_field(tmp_path):
+    path = tmp_path / "results.jsonl"
+    errors = {3: "RuntimeError: a message, with a comma", 4: "OSError: gone"}
+    with ResultsFile.open(path, {"episodes": 6}, resume=False) as out:
+        for k in (5, 0, 3, 1, 4, 2):
+            episode = EpisodeResult(k, k, k, 0, 10 + k, 1.5 * k, True, False, None, 0.1, 0.1, 0.1)
+            out.append(replace(episode, error=errors.get(k)))
+    _, run, _ = read_run(path)
+    _, columns = read_columns(path)
+    assert (
+        columns.failed.tolist() == run.columns().failed.tolist() == [k in errors for k in range(6)]
+    )
+    # The same file as written before episodes had an error field: no line is failed.
+    old = tmp_path / "old.jsonl"
+    header, *lines = path.read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    kept = [{k: v for k, v in record.items() if k != "error"} for record in records]
+    old.write_text("\n".join([header, *map(json.dumps, kept)]) + "\n")
+    _, old_columns = read_columns(old)
+    assert old_columns.failed.tolist() == [False] * 6
+    for name in ("index", "steps", "reward", "success", "success_reported"):
+        assert getattr(old_columns, name).tolist() == getattr(columns, name).tolist(), name

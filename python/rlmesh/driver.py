@@ -201,9 +201,10 @@ async def arun(
             with its seed, up to ``max_retries`` times, then recorded as with ``"record"``.
             Failed episodes count as results (a resumed run keeps them) and stay out of the
             reward and success statistics. A model error (``predict`` raising, a wrong-shaped
-            action) stays fatal. Needs lanes that can rebuild their envs (an id, a factory, a
-            served env: not a ``gymnasium.Env`` instance or a ``VectorEnv``); a served env's
-            error ends its session, so every episode in flight there fails with it.
+            action) stays fatal, and so does an operation past its ``timeouts=`` limit.
+            Needs lanes that can rebuild their envs (an id, a factory, a served env: not a
+            ``gymnasium.Env`` instance or a ``VectorEnv``); a served env's error ends its
+            session, so every episode in flight there fails with it.
 
     Returns:
         The ``RunResult``: M episodes sorted by index (with ``results_path``, every episode in

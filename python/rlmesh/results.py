@@ -892,39 +892,77 @@ def _word_keyword(data: np.ndarray, start: np.ndarray, stop: np.ndarray) -> np.n
     return np.where(true, 1, np.where(false, 0, -1)).astype(np.int8)
 
 
+# An episode line may end after any field from ``success_reported`` on: a file written before
+# the later fields (``error``) existed holds lines without them, read fast all the same.
+_FIELD_COUNTS = range(_FIELD["success_reported"] + 1, len(_LITERALS) + 1)
+
+
 def _fast_episodes(
     data: np.ndarray, starts: np.ndarray, ends: np.ndarray, commas: np.ndarray
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Which lines (positions in ``starts``) are canonical episode lines, and their columns.
 
-    A canonical line has exactly one comma between fields (so no value holds one), each
-    field's literal where it belongs, and values that parse; a line that is not is left to
-    json (a block whose values do not parse is left to json whole).
+    A canonical line has the fields in ``EpisodeResult``'s order, up to ``success_reported``
+    or any later one (the ones left out take their defaults), exactly one comma between
+    fields (so no value holds one), each field's literal where it belongs, and values that
+    parse; a line that is not is left to json (a block whose values do not parse is left to
+    json whole).
     """
     first_comma = np.searchsorted(commas, starts)
-    separators = len(_LITERALS) - 1
-    canonical = (np.searchsorted(commas, ends) - first_comma == separators) & (
-        ends - starts > len(_LITERALS[0])
-    )
-    rows = np.flatnonzero(canonical)
+    separators = np.searchsorted(commas, ends) - first_comma
+    found = [
+        _fast_lines(data, starts, ends, commas, first_comma, separators == n - 1, n)
+        for n in _FIELD_COUNTS
+    ]
+    if any(columns is None for _, columns in found):
+        return starts[:0], {}
+    found = [(rows, columns) for rows, columns in found if rows.size]
+    if len(found) <= 1:
+        return found[0] if found else (starts[:0], {})
+    rows = np.concatenate([rows for rows, _ in found])
+    order = np.argsort(rows, kind="stable")
+    columns = {
+        name: np.concatenate([columns[name] for _, columns in found])[order] for name in found[0][1]
+    }
+    return rows[order], columns
+
+
+def _fast_lines(
+    data: np.ndarray,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    commas: np.ndarray,
+    first_comma: np.ndarray,
+    counted: np.ndarray,
+    fields: int,
+) -> tuple[np.ndarray, dict[str, np.ndarray] | None]:
+    """``_fast_episodes`` for the lines of the first ``fields`` fields (``counted``: the lines
+    with one comma fewer): their positions and columns, or None for columns whose values do
+    not parse."""
+    literals = _LITERALS[:fields]
+    separators = fields - 1
+    rows = np.flatnonzero(counted & (ends - starts > len(literals[0])))
     if rows.size == 0:
         return rows, {}
     # Field k's literal starts at the line start (k = 0) or right after comma k - 1.
     at = commas[first_comma[rows, None] + np.arange(separators)]
     literal_at = np.concatenate([starts[rows, None], at + 1], axis=1)
-    value_start = literal_at + np.array([len(literal) for literal in _LITERALS])
+    value_start = literal_at + np.array([len(literal) for literal in literals])
     value_stop = np.concatenate([at, ends[rows, None] - 1], axis=1)  # a comma, or the "}"
     words = np.ndarray((data.size - 7,), dtype="<u8", buffer=data, strides=(1,))
     good = data[ends[rows] - 1] == _CLOSE
-    for k, pairs in enumerate(_LITERAL_WORDS):
+    # A line that is not an episode's may put a literal's place past the block's end.
+    good &= value_start.max(axis=1) < ends[rows]
+    last_word = words.size - 1
+    for k, pairs in enumerate(_LITERAL_WORDS[:fields]):
         for offset, word in pairs:
-            good &= words[literal_at[:, k] + offset] == word
+            good &= words[np.minimum(literal_at[:, k] + offset, last_word)] == word
         good &= value_start[:, k] < value_stop[:, k]
-    # A failed episode's line (its error a text, not null) is left to json, which reads it.
     error = _FIELD["error"]
-    good &= (value_stop[:, error] - value_start[:, error] == 4) & (
-        data[value_start[:, error]] == ord("n")
-    )
+    if error < fields:  # a failed episode's line (an error text, not null) is left to json
+        good &= (value_stop[:, error] - value_start[:, error] == 4) & (
+            data[value_start[:, error]] == ord("n")
+        )
     keep = np.flatnonzero(good)
     rows, value_start, value_stop = rows[keep], value_start[keep], value_stop[keep]
     count = rows.size
@@ -951,7 +989,7 @@ def _fast_episodes(
     if any(column is None for column in columns.values()) or np.any(
         columns["success_reported"] < 0
     ):
-        return rows[:0], {}
+        return rows, None
     columns["success_reported"] = columns["success_reported"].astype(bool)
     columns["failed"] = np.zeros(count, dtype=bool)
     return rows, columns
