@@ -198,8 +198,9 @@ async def arun(
             a result with ``EpisodeResult.error`` (``"<ExceptionType>: <message>"``; its steps
             and reward up to the failing call), the lane's env is rebuilt, and the run goes on
             with the next index. ``"retry"``: the same index is played again from its reset,
-            with its seed, up to ``max_retries`` times, then recorded as with ``"record"``.
-            Failed episodes count as results (a resumed run keeps them) and stay out of the
+            with its seed, up to ``max_retries`` times, then recorded as with ``"record"``
+            (hooks hear of each attempt's start, and of the index's end once). Failed
+            episodes count as results (a resumed run keeps them) and stay out of the
             reward and success statistics. A model error (``predict`` raising, a wrong-shaped
             action) stays fatal, and so does an operation past its ``timeouts=`` limit.
             Needs lanes that can rebuild their envs (an id, a factory, a served env: not a
