@@ -451,7 +451,7 @@ def test_cli_ctrl_c_then_resume_equals_an_uninterrupted_run(ray_cluster, tmp_pat
 def test_cli_flags_of_a_cluster_need_ray(capsys):
     argv = ["eval", "random", "--env", "CartPole-v1", "--episodes", "2", "--max-retries", "1"]
     assert main(argv) == 2
-    assert "--max-retries needs --ray [ADDRESS]" in capsys.readouterr().err
+    assert "--max-retries needs --on-error retry" in capsys.readouterr().err
 
 
 def test_a_policy_module_in_the_working_directory_loads_on_the_workers(

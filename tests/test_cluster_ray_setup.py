@@ -27,7 +27,7 @@ def _placement(**given):
         "cluster": "ray",
         "workers": None,
         "ray_address": None,
-        "max_retries": None,
+        "max_retries": 3,  # checked by check_settings (tests/test_failures.py)
         "window_episodes": None,
         "processes_per_worker": None,
         **given,
@@ -49,14 +49,12 @@ def test_cluster_arguments_are_checked_once_with_their_defaults():
     [
         ({"cluster": "spark"}, "cluster must be one of ['ray'] or None, got 'spark'"),
         ({"workers": 0}, "workers must be a positive integer, got 0"),
-        ({"max_retries": -1}, "max_retries must be a non-negative integer, got -1"),
-        ({"max_retries": True}, "max_retries must be a non-negative integer, got True"),
         ({"ray_address": ""}, "ray_address must be a Ray cluster's address"),
         ({"window_episodes": 0}, "window_episodes must be a positive integer, got 0"),
         ({"processes_per_worker": 0}, "processes_per_worker must be a positive integer"),
         (
-            {"cluster": None, "ray_address": "auto", "max_retries": 1},
-            "ray_address, max_retries need a cluster",
+            {"cluster": None, "ray_address": "auto", "window_episodes": 1},
+            "ray_address, window_episodes need a cluster",
         ),
     ],
 )

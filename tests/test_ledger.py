@@ -37,6 +37,7 @@ SUMMARY_FIELDS = [
     "duration_s",
     "predict_ms",
     "step_ms",
+    "error",
 ]
 STARTS_FIELDS = (
     "lanes",
@@ -149,6 +150,7 @@ def test_a_new_run_holds_no_episode(core):
         "base_seed": 9,
         "trial_index_base": 100,
         "slots_claimed": 0,
+        "returned_slots": [],
         "completed": 0,
         "wasted_steps": 0,
         "ignored_completions": 0,
@@ -543,12 +545,14 @@ def test_summary_fields(core):
         "duration_s": 2.5,  # from the start's now_ns to that of the round it ended in
         "predict_ms": 2.0,  # 6 ms of model time over 3 steps
         "step_ms": 4.0,  # 12 ms of env time over 3 steps
+        "error": None,
     }
     assert list(summary.to_dict()) == SUMMARY_FIELDS
     # Plain Python types (dict equality alone would let 1 pass for True or numpy for int).
     expected_types = dict.fromkeys(SUMMARY_FIELDS, int)
     expected_types.update(dict.fromkeys(["terminated", "truncated", "success"], bool))
     expected_types.update(dict.fromkeys(["reward", "duration_s", "predict_ms", "step_ms"], float))
+    expected_types["error"] = type(None)  # an episode that ended has no env error
     for field, value in summary.to_dict().items():
         assert getattr(summary, field) == value
         assert type(value) is expected_types[field], field

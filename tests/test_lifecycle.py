@@ -35,6 +35,7 @@ class ListLanes:
     lockstep = False
     resets_itself = False
     env_steps = None
+    rebuild = None
 
     def __init__(self, env_id: str, num_lanes: int, spec: EnvSpec | None = None) -> None:
         self.spec = spec

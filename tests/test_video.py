@@ -141,7 +141,7 @@ class NoRenderLanes:
         for name in ("num_lanes", "name", "single_observation_space", "single_action_space"):
             setattr(self, name, getattr(self._inner, name))
         self.lockstep, self.resets_itself, self.env_steps, self.spec = False, False, None, None
-        self.metadata = {}
+        self.metadata, self.rebuild = {}, None
 
     def reset(self, lanes, seeds, trials):
         return self._inner.reset(lanes, seeds, trials)

@@ -47,6 +47,8 @@ class EpisodeSummary:
     def predict_ms(self) -> float: ...
     @property
     def step_ms(self) -> float: ...
+    @property
+    def error(self) -> str | None: ...
     def to_dict(self) -> dict[str, Any]: ...
 
 @final
@@ -185,6 +187,12 @@ class RoundRunner:
     ) -> tuple[list[EpisodeSummary], Int64Array, Int64Array]:
         """``(summaries, episode_ids [E], model_ends [F])`` of the ended ``lanes`` (``[E]``);
         their frame windows and queued actions go."""
+    def abandon(
+        self, lanes: npt.ArrayLike, errors: Sequence[str | None], *, now_ns: int
+    ) -> tuple[list[EpisodeSummary], Int64Array, Int64Array]:
+        """Abandon the running episodes of ``lanes`` (``[K]``) whose env failed: play the slot
+        again (``errors[k]`` None) or record it failed with ``errors[k]``; ``(summaries of the
+        failed, episode_ids [K], model_ends [F])``; they leave an open round."""
     def take_all_model_ends(self) -> Int64Array: ...
     def set_observations(self, lanes: npt.ArrayLike, observations: Sequence[Any]) -> None: ...
     def observations(self, lanes: npt.ArrayLike) -> list[Any]: ...
@@ -217,6 +225,7 @@ class RoundRunner:
         *,
         until_ns: int,
         stats: Sequence[LatencyStats],
+        failures: dict[int, str] | None = None,
     ) -> tuple[Int64Array, list[dict[str, Any]], int, int]:
         """``(ended, infos, rounds, lane_steps)``. ``model``: ``predict_now(payload, P)``,
         ``lane_corner`` (a per-lane function or None), ``wants_episode_ids`` (then
@@ -227,4 +236,5 @@ class RoundRunner:
         lane's env step is timed and recorded on its own, and charged to that lane's
         episode; each predicted lane is charged its share of the model call. A lane's
         ``step`` that raises becomes an ``rlmesh.EnvError`` naming the lane and the env, the
-        error chained as ``__cause__``."""
+        error chained as ``__cause__``; with ``failures``, its ``"<Type>: <message>"`` goes
+        there under its lane, the lane leaves the round, and the call returns after it."""

@@ -73,7 +73,7 @@ from .results import (
     read_results,
     read_run,
 )
-from .settings import check_video_settings
+from .settings import ON_ERRORS, check_video_settings
 from .stats import format_summary, summarize
 from .success import rule_for
 
@@ -461,11 +461,15 @@ class _Throughput(RuntimeHooks):
 
 
 def _cluster_arguments(args: argparse.Namespace) -> dict[str, Any]:
-    """``run``'s cluster arguments from ``--ray [ADDRESS]`` and ``--max-retries`` (none without
-    ``--ray``; ``--workers`` goes to ``run`` either way); a ``UsageError`` if Ray is missing."""
+    """``run``'s cluster arguments from ``--ray [ADDRESS]`` (none without ``--ray``;
+    ``--workers`` and ``--max-retries`` go to ``run`` either way); a ``UsageError`` if Ray is
+    missing, or for a ``--max-retries`` that neither ``--on-error retry`` nor ``--ray`` reads."""
+    if args.max_retries is not None and args.ray is None and args.on_error != "retry":
+        raise UsageError(
+            "rlmesh eval: error: --max-retries needs --on-error retry (episodes whose env "
+            "failed) or --ray [ADDRESS] (windows whose worker died)"
+        )
     if args.ray is None:
-        if args.max_retries is not None:
-            raise UsageError("rlmesh eval: error: --max-retries needs --ray [ADDRESS]")
         return {}
     from .cluster import require_ray
 
@@ -476,7 +480,6 @@ def _cluster_arguments(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "cluster": "ray",
         "ray_address": args.ray or None,  # a bare --ray: a local Ray instance
-        "max_retries": args.max_retries,
     }
 
 
@@ -546,6 +549,8 @@ def _eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
             max_episode_steps=args.max_episode_steps,
             max_episode_seconds=args.max_episode_seconds,
             timeouts=timeouts or None,
+            on_error=args.on_error,
+            max_retries=args.max_retries,
             hooks=[_EpisodeSink(progress), _Throughput(progress)],
             core=core,
             results_path=args.out,
@@ -827,13 +832,6 @@ def _add_cluster_options(parser: argparse.ArgumentParser) -> None:
         "'ray://host:10001'), or without one start a local Ray instance with this machine's "
         "CPUs (needs the ray extra)",
     )
-    parser.add_argument(
-        "--max-retries",
-        type=_non_negative_int,
-        metavar="N",
-        help="with --ray: times a window whose worker died runs again elsewhere, with the same "
-        "seeds, before the run fails (default 3)",
-    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -893,6 +891,22 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="S",
             help=f"fail the run (exit 1) when one {what} takes longer than S seconds",
         )
+    evaluate.add_argument(
+        "--on-error",
+        choices=ON_ERRORS,
+        default="raise",
+        help="when an env raises in reset or step: fail the run (raise, the default), record "
+        "the episode as failed and go on with the env rebuilt (record), or play the same "
+        "episode again with its seed up to --max-retries times, then record it (retry)",
+    )
+    evaluate.add_argument(
+        "--max-retries",
+        type=_non_negative_int,
+        metavar="N",
+        help="times a failed part of the run is run again (default 3): with --on-error retry, "
+        "an episode whose env failed (then it is recorded failed); with --ray, a window whose "
+        "worker died, elsewhere with the same seeds (then the run fails)",
+    )
     evaluate.add_argument(
         "--success-reward",
         type=_reward_threshold,
@@ -1251,6 +1265,7 @@ def _demo_args(args: argparse.Namespace) -> argparse.Namespace:
         resume=False,
         allow_changed_policy=False,
         ray=None,
+        on_error="raise",
         max_retries=None,
         record_video=0,
         video_dir=None,

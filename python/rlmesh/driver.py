@@ -39,7 +39,7 @@ import numpy as np
 from .adapters import compile_spec, env_tags_of
 from .core import active, core_name, load_core
 from .deadlines import DeadlineCaller, DeadlinePassed
-from .errors import OperationTimeout, RlmeshError, call_failure
+from .errors import LaneFailures, OperationTimeout, RlmeshError, call_failure
 from .hooks import HookDispatcher, StepEvent
 from .lanes import Lanes, StepBatch, make_lanes
 from .model import ModelHandler
@@ -124,6 +124,7 @@ async def arun(
     video_dir: str | os.PathLike[str] | None = None,
     video_key: str | None = None,
     video_prefix: str | None = None,
+    on_error: str = "raise",
 ) -> RunResult:
     """Evaluate ``model`` on ``env``: the coroutine behind ``rlmesh.run``.
 
@@ -185,8 +186,11 @@ async def arun(
         ray_address: the Ray cluster to join (``"auto"``, ``"host:6379"``, ``"ray://..."``);
             None starts a local Ray instance with this machine's CPUs, or uses the one this
             process already started (``ray.init``).
-        max_retries: times a window whose worker died is run again elsewhere, with the same
-            seeds (default 3); then the run fails with ``rlmesh.cluster.WorkerLostError``.
+        max_retries: the times a failed part of the run is run again (default 3): with
+            ``on_error="retry"``, an episode whose env failed (then it is recorded failed);
+            with ``cluster="ray"``, a window whose worker was lost, elsewhere, with the same
+            seeds (then the run fails with ``rlmesh.cluster.WorkerLostError``). Given without
+            either, it is refused.
         window_episodes: episodes per window (default: half a worker's share of the episodes
             not yet dealt, shrinking toward the end so the workers finish together).
         processes_per_worker: each worker's local run steps its lanes in this many processes
@@ -208,6 +212,20 @@ async def arun(
             default: from ``render()``, the envs built with ``render_mode="rgb_array"``.
         video_prefix: what the file names start with (a suite's task name); default the
             env's name: ``CartPole-v1_ep00003_seed3.mp4``.
+        on_error: what an env failure (a lane's env raised in ``reset`` or ``step``, in this
+            process, in a worker process, or on a served env) does to the run. ``"raise"``
+            (default): the run fails with ``EnvError``. ``"record"``: the episode is kept as
+            a result with ``EpisodeResult.error`` (``"<ExceptionType>: <message>"``; its steps
+            and reward up to the failing call), the lane's env is rebuilt, and the run goes on
+            with the next index. ``"retry"``: the same index is played again from its reset,
+            with its seed, up to ``max_retries`` times, then recorded as with ``"record"``
+            (hooks hear of each attempt's start, and of the index's end once). Failed
+            episodes count as results (a resumed run keeps them) and stay out of the
+            reward and success statistics. A model error (``predict`` raising, a wrong-shaped
+            action) stays fatal, and so does an operation past its ``timeouts=`` limit.
+            Needs lanes that can rebuild their envs (an id, a factory, a served env: not a
+            ``gymnasium.Env`` instance or a ``VectorEnv``); a served env's error ends its
+            session, so every episode in flight there fails with it.
 
     Returns:
         The ``RunResult``: M episodes sorted by index (with ``results_path``, every episode in
@@ -240,12 +258,15 @@ async def arun(
             video_prefix=video_prefix,
             results_path=results_path,
         ),
+        on_error=on_error,
+        max_retries=max_retries,
+        cluster=cluster,
     )
     placement = check_cluster_settings(
         cluster=cluster,
         workers=workers,
         ray_address=ray_address,
-        max_retries=max_retries,
+        max_retries=settings.max_retries,
         window_episodes=window_episodes,
         processes_per_worker=processes_per_worker,
     )
@@ -371,6 +392,8 @@ class EvaluationRun:
         self.telemetry: Telemetry | None = None
         self.videos: Any = None  # rlmesh.video.VideoRecorder, with record_video
         self.deadlines = DeadlineCaller()
+        # Per episode index, the times its env failed: what on_error="retry" counts.
+        self._failures: dict[int, int] = {}
 
     # -------------------------------------------------------------------- set-up and teardown
 
@@ -459,6 +482,13 @@ class EvaluationRun:
             )
             self.lanes = lanes = self.videos.lanes  # takes frames of the recorded lanes
         handler.fit_lanes(lanes.num_lanes)
+        if settings.on_error != "raise" and lanes.rebuild is None:
+            raise ValueError(
+                f"on_error={settings.on_error!r} rebuilds a lane's env after it fails, but "
+                f"env= is {type(self.env).__name__} ({lanes.name}), whose envs rlmesh cannot "
+                f"rebuild: pass a Gymnasium id or a zero-argument env factory (or a served "
+                f"env's address), or on_error='raise'"
+            )
         self.success_rule = self.success_rule.for_lanes(lanes)  # an env factory's spec
         if lanes.resets_itself and (settings.max_episode_steps or settings.max_episode_seconds):
             raise ValueError(
@@ -603,16 +633,19 @@ class EvaluationRun:
         time to yield to the event loop; then the ended episodes finish and the next start."""
         telemetry = self.telemetry
         until_ns = min(self._yielded_ns + YIELD_EVERY_NS, telemetry.window_ends_ns)
+        failures: dict[int, str] | None = None if self.settings.on_error == "raise" else {}
         ended, infos, rounds, lane_steps = self.runner.run_rounds(
             self.handler,
             self.lanes.env_steps,
             self.lanes.name,
             until_ns=int(until_ns),
             stats=[telemetry.window_stats(op) for op in ROUND_OPS],
+            failures=failures,
         )
         telemetry.count_steps(rounds, lane_steps)
+        failed = await self._abandon(failures) if failures else NO_LANES
         await self._finish(ended, infos)
-        await self._next_episodes(ended)
+        await self._next_episodes(np.union1d(ended, failed) if len(failed) else ended)
 
     async def _round(self) -> None:
         """One round the driver awaits step by step (async models, lanes the core cannot step,
@@ -626,7 +659,19 @@ class EvaluationRun:
         if actions is not None and self.hooks.wants_actions:
             actions = await self.hooks.action(running, actions)
         step_start = time.perf_counter_ns()
-        batch = await self._guard("step", self.lanes.step, running, actions, where="env.step")
+        try:
+            batch = await self._guard("step", self.lanes.step, running, actions, where="env.step")
+            failed = NO_LANES
+        except LaneFailures as failures:
+            if self.settings.on_error == "raise":
+                raise
+            # The failed lanes leave the round before it is recorded: the batch holds the rest.
+            batch = failures.outcome
+            failed = await self._abandon(failures.errors)
+            kept = ~np.isin(running, failed)
+            running, predict_lanes = running[kept], predict_lanes[~np.isin(predict_lanes, failed)]
+            if actions is not None:
+                actions = map_leaves(actions, lambda leaf: np.asarray(leaf)[kept])
         now = time.perf_counter_ns()
         step_ns = now - step_start
         telemetry.record_shared("env.step", step_ns, len(batch.stepped))
@@ -641,7 +686,7 @@ class EvaluationRun:
         if len(ended):  # their rows in the batch: the running lanes are ascending
             rows = np.searchsorted(running, ended).tolist()
             await self._finish(ended, [batch.infos[row] for row in rows])
-        await self._next_episodes(ended)
+        await self._next_episodes(np.union1d(ended, failed) if len(failed) else ended)
         telemetry.record("driver.round", time.perf_counter_ns() - round_start)
         telemetry.count_steps(1, len(batch.stepped))
 
@@ -691,19 +736,68 @@ class EvaluationRun:
 
     async def _start(self, lanes_to_start: np.ndarray) -> None:
         """Start episodes on vacant lanes: the runner claims their slots, the lanes reset with
-        the slots' seeds (surplus episodes unseeded), and the new episodes are announced."""
-        starts = self.runner.start(lanes_to_start, now_ns=time.perf_counter_ns())
-        reset = np.concatenate([starts.lanes, starts.surplus_lanes])
-        if len(reset):
-            seeds = list(starts.seeds) + [None] * len(starts.surplus_lanes)
-            trials = starts.trials.tolist() + [None] * len(starts.surplus_lanes)
-            reset_start = time.perf_counter_ns()
-            observations, _ = await self._guard(
-                "reset", self.lanes.reset, reset, seeds, trials, where="env.reset"
-            )
-            self.telemetry.record("env.reset", time.perf_counter_ns() - reset_start)
-            self.runner.set_observations(reset, observations)
-        await self._announce(starts)
+        the slots' seeds (surplus episodes unseeded), and the new episodes are announced.
+        Lanes whose reset failed (with ``on_error`` other than ``"raise"``) start again, on
+        the same slot or the next: each round of this loop finishes a slot or spends one of
+        its retries, so it ends."""
+        while len(lanes_to_start):
+            starts = self.runner.start(lanes_to_start, now_ns=time.perf_counter_ns())
+            reset = np.concatenate([starts.lanes, starts.surplus_lanes])
+            errors: dict[int, str] = {}
+            if len(reset):
+                seeds = list(starts.seeds) + [None] * len(starts.surplus_lanes)
+                trials = starts.trials.tolist() + [None] * len(starts.surplus_lanes)
+                reset_start = time.perf_counter_ns()
+                try:
+                    observations, _ = await self._guard(
+                        "reset", self.lanes.reset, reset, seeds, trials, where="env.reset"
+                    )
+                except LaneFailures as failures:
+                    if self.settings.on_error == "raise":
+                        raise
+                    reset, observations, _ = failures.outcome
+                    errors = failures.errors
+                self.telemetry.record("env.reset", time.perf_counter_ns() - reset_start)
+                self.runner.set_observations(reset, observations)
+            await self._announce(starts)
+            lanes_to_start = await self._abandon(errors)
+
+    async def _abandon(self, errors: dict[int, str]) -> np.ndarray:
+        """Abandon the episodes of the lanes whose env failed (``errors``: lane -> the env's
+        ``"<ExceptionType>: <message>"``): each plays its index again while ``on_error=
+        "retry"`` has retries left for it, else is recorded failed; then the lanes' envs are
+        rebuilt. Returns the lanes, ascending, to start episodes on again."""
+        if not errors:
+            return NO_LANES
+        running = set(self.runner.running_lanes().tolist())
+        # A served env's error ends its session: it names every lane, running or not.
+        lanes = np.array(sorted(lane for lane in errors if lane in running), dtype=np.int64)
+        if not len(lanes):
+            return NO_LANES
+        settings = self.settings
+        indices, _, _ = self.runner.lane_episodes(lanes)
+        outcomes: list[str | None] = []
+        for lane, index in zip(lanes.tolist(), indices.tolist(), strict=True):
+            failures = self._failures[index] = self._failures.get(index, 0) + 1
+            retry = settings.on_error == "retry" and failures <= settings.max_retries
+            outcomes.append(None if retry else errors[lane])
+        summaries, episode_ids, model_ends = self.runner.abandon(
+            lanes, outcomes, now_ns=time.perf_counter_ns()
+        )
+        await self._guard(
+            "episode_end",
+            self.handler.end_episodes,
+            episode_ids.tolist(),
+            model_ends.tolist(),
+            where="model.on_episode_end",
+        )
+        for summary in summaries:
+            episode = EpisodeResult.from_summary(summary, self.success_rule)
+            if self.results is not None:
+                self.results.append(episode)  # on disk before anyone hears of it
+            await self.hooks.episode_end(episode)
+        await self._guard("rebuild", self.lanes.rebuild, lanes, where="env.rebuild")
+        return lanes
 
     async def _next_episodes(self, ended: np.ndarray) -> None:
         """Start what follows the ended episodes: the driver resets the ended lanes on the

@@ -97,6 +97,35 @@ class EnvError(RlmeshError):
     """
 
 
+class LaneFailures(EnvError):  # noqa: N818 - an EnvError that names its lanes
+    """The envs of some lanes raised during one ``reset`` or ``step`` of several lanes, and
+    the other lanes' results are kept.
+
+    Raised by ``Lanes.reset`` / ``Lanes.step`` (in-process, process and remote lanes), which
+    call every lane even when one fails. Its message and ``__cause__`` are those of the first
+    failed lane's ``EnvError``, so a run with ``on_error="raise"`` fails as with any env
+    error; with ``"record"`` or ``"retry"`` the driver abandons the failed lanes' episodes and
+    goes on with the rest.
+
+    Attributes:
+        errors: ``{lane: "<ExceptionType>: <message>"}``, the env's own exception per lane
+            that failed.
+        outcome: what the call returned for the lanes that did not fail: a ``StepBatch`` of
+            them (``step``), or ``(lanes, observations, infos)`` (``reset``).
+
+    Example:
+        >>> failure = LaneFailures("lane 1 (Pit): step() raised OSError: gone",
+        ...                        errors={1: "OSError: gone"}, outcome=None)
+        >>> isinstance(failure, EnvError), failure.errors
+        (True, {1: 'OSError: gone'})
+    """
+
+    def __init__(self, message: str, *, errors: dict[int, str], outcome: object) -> None:
+        super().__init__(message)
+        self.errors = errors
+        self.outcome = outcome
+
+
 class RemoteError(RlmeshError):
     """A served env or model failed: it could not be reached, refused the handshake or the
     token, went away mid-run, or answered with an error.

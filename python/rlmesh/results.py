@@ -122,8 +122,14 @@ class EpisodeResult:
     ``1/P`` of its time to each; steps that replay a queued chunk action are charged nothing).
     So at 4 lanes a 2 ms env shows about 2 ms, as the run's ``env.step`` telemetry does.
 
-    ``video`` is the recorded episode's mp4 (``record_video``), relative to the results file's
-    directory; None for an episode not recorded.
+    ``error`` is None for an episode that ran to its end. With ``on_error="record"`` (or
+    ``"retry"`` once the retries are spent), an episode whose env raised is kept as a result with
+    ``error`` the env's ``"<ExceptionType>: <message>"``: its ``steps`` and ``reward`` are
+    those of the steps completed before the failing ``reset`` / ``step`` call, it is neither
+    terminated nor truncated, its ``success`` is None, and summaries count it apart, out of the
+    reward, length and success statistics. ``video`` is the recorded episode's mp4
+    (``record_video``), relative to the results file's directory; None for an episode not
+    recorded.
     """
 
     index: int
@@ -139,6 +145,7 @@ class EpisodeResult:
     predict_ms: float
     step_ms: float
     success_reported: bool = False
+    error: str | None = None
     video: str | None = None
 
     @classmethod
@@ -169,8 +176,9 @@ class EpisodeResult:
             predict_ms=summary.predict_ms,
             step_ms=summary.step_ms,
             success_reported=success is not None,
+            error=summary.error,
         )
-        if success is None and rule is not None:
+        if success is None and rule is not None and summary.error is None:
             episode.__dict__["success"] = rule.verdict(episode)
         return episode
 
@@ -287,18 +295,27 @@ class RunResult:
 
     @property
     def total_steps(self) -> int:
-        """Steps of the scored episodes (surplus steps are in ``wasted_steps``)."""
+        """Steps of the scored episodes, failed ones' included (surplus steps are in
+        ``wasted_steps``)."""
         return sum(episode.steps for episode in self.episodes)
 
     @property
+    def failed_indices(self) -> list[int]:
+        """The indices of the episodes recorded as failed (``EpisodeResult.error`` set: their
+        env raised), ascending."""
+        return [episode.index for episode in self.episodes if episode.error is not None]
+
+    @property
     def mean_reward(self) -> float:
-        """The mean episode reward; nan when there are no episodes (no mean to report)."""
-        return mean([episode.reward for episode in self.episodes])
+        """The mean reward of the episodes that ran to their end (failed ones are left out);
+        nan when there are none (no mean to report)."""
+        return mean([episode.reward for episode in self.episodes if episode.error is None])
 
     @property
     def success_rate(self) -> float | None:
-        """The fraction of the episodes with a verdict (``EpisodeResult.success`` not None)
-        that succeeded; None when no episode has one (success is not available)."""
+        """The fraction of the episodes with a verdict (``EpisodeResult.success`` not None;
+        a failed episode has none) that succeeded; None when no episode has one (success is
+        not available)."""
         verdicts = [episode.success for episode in self.episodes if episode.success is not None]
         return sum(verdicts) / len(verdicts) if verdicts else None
 
@@ -317,6 +334,7 @@ class RunResult:
                 [episode.success_reported for episode in episodes], dtype=bool
             ),
             **_run_fields(self),
+            failed=np.array([episode.error is not None for episode in episodes], dtype=bool),
         )
 
     def summary(self) -> dict[str, Any]:
@@ -377,8 +395,9 @@ class RunColumns:
     A few bytes per episode where a ``RunResult`` holds an object per episode: ``rlmesh
     report`` reads a results file into this (``read_columns``). ``index``, ``steps``: int64;
     ``reward``: float64; ``success``: int8, 1 succeeded, 0 failed, -1 not available;
-    ``success_reported``: bool, the env's info gave the verdict. The other fields are
-    ``RunResult``'s.
+    ``success_reported``: bool, the env's info gave the verdict; ``failed``: bool, the episode
+    was recorded as failed (``EpisodeResult.error``), None when no episode was. The other
+    fields are ``RunResult``'s.
     """
 
     index: np.ndarray
@@ -394,6 +413,7 @@ class RunColumns:
     success_rule: SuccessRule = field(default_factory=lambda: SuccessRule(NONE))
     episodes_requested: int | None = None
     elapsed_s: float | None = None
+    failed: np.ndarray | None = None
 
     @property
     def num_episodes(self) -> int:
@@ -812,6 +832,7 @@ class _ColumnParts:
     reward: list[np.ndarray] = field(default_factory=list)
     success: list[np.ndarray] = field(default_factory=list)
     success_reported: list[np.ndarray] = field(default_factory=list)
+    failed: list[np.ndarray] = field(default_factory=list)
     line: list[np.ndarray] = field(default_factory=list)
 
     def add(self, **columns: np.ndarray) -> None:
@@ -827,6 +848,7 @@ class _ColumnParts:
                 [-1 if episode.success is None else int(episode.success)], dtype=np.int8
             ),
             success_reported=np.array([episode.success_reported], dtype=bool),
+            failed=np.array([episode.error is not None], dtype=bool),
             line=np.array([line], dtype=np.int64),
         )
 
@@ -887,34 +909,77 @@ def _word_keyword(data: np.ndarray, start: np.ndarray, stop: np.ndarray) -> np.n
     return np.where(true, 1, np.where(false, 0, -1)).astype(np.int8)
 
 
+# An episode line may end after any field from ``success_reported`` on: a file written before
+# the later fields (``error``) existed holds lines without them, read fast all the same.
+_FIELD_COUNTS = range(_FIELD["success_reported"] + 1, len(_LITERALS) + 1)
+
+
 def _fast_episodes(
     data: np.ndarray, starts: np.ndarray, ends: np.ndarray, commas: np.ndarray
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Which lines (positions in ``starts``) are canonical episode lines, and their columns.
 
-    A canonical line has exactly one comma between fields (so no value holds one), each
-    field's literal where it belongs, and values that parse; a line that is not is left to
-    json (a block whose values do not parse is left to json whole).
+    A canonical line has the fields in ``EpisodeResult``'s order, up to ``success_reported``
+    or any later one (the ones left out take their defaults), exactly one comma between
+    fields (so no value holds one), each field's literal where it belongs, and values that
+    parse; a line that is not is left to json (a block whose values do not parse is left to
+    json whole).
     """
     first_comma = np.searchsorted(commas, starts)
-    separators = len(_LITERALS) - 1
-    canonical = (np.searchsorted(commas, ends) - first_comma == separators) & (
-        ends - starts > len(_LITERALS[0])
-    )
-    rows = np.flatnonzero(canonical)
+    separators = np.searchsorted(commas, ends) - first_comma
+    found = [
+        _fast_lines(data, starts, ends, commas, first_comma, separators == n - 1, n)
+        for n in _FIELD_COUNTS
+    ]
+    if any(columns is None for _, columns in found):
+        return starts[:0], {}
+    found = [(rows, columns) for rows, columns in found if rows.size]
+    if len(found) <= 1:
+        return found[0] if found else (starts[:0], {})
+    rows = np.concatenate([rows for rows, _ in found])
+    order = np.argsort(rows, kind="stable")
+    columns = {
+        name: np.concatenate([columns[name] for _, columns in found])[order] for name in found[0][1]
+    }
+    return rows[order], columns
+
+
+def _fast_lines(
+    data: np.ndarray,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    commas: np.ndarray,
+    first_comma: np.ndarray,
+    counted: np.ndarray,
+    fields: int,
+) -> tuple[np.ndarray, dict[str, np.ndarray] | None]:
+    """``_fast_episodes`` for the lines of the first ``fields`` fields (``counted``: the lines
+    with one comma fewer): their positions and columns, or None for columns whose values do
+    not parse."""
+    literals = _LITERALS[:fields]
+    separators = fields - 1
+    rows = np.flatnonzero(counted & (ends - starts > len(literals[0])))
     if rows.size == 0:
         return rows, {}
     # Field k's literal starts at the line start (k = 0) or right after comma k - 1.
     at = commas[first_comma[rows, None] + np.arange(separators)]
     literal_at = np.concatenate([starts[rows, None], at + 1], axis=1)
-    value_start = literal_at + np.array([len(literal) for literal in _LITERALS])
+    value_start = literal_at + np.array([len(literal) for literal in literals])
     value_stop = np.concatenate([at, ends[rows, None] - 1], axis=1)  # a comma, or the "}"
     words = np.ndarray((data.size - 7,), dtype="<u8", buffer=data, strides=(1,))
     good = data[ends[rows] - 1] == _CLOSE
-    for k, pairs in enumerate(_LITERAL_WORDS):
+    # A line that is not an episode's may put a literal's place past the block's end.
+    good &= value_start.max(axis=1) < ends[rows]
+    last_word = words.size - 1
+    for k, pairs in enumerate(_LITERAL_WORDS[:fields]):
         for offset, word in pairs:
-            good &= words[literal_at[:, k] + offset] == word
+            good &= words[np.minimum(literal_at[:, k] + offset, last_word)] == word
         good &= value_start[:, k] < value_stop[:, k]
+    error = _FIELD["error"]
+    if error < fields:  # a failed episode's line (an error text, not null) is left to json
+        good &= (value_stop[:, error] - value_start[:, error] == 4) & (
+            data[value_start[:, error]] == ord("n")
+        )
     keep = np.flatnonzero(good)
     rows, value_start, value_stop = rows[keep], value_start[keep], value_stop[keep]
     count = rows.size
@@ -941,8 +1006,9 @@ def _fast_episodes(
     if any(column is None for column in columns.values()) or np.any(
         columns["success_reported"] < 0
     ):
-        return rows[:0], {}
+        return rows, None
     columns["success_reported"] = columns["success_reported"].astype(bool)
+    columns["failed"] = np.zeros(count, dtype=bool)
     return rows, columns
 
 
@@ -1062,6 +1128,7 @@ def read_columns_with_resumes(
         success=success,
         success_reported=reported,
         **_file_fields(header, runs),
+        failed=column("failed", bool),
     )
     return _config(header), columns, resumes
 

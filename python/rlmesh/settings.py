@@ -29,7 +29,10 @@ TIMEOUT_OPS = ("reset", "step", "predict")
 
 CLUSTERS = ("ray",)
 """What ``cluster=`` may name."""
+ON_ERRORS = ("raise", "record", "retry")
+"""What ``on_error=`` may name: what a run does when an env's ``reset`` or ``step`` raises."""
 DEFAULT_MAX_RETRIES = 3
+"""``max_retries`` when not given: the times a failed part of the run is run again."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,8 @@ class RunSettings:
     restart_workers: int = 0
     env_tags: Any = None  # rlmesh.adapters.EnvTags
     video: VideoSettings | None = None  # record_video=K > 0
+    on_error: str = "raise"
+    max_retries: int = DEFAULT_MAX_RETRIES
 
 
 @dataclass(frozen=True)
@@ -159,11 +164,17 @@ def check_settings(
     restart_workers: int = 0,
     env_tags: Any = None,
     video: VideoSettings | None = None,
+    on_error: str = "raise",
+    max_retries: int | None = None,
+    cluster: str | None = None,
 ) -> RunSettings:
     """The run's arguments checked, with the defaults DESIGN.md gives; ValueError otherwise.
 
     The one check of ``run``'s arguments: everything below it (the model handler, the lanes,
-    the core) takes them as checked.
+    the core) takes them as checked. ``max_retries`` is one concept with two uses, the times a
+    failed part of the run is run again: an episode whose env failed (``on_error="retry"``)
+    and a window whose Ray worker was lost (``cluster="ray"``); ``cluster`` is given only to
+    check that one of them reads it.
     """
     if seeds is not None:
         seeds = list(seeds)
@@ -194,6 +205,22 @@ def check_settings(
             f"restart_workers={restart_workers} restarts worker processes, but workers=1 runs "
             f"the envs in this process: pass workers=2 or more"
         )
+    if on_error not in ON_ERRORS:
+        raise ValueError(f"on_error must be one of {list(ON_ERRORS)}, got {on_error!r}")
+    if max_retries is not None:
+        if (
+            isinstance(max_retries, bool)
+            or not isinstance(max_retries, (int, np.integer))
+            or max_retries < 0
+        ):
+            raise ValueError(f"max_retries must be a non-negative integer, got {max_retries!r}")
+        if on_error != "retry" and cluster is None:
+            raise ValueError(
+                f"max_retries={max_retries} counts the times a failed part of the run is run "
+                f"again: an episode whose env failed, with on_error='retry', or a window whose "
+                f"Ray worker was lost, with cluster='ray'; this run has on_error={on_error!r} "
+                f"and no cluster: pass one of them, or omit max_retries"
+            )
     return RunSettings(
         seeds=seeds,
         episodes=positive_int("episodes", episodes),
@@ -222,6 +249,8 @@ def check_settings(
         restart_workers=int(restart_workers),
         env_tags=None if env_tags is None else checked_env_tags("env_tags", env_tags),
         video=video,
+        on_error=on_error,
+        max_retries=DEFAULT_MAX_RETRIES if max_retries is None else int(max_retries),
     )
 
 
@@ -232,7 +261,8 @@ class ClusterSettings:
     ``workers`` is how many windows run at once, each a Ray task on one worker (None: one per
     CPU of the cluster); ``processes_per_worker`` is handed to each worker's local run as its
     ``workers=`` (process lanes); ``window_episodes`` is the episodes per window (None: the
-    coordinator picks).
+    coordinator picks); ``max_retries`` is the run's (``RunSettings.max_retries``, checked
+    there): the times a window whose worker was lost is dealt again.
     """
 
     cluster: str
@@ -248,7 +278,7 @@ def check_cluster_settings(
     cluster: str | None,
     workers: int | None,
     ray_address: str | None,
-    max_retries: int | None,
+    max_retries: int,
     window_episodes: int | None,
     processes_per_worker: int | None,
 ) -> ClusterSettings | None:
@@ -256,18 +286,18 @@ def check_cluster_settings(
     otherwise.
 
     With ``cluster="ray"``, ``workers`` counts Ray workers (windows in flight at once); the
-    local process lanes of each worker are ``processes_per_worker``.
+    local process lanes of each worker are ``processes_per_worker``. ``max_retries`` comes
+    checked from ``check_settings`` (``RunSettings.max_retries``).
 
     Example:
         >>> check_cluster_settings(cluster="ray", workers=2, ray_address=None,
-        ...     max_retries=None, window_episodes=None, processes_per_worker=None).max_retries
+        ...     max_retries=3, window_episodes=None, processes_per_worker=None).max_retries
         3
     """
     if cluster is None:
         # Without a cluster, workers= is the run's process lanes (check_settings checks it).
         given = {
             "ray_address": ray_address,
-            "max_retries": max_retries,
             "window_episodes": window_episodes,
             "processes_per_worker": processes_per_worker,
         }
@@ -285,14 +315,6 @@ def check_cluster_settings(
             f"ray_address must be a Ray cluster's address such as 'auto', '10.0.0.5:6379' or "
             f"'ray://head:10001', or None to start a local Ray instance; got {ray_address!r}"
         )
-    if max_retries is None:
-        max_retries = DEFAULT_MAX_RETRIES
-    if (
-        isinstance(max_retries, bool)
-        or not isinstance(max_retries, (int, np.integer))
-        or max_retries < 0
-    ):
-        raise ValueError(f"max_retries must be a non-negative integer, got {max_retries!r}")
     return ClusterSettings(
         cluster=cluster,
         workers=None if workers is None else positive_int("workers", workers),

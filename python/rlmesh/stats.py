@@ -336,6 +336,11 @@ def summarize(
     statefulness probe's calls are not counted); ``env_step_ms`` is per lane-step, one env's
     transition. ``core`` and ``elapsed_s`` default to the result's own.
 
+    Failed episodes (their env raised, recorded with ``on_error``: ``EpisodeResult.error``)
+    count in ``episodes`` and ``total_steps``, are counted in ``failed`` and listed in
+    ``failed_indices``, and are left out of every reward, length and success figure, which
+    describe the ``episodes - failed`` episodes that ran to their end.
+
     Example:
         >>> from rlmesh.results import EpisodeResult
         >>> episodes = [EpisodeResult(k, k, k, 0, 10 + k, float(k), True, False, k % 2 == 0,
@@ -347,12 +352,16 @@ def summarize(
         'env info'
     """
     run = result.columns() if isinstance(result, RunResult) else result
-    rewards, lengths = run.reward, run.steps
-    n = int(rewards.size)
-    judged = run.success >= 0
+    n = int(run.index.size)
+    total_steps = int(run.steps.sum())
+    failed = run.failed if run.failed is not None else np.zeros(n, dtype=bool)
+    ended = ~failed
+    rewards, lengths, success = run.reward[ended], run.steps[ended], run.success[ended]
+    finished = int(rewards.size)
+    judged = success >= 0
     judged_count = int(np.count_nonzero(judged))
-    successes = int(np.count_nonzero(run.success == 1))
-    reported = int(np.count_nonzero(run.success_reported & judged))
+    successes = int(np.count_nonzero(success == 1))
+    reported = int(np.count_nonzero(run.success_reported[ended] & judged))
     telemetry = run.telemetry
     predict = _row(telemetry, "model.predict", "latency")
     lane_steps = _row(telemetry, "driver", "lane-steps")
@@ -364,17 +373,19 @@ def summarize(
         "episodes": n,
         "episodes_requested": requested,
         "complete": None if requested is None else n >= requested,
-        "total_steps": int(lengths.sum()),
+        "failed": n - finished,
+        "failed_indices": run.index[failed].tolist(),
+        "total_steps": total_steps,
         "mean_reward": _number(mean(rewards)),
         "mean_reward_ci95": [_number(reward_lo), _number(reward_hi)],
         "iqm_reward": _number(interquartile_mean(rewards)),
         "success_rate": successes / judged_count if judged_count else None,
         "success_ci95": [_number(success_lo), _number(success_hi)],
-        "success_rule": describe(run.success_rule, episodes=n, reported=reported),
+        "success_rule": describe(run.success_rule, episodes=finished, reported=reported),
         "success_reported": reported,
-        "episode_length_mean": _number(float(lengths.mean())) if n else None,
-        "episode_length_min": int(lengths.min()) if n else None,
-        "episode_length_max": int(lengths.max()) if n else None,
+        "episode_length_mean": _number(float(lengths.mean())) if finished else None,
+        "episode_length_min": int(lengths.min()) if finished else None,
+        "episode_length_max": int(lengths.max()) if finished else None,
         "steps_per_s": None if lane_steps is None else _number(lane_steps.avg),
         "predict_ms": _latency(telemetry, "model.predict"),
         "env_step_ms": _latency(telemetry, "env.step"),
@@ -408,8 +419,10 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
         if summary["success_rate"] is None
         else f"{summary['success_rate']:.1%}  95% CI " + _interval(summary["success_ci95"], ".1%")
     )
+    failed = [("failed episodes (env error)", _listed(summary))] if summary.get("failed") else []
     return [
         ("episodes", episodes),
+        *failed,
         ("total steps", str(summary["total_steps"])),
         (
             "mean reward",
@@ -436,6 +449,20 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
         ("base seed", str(summary["base_seed"])),
         ("core", str(summary["core"])),
     ]
+
+
+LISTED_FAILURES = 20
+"""The failed episodes' indices the summary table lists before it says how many more."""
+
+
+def _listed(summary: dict[str, Any]) -> str:
+    """``"3: indices 2, 7, 11"``, the first ``LISTED_FAILURES`` indices then ``", ... (N
+    more)"``; the JSON summary holds them all."""
+    indices = summary["failed_indices"]
+    shown = ", ".join(map(str, indices[:LISTED_FAILURES]))
+    more = len(indices) - LISTED_FAILURES
+    tail = f", ... ({more} more)" if more > 0 else ""
+    return f"{summary['failed']}: indices {shown}{tail}"
 
 
 def format_summary(summary: dict[str, Any]) -> str:

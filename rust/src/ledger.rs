@@ -105,7 +105,8 @@ impl Lane {
 /// One completed, scored episode.
 ///
 /// ``seed`` is None when the environment chose the episode's start itself; ``success`` is None
-/// when the final ``info`` said nothing about success.
+/// when the final ``info`` said nothing about success. ``error`` is None for an episode that
+/// ended, or the ``"<Type>: <message>"`` of the env failure it was abandoned with.
 #[pyclass(module = "rlmesh._core", frozen, eq, get_all)]
 #[derive(Debug, Clone, PartialEq)]
 pub struct EpisodeSummary {
@@ -122,6 +123,7 @@ pub struct EpisodeSummary {
     pub duration_s: f64,
     pub predict_ms: f64,
     pub step_ms: f64,
+    pub error: Option<String>,
 }
 
 #[pymethods]
@@ -142,6 +144,7 @@ impl EpisodeSummary {
         dict.set_item("duration_s", self.duration_s)?;
         dict.set_item("predict_ms", self.predict_ms)?;
         dict.set_item("step_ms", self.step_ms)?;
+        dict.set_item("error", &self.error)?;
         Ok(dict)
     }
 
@@ -216,6 +219,9 @@ pub struct RouteLedger {
     base_seed: u64,
     trial_index_base: u64,
     slots_claimed: u64,
+    /// Slots whose episode was abandoned to be played again: claimed before any new slot,
+    /// lowest first.
+    returned: Vec<u64>,
     completed: u64,
     wasted_steps: u64,
     ignored_completions: u64,
@@ -247,6 +253,7 @@ impl RouteLedger {
             base_seed,
             trial_index_base,
             slots_claimed: 0,
+            returned: Vec::new(),
             completed: 0,
             wasted_steps: 0,
             ignored_completions: 0,
@@ -279,14 +286,16 @@ impl RouteLedger {
             .map_or(ordinal, |indices| indices[ordinal as usize])
     }
 
-    /// Claim the next `count` slots, or as many as remain. Returns the claim ordinals;
-    /// `slot_at` maps them to slot numbers.
-    fn claim_slots(&mut self, count: u64) -> std::ops::Range<u64> {
+    /// Claim the next `count` slots, or as many as remain: the returned ones first.
+    fn claim_slots(&mut self, count: u64) -> Vec<u64> {
+        let again = self.returned.len().min(count as usize);
+        let mut slots: Vec<u64> = self.returned.drain(..again).collect();
         let remaining = self.slot_count() - self.slots_claimed;
-        let granted = count.min(remaining);
+        let granted = (count - again as u64).min(remaining);
         let first = self.slots_claimed;
         self.slots_claimed += granted;
-        first..first + granted
+        slots.extend((first..first + granted).map(|ordinal| self.slot_at(ordinal)));
+        slots
     }
 
     /// Put a new episode on `lane`: scored on `slot`, or surplus when it is None.
@@ -315,12 +324,10 @@ impl RouteLedger {
 
     fn start(&mut self, lanes: &[i64], overflow: Overflow, seeded: bool, now_ns: i64) -> Starts {
         let slots = self.claim_slots(lanes.len() as u64);
-        let granted = (slots.end - slots.start) as usize;
         let mut starts = Starts::default();
         for (position, &lane) in lanes.iter().enumerate() {
             let lane_index = lane as usize;
-            if position < granted {
-                let slot = self.slot_at(slots.start + position as u64);
+            if let Some(&slot) = slots.get(position) {
                 starts.lanes.push(lane);
                 starts
                     .episode_ids
@@ -478,7 +485,7 @@ impl RouteLedger {
                 continue;
             }
             if !held.surplus {
-                let summary = summarize(lane, held, outcome, now_ns);
+                let summary = summarize(lane, held, outcome, now_ns, None);
                 self.summaries.push(summary.clone());
                 self.completed += 1;
                 completed.push(summary);
@@ -495,6 +502,56 @@ impl RouteLedger {
             held.predicted = false;
         }
         Ok(completed)
+    }
+
+    /// Abandon the running episodes of `lanes`, whose env failed: `errors[k]` None gives the
+    /// lane's slot back (claimed again first), a text records the episode failed with it.
+    /// Returns the summaries of the episodes recorded failed.
+    pub fn abandon_episodes(
+        &mut self,
+        lanes: &[i64],
+        errors: &[Option<String>],
+        now_ns: i64,
+    ) -> Result<Vec<EpisodeSummary>, ArgError> {
+        same_length("errors", errors.len(), lanes.len())?;
+        self.marks.check_lanes(lanes)?;
+        for &lane in lanes {
+            let state = self.lanes[lane as usize].state;
+            if state != LaneState::Running {
+                return Err(ArgError(format!(
+                    "lane {lane} is {}, not running: only a running episode can be abandoned",
+                    state.name()
+                )));
+            }
+        }
+        let mut failed = Vec::new();
+        for (&lane, error) in lanes.iter().zip(errors) {
+            let lane = lane as usize;
+            let held = &self.lanes[lane];
+            if !held.surplus {
+                match error {
+                    None => self.returned.push(held.index as u64),
+                    Some(error) => {
+                        let summary = summarize(lane, held, None, now_ns, Some(error.clone()));
+                        self.summaries.push(summary.clone());
+                        self.completed += 1;
+                        failed.push(summary);
+                    }
+                }
+            }
+            if held.predicted {
+                self.untold_model_ends.insert(held.episode_id);
+            }
+            let held = &mut self.lanes[lane];
+            held.state = LaneState::Vacant;
+            held.episode_id = -1;
+            held.surplus = false;
+            held.index = -1;
+            held.seed = None;
+            held.predicted = false;
+        }
+        self.returned.sort_unstable();
+        Ok(failed)
     }
 
     /// Note that the model predicted for the running episodes of `lanes`.
@@ -596,9 +653,19 @@ impl RouteLedger {
     }
 }
 
-fn summarize(lane: usize, held: &Lane, success: Option<bool>, now_ns: i64) -> EpisodeSummary {
+fn summarize(
+    lane: usize,
+    held: &Lane,
+    success: Option<bool>,
+    now_ns: i64,
+    error: Option<String>,
+) -> EpisodeSummary {
     let steps = held.steps;
-    let per_step_ms = 1e6 * steps as f64;
+    // An episode that failed before its first step has no per-step means: 0.
+    let per_step_ms = match steps {
+        0 => f64::INFINITY,
+        _ => 1e6 * steps as f64,
+    };
     let mean_ms = |total: i128| total as f64 / per_step_ms;
     EpisodeSummary {
         index: held.index,
@@ -614,6 +681,7 @@ fn summarize(lane: usize, held: &Lane, success: Option<bool>, now_ns: i64) -> Ep
         duration_s: (now_ns as i128 - held.started_ns as i128) as f64 / 1e9,
         predict_ms: mean_ms(held.predict_ns),
         step_ms: mean_ms(held.step_ns),
+        error,
     }
 }
 
@@ -756,6 +824,7 @@ impl RouteLedger {
         snapshot.set_item("base_seed", self.base_seed)?;
         snapshot.set_item("trial_index_base", self.trial_index_base)?;
         snapshot.set_item("slots_claimed", self.slots_claimed)?;
+        snapshot.set_item("returned_slots", self.returned.clone())?;
         snapshot.set_item("completed", self.completed)?;
         snapshot.set_item("wasted_steps", self.wasted_steps)?;
         snapshot.set_item("ignored_completions", self.ignored_completions)?;

@@ -13,7 +13,7 @@ use numpy::{PyArray1, PyUntypedArray};
 use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyMapping, PySlice, PyTuple};
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyMapping, PySlice, PyString, PyTuple};
 use pyo3::{Borrowed, PyClass};
 
 use crate::actions::ActionApplier;
@@ -1166,6 +1166,64 @@ impl RoundRunner {
         ))
     }
 
+    /// Abandon the running episodes of ``lanes`` (``[K]``) whose env failed: to play each
+    /// slot again (``errors[k]`` None) or to record it failed with the error ``errors[k]``.
+    ///
+    /// Returns ``(summaries, episode_ids [K], model_ends [F])`` as ``finish`` does. Inside an
+    /// open round the lanes leave it, so ``end_round`` takes the other running lanes' rows.
+    /// The episodes' frame windows and queued actions go. A refused call changes nothing.
+    #[pyo3(signature = (lanes, errors, *, now_ns))]
+    fn abandon<'py>(
+        &mut self,
+        py: Python<'py>,
+        lanes: &Bound<'py, PyAny>,
+        errors: &Bound<'py, PyAny>,
+        now_ns: &Bound<'py, PyAny>,
+    ) -> PyResult<Finished<'py>> {
+        let checked = self.checked(lanes)?;
+        let episode_ids = self.ledger.checked_episode_ids(&checked)?;
+        let now_ns = i64_arg(now_ns, "now_ns")?;
+        let errors = errors
+            .try_iter()?
+            .enumerate()
+            .map(|(k, error)| {
+                let error = error?;
+                if error.is_none() {
+                    return Ok(None);
+                }
+                match error.cast::<PyString>() {
+                    Ok(text) => Ok(Some(text.to_str()?.to_owned())),
+                    Err(_) => Err(PyTypeError::new_err(format!(
+                        "errors[{k}] must be None (play the slot again) or a str (the error the \
+                         episode failed with), got {}",
+                        error.get_type().name()?
+                    ))),
+                }
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let failed = self.ledger.abandon_episodes(&checked, &errors, now_ns)?;
+        let kept: Vec<usize> = (0..self.running.len())
+            .filter(|&k| !checked.contains(&self.running[k]))
+            .collect();
+        if kept.len() < self.running.len() {
+            self.predict_ns = kept.iter().map(|&k| self.predict_ns[k]).collect();
+            self.running = kept.iter().map(|&k| self.running[k]).collect();
+            self.predict_lanes.retain(|lane| !checked.contains(lane));
+        }
+        for &episode_id in &episode_ids {
+            self.assembler.evict(episode_id);
+            if let Some(queues) = &mut self.queues {
+                queues.drop_episode(episode_id);
+            }
+        }
+        let model_ends = self.ledger.take_model_ends(&episode_ids);
+        Ok((
+            failed,
+            PyArray1::from_vec(py, episode_ids),
+            PyArray1::from_vec(py, model_ends),
+        ))
+    }
+
     /// At teardown: every episode the model predicted on and was not told the end of.
     fn take_all_model_ends<'py>(&mut self, py: Python<'py>) -> Int64Array<'py> {
         PyArray1::from_vec(py, self.ledger.take_all_model_ends())
@@ -1299,15 +1357,19 @@ impl RoundRunner {
         ))
     }
 
-    /// Run whole rounds until an episode ends, no lane is running, or ``until_ns`` passed.
+    /// Run whole rounds until an episode ends, a lane's env fails, no lane is running, or
+    /// ``until_ns`` passed.
     ///
     /// Returns ``(ended, infos, rounds, lane_steps)``. ``model`` is the run's model as
     /// ``ModelHandler`` presents it (``predict_now``, ``lane_corner``, ``wants_episode_ids``,
     /// ``combine``, ``failure``); an error calling it is raised as what ``failure`` returns. A lane's
     /// ``step`` that raises an ``Exception`` becomes an ``EnvError`` naming the lane and the
-    /// env, the error chained. Each lane's episode is charged its own env step's time, and
-    /// each predicted lane its share of the model call.
-    #[pyo3(signature = (model, env_steps, env_name, *, until_ns, stats))]
+    /// env, the error chained; with a ``failures`` dict, its ``"<ExceptionType>: <message>"``
+    /// goes there under its lane instead, the lane leaves the round (its episode still
+    /// running, to be abandoned), and the call returns after that round. Each lane's episode
+    /// is charged its own env step's time, and each predicted lane its share of the model call.
+    #[pyo3(signature = (model, env_steps, env_name, *, until_ns, stats, failures=None))]
+    #[allow(clippy::too_many_arguments)]
     fn run_rounds<'py>(
         &mut self,
         py: Python<'py>,
@@ -1316,6 +1378,7 @@ impl RoundRunner {
         env_name: &Bound<'py, PyAny>,
         until_ns: &Bound<'py, PyAny>,
         stats: &Bound<'py, PyAny>,
+        failures: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Ran<'py>> {
         let until_ns = deadline_ns(until_ns)?;
         let [predict_stats, step_stats, round_stats] = unpack_stats(stats)?;
@@ -1378,6 +1441,7 @@ impl RoundRunner {
                 }
             };
             let mut lane_start = Instant::now();
+            let mut failed: Vec<usize> = Vec::new();
             lane_ns.clear();
             observations.clear();
             rewards.clear();
@@ -1397,7 +1461,15 @@ impl RoundRunner {
                 let [observation, reward, term, trunc, info] = match stepped {
                     Ok(result) => result,
                     Err(err) if err.is_instance_of::<PyException>(py) => {
-                        return Err(env_failure(py, env_name, "step", err, Some(lane))?);
+                        let Some(failures) = failures else {
+                            return Err(env_failure(py, env_name, "step", err, Some(lane))?);
+                        };
+                        let text =
+                            format!("{}: {}", err.get_type(py).name()?, err.value(py).str()?);
+                        failures.set_item(lane, text)?;
+                        failed.push(k);
+                        lane_start = Instant::now();
+                        continue;
                     }
                     Err(err) => return Err(err),
                 };
@@ -1411,6 +1483,15 @@ impl RoundRunner {
                 step_infos.push(info);
             }
             let now = lane_start;
+            let count = if failed.is_empty() {
+                count
+            } else {
+                // The failed lanes leave the round; the others' steps are recorded.
+                let kept: Vec<usize> = (0..count).filter(|k| !failed.contains(k)).collect();
+                self.running = kept.iter().map(|&k| self.running[k]).collect();
+                self.predict_ns = kept.iter().map(|&k| self.predict_ns[k]).collect();
+                kept.len()
+            };
             {
                 let mut step_stats = step_stats.borrow_mut();
                 for &ns in &lane_ns {
@@ -1451,7 +1532,7 @@ impl RoundRunner {
                 }
                 break;
             }
-            if self.clock.ns_at(round_end) >= until_ns {
+            if !failed.is_empty() || self.clock.ns_at(round_end) >= until_ns {
                 break;
             }
             round_start = round_end;

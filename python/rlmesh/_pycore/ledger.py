@@ -74,7 +74,10 @@ class EpisodeSummary:
     """One completed, scored episode.
 
     ``seed`` is None when the environment chose the episode's start itself (an autoresetting
-    vector); ``success`` is None when the final ``info`` said nothing about success.
+    vector); ``success`` is None when the final ``info`` said nothing about success. ``error``
+    is None for an episode that ended, or the ``"<Type>: <message>"`` of the env failure it was
+    abandoned with (``RoundRunner.abandon``); such an episode holds the steps and reward up to
+    the failing call, and is neither terminated nor truncated.
     """
 
     index: int
@@ -90,6 +93,7 @@ class EpisodeSummary:
     duration_s: float
     predict_ms: float
     step_ms: float
+    error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a plain dict, in declaration order."""
@@ -197,6 +201,9 @@ class RouteLedger:
         self._base_seed = base_seed
         self._trial_index_base = trial_index_base
         self._slots_claimed = 0
+        # Slots whose episode was abandoned to be played again: claimed before any new slot,
+        # lowest first.
+        self._returned: list[int] = []
         self._completed = 0
         self._wasted_steps = 0
         self._ignored_completions = 0
@@ -247,12 +254,15 @@ class RouteLedger:
         return episode_seed(self._base_seed, self._trial_index_base + slot)
 
     def _claim_slots(self, count: int) -> Sequence[int]:
-        """Claim the next ``count`` slots, or as many as remain."""
+        """Claim the next ``count`` slots, or as many as remain: the returned ones first."""
+        again = self._returned[:count]
+        del self._returned[:count]
+        count -= len(again)
         remaining = self._slot_count - self._slots_claimed
         granted = min(count, remaining)
         first = self._slots_claimed
         self._slots_claimed += granted
-        return self._slots[first : first + granted]
+        return [*again, *self._slots[first : first + granted]]
 
     def _begin(self, lane: int, slot: int | None, seeded: bool, now_ns: int) -> int:
         """Put a new episode on ``lane``: scored on ``slot``, or surplus when it is None."""
@@ -490,9 +500,70 @@ class RouteLedger:
             self._predicted[lane] = False
         return completed
 
-    def _summarize(self, lane: int, success: bool | None, now_ns: int) -> EpisodeSummary:
+    def abandon_episodes(
+        self, lanes: Any, errors: Sequence[str | None], *, now_ns: int
+    ) -> list[EpisodeSummary]:
+        """Abandon the running episodes of ``lanes`` (``[K]``), whose env failed.
+
+        ``errors[k]`` None gives lane ``lanes[k]``'s slot back: the next ``start_episodes``
+        claims it again (returned slots first, lowest first), with its seed and trial. A text
+        records the episode as failed with that error: its summary holds the steps and reward
+        recorded so far, its clock ends at ``now_ns``, and it counts as completed. A surplus
+        episode is abandoned silently. Either way the lane becomes ``vacant`` and the model is
+        owed the episode's end if it predicted on it.
+
+        Returns:
+            The summaries of the episodes recorded as failed, in the order given.
+
+        Raises:
+            ValueError: mismatched lengths, a bad clock reading, a lane out of range or given
+                twice, or a lane that is not running.
+            TypeError: an error that is neither None nor a str.
+        """
+        now_ns = i64_arg(now_ns, "now_ns")
+        errors = list(errors)
+        for k, error in enumerate(errors):
+            if error is not None and not isinstance(error, str):
+                raise TypeError(
+                    f"errors[{k}] must be None (play the slot again) or a str (the error the "
+                    f"episode failed with), got {type(error).__name__}"
+                )
+        lanes_array = vector(lanes, "int64", "lanes")
+        same_length("errors", errors, lanes_array)
+        checked = check_lanes(lanes_array, self._num_lanes)
+        for lane in checked:
+            if self._state[lane] != RUNNING:
+                raise ValueError(
+                    f"lane {lane} is {self._state[lane]}, not running: only a running episode "
+                    f"can be abandoned"
+                )
+        failed = []
+        for lane, error in zip(checked, errors, strict=True):
+            if not self._surplus[lane]:
+                if error is None:
+                    self._returned.append(self._index[lane])
+                else:
+                    summary = self._summarize(lane, None, now_ns, error)
+                    self._summaries.append(summary)
+                    self._completed += 1
+                    failed.append(summary)
+            if self._predicted[lane]:
+                self._untold_model_ends.add(self._episode_id[lane])
+            self._state[lane] = VACANT
+            self._episode_id[lane] = -1
+            self._surplus[lane] = False
+            self._index[lane] = -1
+            self._seed[lane] = None
+            self._predicted[lane] = False
+        self._returned.sort()
+        return failed
+
+    def _summarize(
+        self, lane: int, success: bool | None, now_ns: int, error: str | None = None
+    ) -> EpisodeSummary:
         steps = self._steps[lane]
-        per_step_ms = 1e6 * steps
+        # An episode that failed before its first step has no per-step means: 0.
+        per_step_ms = 1e6 * steps or float("inf")
         return EpisodeSummary(
             index=self._index[lane],
             episode_id=self._episode_id[lane],
@@ -507,6 +578,7 @@ class RouteLedger:
             duration_s=float(now_ns - self._started_ns[lane]) / 1e9,
             predict_ms=float(self._predict_ns[lane]) / per_step_ms,
             step_ms=float(self._step_ns[lane]) / per_step_ms,
+            error=error,
         )
 
     # ------------------------------------------------------------------ model lifecycle
@@ -599,6 +671,7 @@ class RouteLedger:
             "base_seed": self._base_seed,
             "trial_index_base": self._trial_index_base,
             "slots_claimed": self._slots_claimed,
+            "returned_slots": list(self._returned),
             "completed": self._completed,
             "wasted_steps": self._wasted_steps,
             "ignored_completions": self._ignored_completions,

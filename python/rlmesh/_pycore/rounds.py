@@ -291,6 +291,51 @@ class RoundRunner:
                 self._queues.drop(episode_id)
         return completed, episode_ids, ledger.take_model_ends(episode_ids)
 
+    def abandon(
+        self, lanes: Any, errors: Sequence[str | None], *, now_ns: int
+    ) -> tuple[list[EpisodeSummary], np.ndarray, np.ndarray]:
+        """Abandon the running episodes of ``lanes`` (``[K]``) whose env failed: to play each
+        slot again (``errors[k]`` None) or to record it failed with the error ``errors[k]``
+        (``"<Type>: <message>"``), as ``RouteLedger.abandon_episodes`` does.
+
+        Called between rounds, or inside an open round for lanes whose step raised: they leave
+        the round, so ``end_round`` then takes the rows of the other running lanes only. The
+        episodes' frame windows and queued actions go, so a slot played again starts afresh.
+        A refused call changes nothing.
+
+        Returns:
+            ``(summaries, episode_ids, model_ends)`` as ``finish`` returns them: the summaries
+            of the episodes recorded failed, the ``[K]`` ids of the episodes abandoned, and
+            the ids among them whose end the model is owed.
+
+        Raises:
+            ValueError: what ``RouteLedger.abandon_episodes`` refuses.
+
+        Example:
+            >>> runner = RoundRunner(2, 2, [], [])
+            >>> starts = runner.start(np.arange(2), now_ns=0)
+            >>> summaries, ids, owed = runner.abandon([0, 1], [None, "OSError: gone"], now_ns=5)
+            >>> [(s.index, s.steps, s.error) for s in summaries], ids.tolist()
+            ([(1, 0, 'OSError: gone')], [0, 1])
+            >>> runner.start(np.arange(2), now_ns=6).indices.tolist()  # slot 0 again
+            [0]
+        """
+        ledger = self._ledger
+        checked = self._checked(lanes)
+        episode_ids = ledger.episode_ids(np.array(checked, dtype=np.int64))
+        failed = ledger.abandon_episodes(np.array(checked, dtype=np.int64), errors, now_ns=now_ns)
+        gone = set(checked)
+        kept = [k for k, lane in enumerate(self._running) if lane not in gone]
+        if len(kept) < len(self._running):
+            self._predict_ns = [self._predict_ns[k] for k in kept]
+            self._running = [self._running[k] for k in kept]
+            self._predict_lanes = [lane for lane in self._predict_lanes if lane not in gone]
+        for episode_id in episode_ids.tolist():
+            self._assembler.evict(episode_id)
+            if self._queues is not None:
+                self._queues.drop(episode_id)
+        return failed, episode_ids, ledger.take_model_ends(episode_ids)
+
     def take_all_model_ends(self) -> np.ndarray:
         """At teardown: every episode the model predicted on and was not told the end of."""
         return self._ledger.take_all_model_ends()
@@ -528,8 +573,10 @@ class RoundRunner:
         *,
         until_ns: int,
         stats: Sequence[Any],
+        failures: dict[int, str] | None = None,
     ) -> tuple[np.ndarray, list[dict[str, Any]], int, int]:
-        """Run whole rounds until an episode ends, no lane is running, or ``until_ns`` passed.
+        """Run whole rounds until an episode ends, a lane's env fails, no lane is running, or
+        ``until_ns`` passed.
 
         At least one round runs when a lane is running, whatever ``until_ns`` says.
 
@@ -553,6 +600,11 @@ class RoundRunner:
             stats: the ``LatencyStats`` of ``model.predict``, ``env.step`` and
                 ``driver.round``, in that order: each model call, each lane's env step (timed
                 on its own) and each round is recorded there.
+            failures: None: a lane's ``step`` that raises ends the call with ``EnvError``.
+                A dict: such a lane's ``"<ExceptionType>: <message>"`` is put there under its
+                lane, the lane leaves the round (its episode still running, to be
+                ``abandon``-ed), the other lanes' steps are recorded, and the call returns
+                after that round.
 
         Each lane's episode is charged its own env step's time, and each predicted lane its
         share of the model call, as ``take_actions`` shares it.
@@ -563,7 +615,8 @@ class RoundRunner:
             lane-steps run.
 
         Raises:
-            EnvError: a lane's ``step`` raised (the lane and env named, the error chained).
+            EnvError: a lane's ``step`` raised (the lane and env named, the error chained),
+                unless ``failures`` takes it.
             TypeError: ``until_ns`` is not an integer.
             What ``model.failure`` returns, when calling the model raised.
             Whatever the phases raise.
@@ -610,11 +663,17 @@ class RoundRunner:
             step_start = time.perf_counter_ns()
             observations, rewards, terminated, truncated, step_infos = [], [], [], [], []
             lane_ns, lane_start = [], step_start
+            failed = []
             for k, lane in enumerate(self._running):
                 try:
                     observation, reward, term, trunc, info = env_steps[lane](actions[k])
                 except Exception as err:
-                    raise env_failure(env_name, "step", err, lane) from err
+                    if failures is None:
+                        raise env_failure(env_name, "step", err, lane) from err
+                    failures[lane] = f"{type(err).__name__}: {err}"
+                    failed.append(k)
+                    lane_start = time.perf_counter_ns()
+                    continue
                 lane_end = time.perf_counter_ns()
                 lane_ns.append(lane_end - lane_start)
                 lane_start = lane_end
@@ -624,6 +683,12 @@ class RoundRunner:
                 truncated.append(trunc)
                 step_infos.append(info)
             now = lane_start
+            if failed:  # the failed lanes leave the round; the others' steps are recorded
+                gone = set(failed)
+                kept = [k for k in range(count) if k not in gone]
+                self._running = [self._running[k] for k in kept]
+                self._predict_ns = [self._predict_ns[k] for k in kept]
+                running, count = self._running, len(kept)
             step_stats.record_many(np.array(lane_ns, dtype=np.int64))
             self.set_observations(running, observations)
             # Each lane is charged its own step's time, as telemetry records it.
@@ -642,7 +707,7 @@ class RoundRunner:
                 position = {lane: k for k, lane in enumerate(self._running)}
                 infos = [step_infos[position[lane]] for lane in ended.tolist()]
                 break
-            if round_end >= until_ns:
+            if failed or round_end >= until_ns:
                 break
             round_start = round_end
         return ended, infos, rounds, lane_steps

@@ -142,7 +142,10 @@ def _window_arguments(
         "env_tags": settings.env_tags,
         "core": core,
         "success": success,
+        "on_error": settings.on_error,
     }
+    if settings.on_error == "retry":  # a window's episodes retry their env failures there
+        arguments["max_retries"] = settings.max_retries
     if placement.processes_per_worker is not None:
         arguments["workers"] = placement.processes_per_worker  # the worker's process lanes
         arguments["restart_workers"] = settings.restart_workers

@@ -139,14 +139,19 @@ def make_lanes(
         return _remote(env, num_envs)
     if isinstance(env, str):
         kwargs = dict(env_kwargs or {})
+
+        def make() -> gymnasium.Env[Any, Any]:
+            return gymnasium.make(env, **kwargs)
+
         return LaneVector(
             build_envs(
-                lambda: gymnasium.make(env, **kwargs),
+                make,
                 num_envs or 1,
                 f"gymnasium.make({env!r})",
                 "env= as a str must be an id registered with Gymnasium, e.g. 'CartPole-v1' "
                 "(import the package that registers it first)",
-            )
+            ),
+            factory=make,
         )
     if isinstance(env, VectorEnv):
         if num_envs not in (None, env.num_envs):
@@ -171,7 +176,8 @@ def make_lanes(
                 num_envs or 1,
                 f"the env factory {name}()",
                 "env= as a callable must build a gymnasium.Env when called with no arguments",
-            )
+            ),
+            factory=env,
         )
     missing = [name for name in _LANES_MEMBERS if not hasattr(env, name)]
     if hasattr(env, "num_lanes") and missing:  # meant as Lanes: say what it lacks

@@ -15,6 +15,9 @@ import gymnasium
 import numpy as np
 from gymnasium.envs.registration import EnvSpec
 
+from ..errors import LaneFailures
+from ..utils import env_failure
+
 TRIAL_INDEX_FLAG = "rlmesh.trial_index"
 """The ``metadata`` key by which an env declares it takes the ``trial_index`` reset option."""
 
@@ -22,6 +25,9 @@ TRIAL_INDEX_OPTION = "trial_index"
 
 EnvStep = Callable[[Any], tuple[Any, Any, Any, Any, Any]]
 """One env's ``step(action) -> (observation, reward, terminated, truncated, info)``."""
+
+Rebuild = Callable[[np.ndarray], None]
+"""``rebuild(lanes)``: build the envs of ``lanes`` (``[K]`` int) anew, after they failed."""
 
 
 @dataclass
@@ -84,6 +90,13 @@ class Lanes(Protocol):
 
     Lanes that can draw a lane also implement ``RenderingLanes``, which video recording
     reads frames through.
+        rebuild: ``rebuild(lanes)`` closes the envs of ``lanes`` (their close errors are
+            ignored: those envs failed) and builds them anew from what built them (an id, a
+            factory, a served env's session); the lanes then hold no episode until the next
+            ``reset``. None when the lanes cannot rebuild their envs (a user's env instance or
+            ``VectorEnv``): a run with ``on_error="record"`` or ``"retry"`` refuses them.
+            Lanes that have it report an env failure on some of their lanes as
+            ``rlmesh.errors.LaneFailures``, with the other lanes' results.
     """
 
     num_lanes: int
@@ -95,6 +108,7 @@ class Lanes(Protocol):
     env_steps: Sequence[EnvStep] | None
     spec: EnvSpec | None
     metadata: Mapping[str, Any]
+    rebuild: Rebuild | None
 
     def reset(
         self, lanes: np.ndarray, seeds: Sequence[int | None], trials: Sequence[int | None]
@@ -111,7 +125,8 @@ class Lanes(Protocol):
 
         Raises:
             ValueError: a lane out of range or given twice, or mismatched lengths.
-            EnvError: an env's ``reset`` raised.
+            EnvError: an env's ``reset`` raised (``LaneFailures``, the other lanes reset,
+                when the lanes can ``rebuild``).
         """
         ...
 
@@ -125,7 +140,8 @@ class Lanes(Protocol):
         Raises:
             ValueError: actions that do not hold ``K`` rows, or (``resets_itself`` False) a
                 lockstep vector's lane that ended and was not reset.
-            EnvError: an env's ``step`` raised.
+            EnvError: an env's ``step`` raised (``LaneFailures``, the other lanes stepped,
+                when the lanes can ``rebuild``).
         """
         ...
 
@@ -163,6 +179,22 @@ class RenderingLanes(Protocol):
             EnvError: the env's ``render`` raised.
         """
         ...
+
+
+def lane_failures(
+    name: str, method: str, failed: dict[int, Exception], outcome: Any
+) -> LaneFailures:
+    """The ``LaneFailures`` of a ``method`` call (``"reset"``, ``"step"``) on the lanes of
+    ``name`` whose envs raised ``failed[lane]``: worded and chained as the first failed lane's
+    ``EnvError`` (``rlmesh.utils.env_failure``), with ``outcome`` the other lanes' results."""
+    lane, first = next(iter(failed.items()))
+    failure = LaneFailures(
+        str(env_failure(name, method, first, lane)),
+        errors={lane: f"{type(err).__name__}: {err}" for lane, err in failed.items()},
+        outcome=outcome,
+    )
+    failure.__cause__ = first
+    return failure
 
 
 def declares_trial_index(env: Any) -> bool:

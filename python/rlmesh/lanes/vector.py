@@ -71,6 +71,7 @@ class VectorLanes:
 
     lockstep = True
     env_steps = None
+    rebuild = None  # one lane of a user's vector cannot be rebuilt alone
 
     def __init__(self, env: VectorEnv[Any, Any, Any]) -> None:
         self._env = env

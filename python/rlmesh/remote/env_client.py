@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections.abc import Sequence
@@ -30,7 +31,7 @@ import grpc
 import numpy as np
 from gymnasium.envs.registration import EnvSpec
 
-from ..errors import RemoteError
+from ..errors import LaneFailures, RemoteError
 from ..lanes.base import TRIAL_INDEX_FLAG, TRIAL_INDEX_OPTION, StepBatch
 from ..lanes.local import checked_reset
 from .codec import (
@@ -56,6 +57,22 @@ from .wire.env.v1 import interaction_pb2 as wire
 from .wire.env.v1 import service_pb2, service_pb2_grpc
 
 COMPONENT = "rlmesh-driver"
+# The in-band errors that say the served env itself failed (it raised, or overran its
+# deadline): the server ends the session with them, and ``rebuild`` opens a new one.
+ENV_FAILURE_CODES = ("ENV_ERROR_CODE_INTERNAL", "ENV_ERROR_CODE_TIMEOUT", "ENV_ERROR_CODE_CRASHED")
+
+
+class SessionEndedError(LaneFailures, RemoteError):
+    """The served env failed, which ended its session: every lane's episode in flight is
+    lost. A ``RemoteError`` as before (its address and code), and the ``LaneFailures`` that
+    names every lane, for runs that record or retry env failures."""
+
+    def __init__(self, message: str, *, address: str, code: str, num_lanes: int) -> None:
+        RemoteError.__init__(self, message, address=address, code=code)
+        self.errors = dict.fromkeys(range(num_lanes), f"RemoteError: {message}")
+        self.outcome: Any = None
+
+
 _END = object()  # ends the Join request stream
 
 
@@ -75,6 +92,11 @@ class RemoteEnv:
         request_timeout: seconds the server may take per reset or step (sent as
             ``timeout_ms``; past it the server answers TIMEOUT); None sends no deadline. The
             run's ``timeouts=`` apply on this side either way.
+
+    A served env that raises (or overruns ``request_timeout``) ends the session, as the wire's
+    rule says: the call raises ``SessionEndedError`` (a ``RemoteError``) naming every lane, and
+    ``rebuild`` opens a new session (the server keeps its envs and resets them on the next
+    ``reset``).
 
     Raises:
         RemoteError: no server answered, the handshake or the token was refused, the
@@ -107,6 +129,9 @@ class RemoteEnv:
         self._call_lock = threading.Lock()
         self._counter = 0
         self._timeout_ms = 0 if request_timeout is None else max(1, int(request_timeout * 1000))
+        self._token, self._connect_timeout = token, connect_timeout
+        self._session_ended = False
+        self.rebuild = self._rebuild
         self._channel, parsed = open_channel(
             address, connect_timeout=connect_timeout, max_message_mb=max_message_mb
         )
@@ -188,19 +213,20 @@ class RemoteEnv:
         if self.accepts_trial_index and any(trial is not None for trial in trials):
             options[TRIAL_INDEX_OPTION] = trials[0] if count == 1 else list(trials)
         episode_ids = [uuid7() for _ in checked]
-        answer = self._call(
-            f"resetting lanes {checked}",
-            "reset",
-            wire.JoinRequest(
-                reset=wire.ResetRequest(
-                    seeds=list(seeds) if all(seeded) else [],
-                    env_indices=checked,
-                    episode_ids=episode_ids,
-                    options=meta_map(options) if options else None,
-                    timeout_ms=self._timeout_ms,
-                )
-            ),
-        ).reset
+        request = wire.JoinRequest(
+            reset=wire.ResetRequest(
+                seeds=list(seeds) if all(seeded) else [],
+                env_indices=checked,
+                episode_ids=episode_ids,
+                options=meta_map(options) if options else None,
+                timeout_ms=self._timeout_ms,
+            )
+        )
+        try:
+            answer = self._call(f"resetting lanes {checked}", "reset", request).reset
+        except SessionEndedError as failure:
+            failure.outcome = (np.zeros(0, dtype=np.int64), [], [])  # no lane was reset
+            raise
         self._episode_ids[checked] = episode_ids
         self._step_ids_key = None
         observations = self._observations(answer.observation, count, "reset")
@@ -224,7 +250,14 @@ class RemoteEnv:
         step.env_indices.extend(lane_list)
         step.episode_ids.extend(self._step_episode_ids(lanes, lane_list))
         step.timeout_ms = self._timeout_ms
-        answer = self._call("a step", "step", request).step
+        try:
+            answer = self._call("a step", "step", request).step
+        except SessionEndedError as failure:
+            nothing = np.zeros(0, dtype=np.bool_)
+            failure.outcome = StepBatch(  # no lane stepped
+                np.zeros(0, dtype=np.int64), [], np.zeros(0), nothing, nothing.copy(), []
+            )
+            raise
         if len(answer.env_indices) and answer.env_indices != lane_list:
             raise self._malformed(
                 f"a step of lanes {lane_list} was answered for lanes {list(answer.env_indices)}"
@@ -252,6 +285,20 @@ class RemoteEnv:
 
     def env_episode_ids(self) -> np.ndarray | None:
         return None
+
+    def _rebuild(self, lanes: np.ndarray) -> None:
+        """After a ``SessionEndedError``, a new session: its lanes, all of them, hold no episode
+        until their next ``reset``."""
+        if not self._session_ended:
+            return
+        with self._call_lock:
+            self._requests.put(_END)
+            with contextlib.suppress(grpc.RpcError):  # ends once the server let it go
+                next(self._responses, None)
+            self._requests = queue.SimpleQueue()
+            self._responses = None
+        self._connect(self._token, self._connect_timeout)
+        self._session_ended = False
 
     def close(self) -> None:
         """End the session (``Close``, when no call is still waiting on the server) and the
@@ -317,6 +364,14 @@ class RemoteEnv:
         if answered == "error":
             error = response.error
             name = wire.EnvErrorCode.Name(error.code) if error.code in _CODES else str(error.code)
+            if name in ENV_FAILURE_CODES:
+                self._session_ended = True
+                raise SessionEndedError(
+                    f"{doing} at {self.address} failed with {name}: {error.message}",
+                    address=self.address,
+                    code=name,
+                    num_lanes=self.num_lanes,
+                )
             raise RemoteError(
                 f"{doing} at {self.address} failed with {name}: {error.message}",
                 address=self.address,

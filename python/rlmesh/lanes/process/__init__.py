@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import EnvError
+from ...errors import EnvError, LaneFailures
 from ..base import StepBatch, reset_options
 from ..local import checked_reset
 from .layout import SharedLayout, SharedViews
@@ -214,6 +214,10 @@ class ProcessLanes:
         ValueError: a factory that returned the same env twice.
         EnvError: a worker could not build its envs, died or did not start within
             ``START_TIMEOUT_S``, or lanes whose spaces differ.
+
+    An env that raises in a worker does not stop the other lanes of the call: they go on, and
+    the call raises ``LaneFailures`` with their results; ``rebuild`` has the workers that own
+    the failed lanes build their envs anew.
     """
 
     lockstep = False
@@ -242,6 +246,7 @@ class ProcessLanes:
         self._resources = _Resources()
         self._finalizer = weakref.finalize(self, self._resources.release)
         self._closed = False
+        self.rebuild = self._rebuild
         self._broken: str | None = None
         self._in_flight: set[int] = set()  # workers with a request not yet answered
         # Per lane: the trial of its episode in flight (None between episodes), and with
@@ -401,11 +406,18 @@ class ProcessLanes:
                 [seeds[p] for p in positions],
                 [options[p] for p in positions],
             )
-        infos, loose = self._exchange(requests, rows)
+        infos, loose, failed = self._exchange(requests, rows)
         for lane, seed, option, trial in zip(checked, seeds, options, trials, strict=True):
+            if lane in failed:
+                continue
             self._trials[lane] = trial
             if self._restart_workers:
                 self._episodes[lane] = [seed, option, []]
+        if failed:
+            kept = self._without(rows, failed)
+            observations = self._views_now().take_observations(rows[kept], [loose[k] for k in kept])
+            outcome = (rows[kept], observations, [infos[k] for k in kept])
+            raise self._lane_failures("reset", failed, outcome)
         return self._views_now().take_observations(rows, loose), infos
 
     def step(self, lanes: np.ndarray, actions: Any) -> StepBatch:
@@ -422,14 +434,52 @@ class ProcessLanes:
                 rows[positions].tolist(),
                 None if loose_actions is None else [loose_actions[p] for p in positions],
             )
-        infos, loose = self._exchange(requests, rows)
+        infos, loose, failed = self._exchange(requests, rows)
+        if failed:
+            kept = self._without(rows, failed)
+            for lane in failed:  # their episodes are over: nothing of them is replayed
+                self._trials[lane] = None
+                self._episodes[lane] = None
+            rows, infos, loose = rows[kept], [infos[k] for k in kept], [loose[k] for k in kept]
+            if loose_actions is not None:
+                loose_actions = [loose_actions[k] for k in kept]
         rewards = views.rewards[rows]
         terminated = views.terminated[rows]
         truncated = views.truncated[rows]
         self._note_steps(rows, loose_actions, terminated | truncated)
-        return StepBatch(
+        batch = StepBatch(
             rows, views.take_observations(rows, loose), rewards, terminated, truncated, infos
         )
+        if failed:
+            raise self._lane_failures("step", failed, batch)
+        return batch
+
+    def _rebuild(self, lanes: np.ndarray) -> None:
+        rows = np.asarray(lanes, dtype=np.int64)
+        requests = {
+            worker: ("rebuild", rows[positions].tolist())
+            for worker, positions in self._by_worker(rows)
+        }
+        self._exchange(requests, rows)
+
+    @staticmethod
+    def _without(rows: np.ndarray, failed: dict[int, Any]) -> np.ndarray:
+        """The positions in ``rows`` of the lanes that did not fail."""
+        return np.flatnonzero(~np.isin(rows, list(failed)))
+
+    def _lane_failures(
+        self, method: str, failed: dict[int, tuple[str, str, _Worker]], outcome: Any
+    ) -> LaneFailures:
+        """The ``LaneFailures`` of the lanes whose envs raised in their workers, worded and
+        chained as the first one's ``EnvError``."""
+        lane, (description, remote_traceback, worker) = next(iter(failed.items()))
+        failure = LaneFailures(
+            f"lane {lane} ({self.name}): {method}() raised {description} (in {worker.describe()})",
+            errors={lane: description for lane, (description, _, _) in failed.items()},
+            outcome=outcome,
+        )
+        failure.__cause__ = WorkerTraceback(remote_traceback)
+        return failure
 
     def env_episode_ids(self) -> np.ndarray | None:
         return None
@@ -438,7 +488,7 @@ class ProcessLanes:
         """Lane ``lane``'s frame, rendered by the worker that owns it."""
         rows = np.array([lane], dtype=np.int64)
         self._views_now()  # refuses closed or broken lanes, as a step would
-        frames, _ = self._exchange({int(self._owner[lane]): ("render", [lane])}, rows)
+        frames, _, _ = self._exchange({int(self._owner[lane]): ("render", [lane])}, rows)
         return frames[0]
 
     def __repr__(self) -> str:
@@ -467,13 +517,14 @@ class ProcessLanes:
 
     def _exchange(
         self, requests: dict[int, tuple[Any, ...]], rows: np.ndarray
-    ) -> tuple[list[Any], list[Any]]:
+    ) -> tuple[list[Any], list[Any], dict[int, tuple[str, str, _Worker]]]:
         """Send each worker its request, wait for every reply (restarting a dead worker where
-        allowed), and return the infos and loose observations in the order of ``rows``.
+        allowed), and return the infos and loose observations in the order of ``rows``, and
+        the lanes whose env raised: ``{lane: (message, traceback, worker)}``.
 
         Raises:
-            EnvError: a worker died (beyond its restarts), or an env raised in a worker (the
-                first such, once every other worker has answered).
+            EnvError: a worker died (beyond its restarts), or a worker failed a request as a
+                whole (the first such, once every other worker has answered).
         """
         for w, message in requests.items():
             self._in_flight.add(w)
@@ -499,11 +550,16 @@ class ProcessLanes:
         infos: list[Any] = [None] * len(rows)
         loose: list[Any] = [None] * len(rows)
         failure = None
+        failed: dict[int, tuple[str, str, _Worker]] = {}
         for w, reply in sorted(replies.items()):
             if reply[0] == "error":
                 failure = failure or self._env_error(self._workers[w], reply)
                 continue
-            _, worker_infos, worker_loose, spent_ns = reply
+            if len(reply) == 1:  # a rebuild: nothing to read
+                continue
+            _, worker_infos, worker_loose, spent_ns, worker_failed = reply
+            for lane, (description, remote_traceback) in worker_failed.items():
+                failed[lane] = (description, remote_traceback, self._workers[w])
             for position, info, extra in zip(
                 np.flatnonzero(self._owner[rows] == w).tolist(),
                 worker_infos,
@@ -518,7 +574,7 @@ class ProcessLanes:
             raise failure
         if kind == "step" and self._record is not None:
             self._record("driver.wait", waited)
-        return infos, loose
+        return infos, loose, dict(sorted(failed.items()))
 
     def _env_error(self, worker: _Worker, reply: tuple[Any, ...]) -> EnvError:
         _, lane, method, description, remote_traceback = reply

@@ -7,14 +7,21 @@ driver went away). Requests and replies are small tuples through the pipe:
 - ``("reset", lanes, seeds, options)`` -> ``("ok", infos, loose, ns)``
 - ``("step", lanes, actions or None)`` -> ``("ok", infos, loose, ns)``: actions None means
   they are in the buffer; ``ns`` is the time spent inside the envs' ``step`` calls;
-- ``("render", lanes)`` -> ``("ok", frames, loose, ns)``: what each lane's ``render()``
+- ``("render", lanes)`` -> ``("ok", frames, loose, ns, {})``: what each lane's ``render()``
   returns (the frames travel pickled; only lanes being recorded are rendered);
+- ``("reset", lanes, seeds, options)`` -> ``("ok", infos, loose, ns, failed)``
+- ``("step", lanes, actions or None)`` -> ``("ok", infos, loose, ns, failed)``: actions None
+  means they are in the buffer; ``ns`` is the time spent inside the envs' ``step`` calls;
+  ``failed`` maps each lane whose env raised to ``(message, traceback)`` (its info and loose
+  entries are None), the other lanes having gone on;
+- ``("rebuild", lanes)`` -> ``("ok",)``: the lanes' envs closed and built anew;
 - ``("replay", [(lane, seed, options, actions), ...])`` -> ``("ok",)``: a restarted worker
   brings its lanes back to where the dead one left them;
 - ``("close",)`` -> ``("closed", error or None)``, then the process exits.
 
-An env that raises is answered ``("error", lane, method, message, traceback)`` and the worker
-goes on serving: what happens next is the driver's call, as with in-process lanes.
+An env that raises is reported in ``failed`` (a request that fails as a whole, such as a
+reply that does not pickle, is answered ``("error", lane, method, message, traceback)``) and
+the worker goes on serving: what happens next is the driver's call, as with in-process lanes.
 
 The worker ignores SIGINT: a Ctrl-C in the terminal reaches the whole process group, and the
 driver, not each worker, decides how the run ends (it closes the workers).
@@ -80,7 +87,7 @@ def serve(conn: Connection, source: tuple[str, Any, Any], lanes: list[int], work
         _, memory_name, layout = message
         memory = shared_memory.SharedMemory(name=memory_name)
         try:
-            _Server(conn, envs, layout.views(memory.buf), layout).run()
+            _Server(conn, envs, layout.views(memory.buf), layout, source).run()
         finally:
             with contextlib.suppress(BufferError):  # a view still referenced: it goes with us
                 memory.close()
@@ -142,11 +149,13 @@ class _Server:
         envs: dict[int, gymnasium.Env[Any, Any]],
         views: Any,
         layout: SharedLayout,
+        source: tuple[str, Any, Any],
     ) -> None:
         self.conn = conn
         self.envs = envs
         self.views = views
         self.layout = layout
+        self.source = source
 
     def run(self) -> None:
         conn = self.conn
@@ -156,6 +165,7 @@ class _Server:
             "reset": self.reset,
             "render": self.render,
             "replay": self.replay,
+            "rebuild": self.rebuild,
         }
         while True:
             message = conn.recv()
@@ -183,37 +193,70 @@ class _Server:
     def step(self, lanes: list[int], actions: list[Any] | None) -> tuple[Any, ...]:
         views, envs = self.views, self.envs
         infos, loose = [], []
+        failed: dict[int, tuple[str, str]] = {}
         spent_ns = 0
-        lane = None
-        try:
-            for k, lane in enumerate(lanes):
-                action = views.take_action(lane) if actions is None else actions[k]
-                started = time.perf_counter_ns()
+        for k, lane in enumerate(lanes):
+            action = views.take_action(lane) if actions is None else actions[k]
+            started = time.perf_counter_ns()
+            try:
                 observation, reward, terminated, truncated, info = envs[lane].step(action)
                 spent_ns += time.perf_counter_ns() - started
                 loose.append(views.put_observation(lane, observation))
-                views.rewards[lane] = reward
-                views.terminated[lane] = terminated
-                views.truncated[lane] = truncated
-                infos.append(info)
-        except Exception as err:
-            return ("error", lane, "step", _describe(err), traceback.format_exc())
-        return ("ok", infos, loose, spent_ns)
+            except Exception as err:
+                failed[lane] = (_describe(err), traceback.format_exc())
+                infos.append(None)
+                loose.append(None)
+                continue
+            views.rewards[lane] = reward
+            views.terminated[lane] = terminated
+            views.truncated[lane] = truncated
+            infos.append(info)
+        return ("ok", infos, loose, spent_ns, failed)
 
     def reset(
         self, lanes: list[int], seeds: list[int | None], options: list[dict[str, Any] | None]
     ) -> tuple[Any, ...]:
         infos, loose = [], []
-        lane = None
+        failed: dict[int, tuple[str, str]] = {}
         started = time.perf_counter_ns()
-        try:
-            for lane, seed, option in zip(lanes, seeds, options, strict=True):
+        for lane, seed, option in zip(lanes, seeds, options, strict=True):
+            try:
                 observation, info = self.envs[lane].reset(seed=seed, options=option)
                 loose.append(self.views.put_observation(lane, observation))
-                infos.append(info)
+            except Exception as err:
+                failed[lane] = (_describe(err), traceback.format_exc())
+                infos.append(None)
+                loose.append(None)
+                continue
+            infos.append(info)
+        return ("ok", infos, loose, time.perf_counter_ns() - started, failed)
+
+    def rebuild(self, lanes: list[int]) -> tuple[Any, ...]:
+        factory = build_env_factory(self.source)
+        lane = None
+        try:
+            for lane in lanes:
+                old = self.envs[lane]
+                # The env failed, so its close may fail too; the new env does not need it.
+                with contextlib.suppress(Exception):
+                    old.close()
+                env = factory()
+                if not isinstance(env, gymnasium.Env):
+                    raise TypeError(f"the env factory returned {type(env).__name__}")
+                if (env.observation_space, env.action_space) != (
+                    old.observation_space,
+                    old.action_space,
+                ):
+                    env.close()
+                    raise ValueError(
+                        f"the rebuilt env has observation space {env.observation_space} and "
+                        f"action space {env.action_space}, the lane had {old.observation_space} "
+                        f"and {old.action_space}"
+                    )
+                self.envs[lane] = env
         except Exception as err:
-            return ("error", lane, "reset", _describe(err), traceback.format_exc())
-        return ("ok", infos, loose, time.perf_counter_ns() - started)
+            return ("error", lane, "rebuild", _describe(err), traceback.format_exc())
+        return ("ok",)
 
     def render(self, lanes: list[int]) -> tuple[Any, ...]:
         frames = []
@@ -224,7 +267,7 @@ class _Server:
                 frames.append(self.envs[lane].render())
         except Exception as err:
             return ("error", lane, "render", _describe(err), traceback.format_exc())
-        return ("ok", frames, [None] * len(frames), time.perf_counter_ns() - started)
+        return ("ok", frames, [None] * len(frames), time.perf_counter_ns() - started, {})
 
     def replay(self, episodes: list[tuple[int, int | None, Any, list[Any]]]) -> tuple[Any, ...]:
         lane = None

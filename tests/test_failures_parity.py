@@ -1,0 +1,136 @@
+"""Parity of abandoning episodes (``RoundRunner.abandon``, ``run_rounds(failures=...)``): the
+Rust core and the Python core, driven alike, agree in results, errors and state.
+
+The state machine of ``test_parity.py`` with abandons mixed into its calls: between rounds and
+inside an open round, slots given back and failures recorded, with wrong lanes and values now
+and then, which both cores must refuse alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import precondition, rule
+from rlmesh.errors import EnvError
+from rlmesh.model import ModelHandler
+from test_parity import OBSERVATION, RustPythonRunnerParity, both_cores, one_in, runner_of
+
+errors = st.one_of(st.none(), st.sampled_from(["RuntimeError: boom", "OSError: gone", ""]))
+
+
+class AbandonParity(RustPythonRunnerParity):
+    """Every call of the runner parity machine, and abandons."""
+
+    def abandoning(self, data) -> tuple[list, list]:
+        lanes = self.subset(data, self.lanes_in("running"), min_size=1)
+        if one_in(data, 6):  # a lane that holds no running episode: refused
+            lanes = [*lanes, *self.subset(data, self.lanes_in("vacant", "idle", "ended"))]
+        lanes = self.maybe_intrude(data, lanes)
+        outcomes = data.draw(st.lists(errors, min_size=len(lanes), max_size=len(lanes)))
+        if one_in(data, 10):
+            outcomes = [*outcomes, None]  # one too many
+        if outcomes and one_in(data, 10):
+            outcomes[0] = 3  # neither None nor a str
+        return lanes, outcomes
+
+    @precondition(lambda self: self.runners and len(self.lanes_in("running")) > 0)
+    @rule(data=st.data())
+    def abandon(self, data):
+        lanes, outcomes = self.abandoning(data)
+        now_ns = self.tick(data)
+        self.both(lambda runner: runner.abandon(lanes, outcomes, now_ns=now_ns))
+
+    @precondition(lambda self: self.runners and len(self.lanes_in("running")) > 0)
+    @rule(data=st.data())
+    def abandon_inside_a_round(self, data):
+        """A round whose step failed on some lanes: they leave it, the rest are recorded."""
+        opened = self.both(lambda runner: runner.begin_round())
+        predict_lanes = len(opened[1][1][1][3])
+        self.both(lambda runner: runner.take_actions(np.zeros(predict_lanes, np.int64), 10))
+        lanes, outcomes = self.abandoning(data)
+        now_ns = self.tick(data)
+        self.both(lambda runner: runner.abandon(lanes, outcomes, now_ns=now_ns))
+        left = len(self.lanes_in("running"))
+        ends = st.lists(st.booleans(), min_size=left, max_size=left)
+        terminated = np.array(data.draw(ends), dtype=np.bool_)
+        rewards = np.ones(left)
+        now_ns = self.tick(data)
+        self.both(
+            lambda runner: runner.end_round(rewards, terminated, terminated.copy(), 5, now_ns)
+        )
+        started = self.both(lambda runner: runner.start(self.lanes_in("vacant"), now_ns=now_ns))
+        self.observe_first(started)
+
+
+AbandonParity.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+TestAbandonParity = AbandonParity.TestCase
+
+
+def handler():
+    """The run's model handler for ``action 0`` on every lane, loaded."""
+    model = ModelHandler(lambda observation: 0)
+    asyncio.run(model.load())
+    return model
+
+
+def test_run_rounds_hands_env_failures_back_alike_in_both_cores():
+    def step_of(lane):
+        def step(action):
+            if lane in (1, 3):
+                raise RuntimeError(f"lane {lane} broke")
+            return OBSERVATION, 1.0, False, False, {}
+
+        return step
+
+    outcomes = []
+    for core in both_cores():
+        runner = runner_of(core, 4, 6)
+        starts = runner.start(np.arange(4), now_ns=0)
+        runner.set_observations(starts.lanes, [OBSERVATION] * 4)
+        stats = [core.LatencyStats() for _ in range(3)]
+        failures: dict[int, str] = {}
+        ended, _, rounds, lane_steps = runner.run_rounds(
+            handler(),
+            [step_of(lane) for lane in range(4)],
+            "Broken",
+            until_ns=2**62,
+            stats=stats,
+            failures=failures,
+        )
+        assert (ended.tolist(), rounds, lane_steps) == ([], 1, 2)  # it returned after the round
+        assert failures == {1: "RuntimeError: lane 1 broke", 3: "RuntimeError: lane 3 broke"}
+        # The failed lanes' episodes are still running, their steps not recorded.
+        assert [lane["steps"] for lane in runner.snapshot()["lanes"]] == [1, 0, 1, 0]
+        summaries, ids, owed = runner.abandon(
+            [1, 3], [None, "RuntimeError: lane 3 broke"], now_ns=9
+        )
+        assert [(s.index, s.steps, s.error) for s in summaries] == [
+            (3, 0, "RuntimeError: lane 3 broke")
+        ]
+        assert (ids.tolist(), owed.tolist()) == ([1, 3], [1, 3])  # the model predicted on both
+        again = runner.start([1, 3], now_ns=10)
+        assert again.indices.tolist() == [1, 4]  # slot 1 again, then the next new one
+        outcomes.append((runner.snapshot(), [s.to_dict() for s in summaries]))
+        # Without failures=, a failing step raises as before.
+        runner.set_observations(again.lanes, [OBSERVATION] * 2)
+        try:
+            runner.run_rounds(
+                handler(), [step_of(lane) for lane in range(4)], "Broken", until_ns=0, stats=stats
+            )
+        except EnvError as err:
+            assert str(err) == "lane 1 (Broken): step() raised RuntimeError: lane 1 broke"
+        else:
+            raise AssertionError("run_rounds did not raise")
+    assert outcomes[0] == outcomes[1]
+
+
+def test_an_episode_abandoned_before_its_first_step_has_zero_means_in_both_cores():
+    for core in both_cores():
+        runner = runner_of(core, 1, 1)
+        runner.start([0], now_ns=0)
+        (summary,), _, _ = runner.abandon([0], ["OSError: reset"], now_ns=3_000_000_000)
+        assert (summary.steps, summary.predict_ms, summary.step_ms) == (0, 0.0, 0.0)
+        assert (summary.duration_s, runner.done) == (3.0, True)
