@@ -316,3 +316,224 @@ def format_summary(summary: dict[str, Any]) -> str:
     rows = summary_rows(summary)
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label.ljust(width)}  {text}" for label, text in rows)
+
+
+# ---------------------------------------------------------------------------- suites
+
+
+def stratified_bootstrap_ci(
+    groups: Sequence[Sequence[float]],
+    confidence: float = 0.95,
+    resamples: int = 10_000,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """The stratified percentile-bootstrap interval of the mean of the groups' means.
+
+    The statistic is ``mean_g(mean(x_g))``: each group (a suite's task) weighs the same,
+    whatever its size. One resample draws, for every group in order, ``n_g`` values of that
+    group with replacement; the interval is the ``(1-c)/2`` and ``(1+c)/2`` quantiles of the
+    resampled statistics (numpy's linear interpolation). The draws are reproducible and do
+    not depend on how they are batched: resample r takes ``u = rng.random(N)`` (``N`` the
+    number of values, ``rng = numpy.random.default_rng(seed)``), and group g's picks are
+    ``floor(u[o_g : o_g + n_g] * n_g)``, ``o_g`` the values before it. Above
+    ``BOOTSTRAP_EXACT_MAX`` finite values in all it returns the normal limit instead,
+    ``N(mean_g(m_g), sum_g(s_g^2 / n_g) / G^2)`` (``s_g`` with divisor ``n_g``). Empty groups
+    are left out; none left, or a nan, gives ``(nan, nan)``.
+
+    Example:
+        >>> stratified_bootstrap_ci([[1.0, 1.0], [3.0]])
+        (2.0, 2.0)
+        >>> lo, hi = stratified_bootstrap_ci([[0, 1, 1, 0], [1, 1, 1, 0, 1]])
+        >>> lo < (0.5 + 0.8) / 2 < hi
+        True
+    """
+    data = [np.asarray(group, dtype=np.float64) for group in groups]
+    data = [group for group in data if group.size]
+    if not data or any(np.isnan(group).any() for group in data):
+        return (math.nan, math.nan)
+    tail = (1.0 - confidence) / 2.0
+    sizes = np.array([group.size for group in data])
+    total = int(sizes.sum())
+    finite = all(np.isfinite(group).all() for group in data)
+    if total > BOOTSTRAP_EXACT_MAX and finite:
+        center = float(np.mean([group.mean() for group in data]))
+        variance = float(np.sum([group.var() / group.size for group in data])) / len(data) ** 2
+        if variance == 0:
+            return (center, center)
+        z = NormalDist(center, math.sqrt(variance))
+        return (z.inv_cdf(tail), z.inv_cdf(1.0 - tail))
+    rng = np.random.default_rng(seed)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    statistics = np.empty(resamples, dtype=np.float64)
+    block = max(1, BOOTSTRAP_BLOCK * BOOTSTRAP_EXACT_MAX // total)
+    for start in range(0, resamples, block):
+        count = min(block, resamples - start)
+        draws = rng.random((count, total))
+        means = np.empty((count, len(data)), dtype=np.float64)
+        for g, group in enumerate(data):
+            picks = (draws[:, offsets[g] : offsets[g + 1]] * group.size).astype(np.int64)
+            with np.errstate(invalid="ignore"):  # +inf with -inf: nan, handled below
+                means[:, g] = group[picks].mean(axis=1)
+        with np.errstate(invalid="ignore"):
+            statistics[start : start + count] = means.mean(axis=1)
+    if np.isfinite(statistics).all():
+        lo, hi = np.quantile(statistics, [tail, 1.0 - tail])
+        return (float(lo), float(hi))
+    ordered = np.sort(statistics)
+    return (_quantile(ordered, tail), _quantile(ordered, 1.0 - tail))
+
+
+OVERALL_METHOD = (
+    "the unweighted mean of the per-task figures (each task counts once, whatever its "
+    "episodes); 95% CI: stratified bootstrap, each task's episodes resampled within the task "
+    "({resamples} resamples, seed {seed})"
+)
+
+
+def _failed(run: RunResult | RunColumns) -> np.ndarray:
+    """Per episode, whether it ended in an env failure (``error`` set): such episodes are
+    counted, listed and kept out of the reward and success figures."""
+    if isinstance(run, RunResult):
+        return np.array(
+            [getattr(episode, "error", None) is not None for episode in run.episodes], dtype=bool
+        )
+    errors = getattr(run, "error", None)
+    if errors is None:
+        return np.zeros(run.num_episodes, dtype=bool)
+    errors = np.asarray(errors)
+    if errors.dtype == bool:
+        return errors
+    return np.array([error is not None and error != "" for error in errors.tolist()], dtype=bool)
+
+
+def summarize_suite(
+    runs: dict[str, RunResult | RunColumns],
+    *,
+    confidence: float = 0.95,
+    resamples: int = 10_000,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """A suite's summary, JSON-ready: one row per task and the overall row.
+
+    Args:
+        runs: task name -> that task's ``RunResult`` or ``RunColumns`` (``rlmesh.run_suite``'s
+            ``SuiteResult.runs``, or ``results.read_suite_columns``), in suite order.
+
+    Each task row holds the task's ``summarize`` figures of its episodes that did not fail
+    (``success_rate`` with its Wilson ``success_ci95``, ``mean_reward`` with its bootstrap
+    ``mean_reward_ci95``, ...), with ``episodes`` counting every episode, ``errors`` the
+    failed ones (``EpisodeResult.error`` set) and ``error_indices`` their indices. The
+    overall row holds ``success_rate``, the mean of the per-task success rates (of the
+    ``success_tasks`` tasks whose success is available), and ``mean_reward``, the mean of the
+    per-task mean rewards, each with a ``stratified_bootstrap_ci`` (``seed``, ``resamples``);
+    ``method`` says so in words.
+
+    Example:
+        >>> from rlmesh.results import EpisodeResult
+        >>> def episode(k, reward, success):
+        ...     return EpisodeResult(k, k, k, 0, 10, reward, True, False, success, 0, 0, 0, True)
+        >>> a = RunResult([episode(0, 1.0, True), episode(1, 0.0, False)], base_seed=0)
+        >>> b = RunResult([episode(0, 4.0, True)], base_seed=0)
+        >>> overall = summarize_suite({"a": a, "b": b})["overall"]
+        >>> overall["success_rate"], overall["mean_reward"]
+        (0.75, 2.25)
+    """
+    rows, rates, returns = [], [], []
+    for name, run in runs.items():
+        columns = run.columns() if isinstance(run, RunResult) else run
+        failed = _failed(run)
+        kept = columns.select(~failed)
+        row = summarize(kept)
+        requested = columns.episodes_requested
+        row.update(
+            task=name,
+            episodes=columns.num_episodes,
+            complete=None if requested is None else columns.num_episodes >= requested,
+            errors=int(failed.sum()),
+            error_indices=columns.index[failed].tolist(),
+        )
+        rows.append({"task": name, **row})
+        judged = kept.success >= 0
+        if judged.any():
+            rates.append(kept.success[judged].astype(np.float64))
+        if kept.num_episodes:
+            returns.append(kept.reward)
+    success_lo, success_hi = stratified_bootstrap_ci(rates, confidence, resamples, seed)
+    reward_lo, reward_hi = stratified_bootstrap_ci(returns, confidence, resamples, seed)
+    requested = [row["episodes_requested"] for row in rows]
+    overall = {
+        "tasks": len(rows),
+        "episodes": sum(row["episodes"] for row in rows),
+        "episodes_requested": None if None in requested else sum(requested),
+        "complete": all(row["complete"] is not False for row in rows),
+        "errors": sum(row["errors"] for row in rows),
+        "success_rate": _number(mean([rate.mean() for rate in rates])) if rates else None,
+        "success_ci95": [_number(success_lo), _number(success_hi)],
+        "success_tasks": len(rates),
+        "mean_reward": _number(mean([float(np.mean(r)) for r in returns])) if returns else None,
+        "mean_reward_ci95": [_number(reward_lo), _number(reward_hi)],
+        "reward_tasks": len(returns),
+        "ci": "stratified bootstrap",
+        "resamples": resamples,
+        "seed": seed,
+        "method": OVERALL_METHOD.format(resamples=resamples, seed=seed),
+    }
+    return {"tasks": rows, "overall": overall}
+
+
+def format_suite_summary(summary: dict[str, Any]) -> str:
+    """The suite's summary (``summarize_suite``) as an aligned table: one row per task, the
+    overall row, and a line saying how the overall row is computed.
+
+    Example:
+        >>> print(format_suite_summary(summarize_suite({"a": RunResult((), base_seed=0)})))
+        ... # doctest: +NORMALIZE_WHITESPACE
+        task     episodes  errors  success  95% CI (Wilson)  mean reward  95% CI (bootstrap)
+        a        0         0       n/a      -                -            -
+        overall  0         0       n/a      -                -            -
+        overall: the unweighted mean of the per-task figures ...
+    """
+    header = [
+        "task",
+        "episodes",
+        "errors",
+        "success",
+        "95% CI (Wilson)",
+        "mean reward",
+        "95% CI (bootstrap)",
+    ]
+
+    def cells(name: str, row: dict[str, Any]) -> list[str]:
+        episodes = str(row["episodes"])
+        if row.get("complete") is False:
+            episodes = f"{row['episodes']} of {row['episodes_requested']}, incomplete"
+        rate = row["success_rate"]
+        return [
+            name,
+            episodes,
+            str(row["errors"]),
+            "n/a" if rate is None else f"{rate:.1%}",
+            "-" if rate is None else _interval(row["success_ci95"], ".1%"),
+            _fmt(row["mean_reward"]),
+            "-" if row["mean_reward"] is None else _interval(row["mean_reward_ci95"]),
+        ]
+
+    lines = [header]
+    lines += [cells(row["task"], row) for row in summary["tasks"]]
+    overall = summary["overall"]
+    lines.append(cells("overall", overall))
+    widths = [max(len(line[k]) for line in lines) for k in range(len(header))]
+    table = [
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        for line in lines
+    ]
+    note = f"overall: {overall['method']}"
+    if overall["success_tasks"] < overall["tasks"]:
+        note += (
+            f"; success over the {overall['success_tasks']} of {overall['tasks']} tasks whose "
+            "success is available"
+        )
+    failed = [f"{row['task']} {row['error_indices']}" for row in summary["tasks"] if row["errors"]]
+    if failed:
+        note += "\nfailed episodes (kept out of the figures): " + "; ".join(failed)
+    return "\n".join(table) + "\n" + note
