@@ -12,7 +12,8 @@ calls long enough to dwarf the timer.
 Sections: the core micro-benchmarks (Rust vs Python core), the role-based adapters (the Rust
 core's resize against Pillow, a LIBERO-like assembly on both cores), end to end (``rlmesh.run`` vs a
 hand-written loop of the same policy and seeds), chunked runs, the summary of a 1M-episode
-results file against its time and memory budget, a CPU-heavy env in worker processes against
+results file against its time and memory budget (and a 1M-episode suite file's beside it),
+a CPU-heavy env in worker processes against
 the same env in this process and a hand-written ``AsyncVectorEnv`` loop, the same env on one
 process vs a local Ray cluster (``cluster="ray"``, one run a side, Ray's start-up included), a
 served env over loopback against the same run in-process, and with ``--peer`` the
@@ -98,6 +99,8 @@ from test_bench_remote_env import (
 )
 from test_bench_remote_model import DRIVERS, EPISODES_PER_DRIVER
 from test_bench_remote_model import measure as measure_served_model
+from test_bench_suite_summary import TASKS as SUITE_TASKS
+from test_bench_suite_summary import suite_file, suite_summary_in_subprocess
 from test_bench_summary import REPORT_EPISODES, results_file, summary_in_subprocess
 
 PEER_VERSION = "0.1.0"
@@ -681,6 +684,26 @@ def summary_rows(settings: Settings) -> list[Row]:
     ]  # fmt: skip
 
 
+def suite_summary_rows(settings: Settings) -> list[Row]:
+    """``rlmesh report`` of a 1M-episode suite file (per task, then the stratified overall)
+    beside the plain 1M-episode file's, in fresh processes, interleaved: CPU seconds
+    (median), so the two compare on a busy machine."""
+    section = "the summary of a 1M-episode suite file (rlmesh report), beside a plain file's"
+    suite, plain = suite_file(REPORT_EPISODES), results_file(REPORT_EPISODES)
+    pairs = [
+        (suite_summary_in_subprocess(suite), summary_in_subprocess(plain))
+        for _ in range(settings.summary_samples)
+    ]
+    suite_cpu = statistics.median(pair[0]["cpu_s"] for pair in pairs)
+    plain_cpu = statistics.median(pair[1]["cpu_s"] for pair in pairs)
+    peak = max(pair[0]["peak_mb"] for pair in pairs)
+    workload = f"read + summarize {REPORT_EPISODES:,} episodes in {SUITE_TASKS} tasks, CPU time"
+    return [
+        Row(section, workload, "plain file", plain_cpu, "suite file", suite_cpu, "s", 0.8,
+            note=f"the suite file's peak memory {peak:.0f} MB (budget {SUMMARY_BUDGET_MB:.0f})"),
+    ]  # fmt: skip
+
+
 def cluster_rows(settings: Settings) -> list[Row]:
     """The CPU-heavy env's episodes on one process, then on a local Ray cluster of
     ``CLUSTER_WORKERS`` workers started inside the timed run (one run a side: a sample lasts
@@ -952,6 +975,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = core_rows(settings) + adapter_rows(settings)
     driver, ours = end_to_end_rows(settings)
     rows += driver + chunked_rows(settings) + process_lanes_rows(settings) + summary_rows(settings)
+    rows += suite_summary_rows(settings)
     rows += cluster_rows(settings) + remote_rows(settings, args.peer) + served_model_rows(settings)
     if args.peer:
         rows += peer_rows(settings, ours)

@@ -260,12 +260,12 @@ class RunResult:
     The constructor stores ``episodes`` as a tuple sorted by ``index`` (episodes complete out
     of order; results read in slot order; a suite's by ``task``, then ``index``) and
     ``telemetry`` as a tuple. ``wasted_steps`` counts the lane-steps of surplus episodes;
-    ``telemetry`` is the run's cumulative telemetry; ``observer_errors`` counts the ``RuntimeHooks`` observer calls that raised (each was logged
-    and the run went on). ``core`` is the core that ran it (``"rust"`` / ``"python"``),
-    ``success_rule`` the rule its episodes were judged by (``rlmesh.success``),
-    ``episodes_requested`` how many episodes the run was asked for (more than
-    ``num_episodes`` for a run that stopped early), and ``elapsed_s`` its wall time. The driver
-    sets all four.
+    ``telemetry`` is the run's cumulative telemetry; ``observer_errors`` counts the
+    ``RuntimeHooks`` observer calls that raised (each was logged and the run went on).
+    ``core`` is the core that ran it (``"rust"`` / ``"python"``), ``success_rule`` the rule
+    its episodes were judged by (``rlmesh.success``), ``episodes_requested`` how many episodes
+    the run was asked for (more than ``num_episodes`` for a run that stopped early), and
+    ``elapsed_s`` its wall time. The driver sets all four.
 
     Example:
         >>> episode = EpisodeResult(0, 5, 0, 0, 12, 12.0, True, False, None, 0.2, 0.1, 0.2)
@@ -1506,14 +1506,12 @@ def _check_suite(path: str | os.PathLike[str], found: Any, wanted: Any) -> None:
     if found == wanted or not isinstance(found, list) or not isinstance(wanted, list):
         return
     by_name = {task.get("name"): task for task in found if isinstance(task, dict)}
+    names = ", ".join(map(str, by_name))
     differences = []
     for task in wanted:
         name = task.get("name")
         if name not in by_name:
-            differences.append(
-                f"task {name!r} is not in the file's suite (its tasks: "
-                f"{', '.join(map(str, by_name))})"
-            )
+            differences.append(f"task {name!r} is not in the file's suite (its tasks: {names})")
             continue
         recorded = by_name.pop(name)
         keys = sorted(set(recorded) | set(task))

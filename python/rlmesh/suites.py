@@ -463,7 +463,10 @@ async def arun_suite(
         success: the success rule of the tasks that set no ``success_reward``.
         **run_kwargs: any other ``rlmesh.run`` argument, the same for every task:
             ``num_envs``, ``workers`` (process lanes), ``cluster="ray"``, ``hooks``,
-            ``timeouts``, ... (not those a task sets: ``PER_TASK_ARGUMENTS``).
+            ``timeouts``, ... (not those a task sets: ``PER_TASK_ARGUMENTS``). Hooks hear
+            each task's run as a run of its own (``on_run_start`` / ``on_run_end`` once per
+            task); the episodes they are handed do not name the task, those of the results
+            file and of the returned ``SuiteResult`` do.
 
     Returns:
         The ``SuiteResult``: each task's ``RunResult``, equal episode for episode to a solo
