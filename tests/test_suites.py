@@ -526,3 +526,64 @@ def test_cli_tasks_filter_and_errors(tmp_path, capsys, monkeypatch):
     _write_suite(tmp_path, '[[task]]\nname = "a"\nenv = "NoSuchEnv-v0"\n', name="env.toml")
     assert main(["eval", "random", "--suite", "env.toml"]) == 2
     assert "--suite env.toml, task 'a': " in capsys.readouterr().err
+
+
+def test_a_suite_resumed_on_the_other_core_reads_back(tmp_path, capsys):
+    """The resumption records the new core per task; readers skip that record."""
+    path = tmp_path / "suite.jsonl"
+    stop = StopAfter(limit=EPISODES + 1)
+    with pytest.raises(KeyboardInterrupt):
+        rlmesh.run_suite(policy, TASKS, core="rust", results_path=path, hooks=stop)
+    rlmesh.run_suite(policy, TASKS, core="python", results_path=path, resume=True)
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    resumes = [record for record in records if "rlmesh_resume" in record]
+    assert {record.get("task") for record in resumes} >= {"cartpole", "pendulum"}
+    _, by_task = read_suite(path)
+    _, column_tasks = read_suite_columns(path)
+    for task in TASKS:
+        assert of_suite(by_task[task.name]) == solo(task, "rust")
+        np.testing.assert_array_equal(
+            column_tasks[task.name].reward, by_task[task.name].columns().reward
+        )
+    assert main(["report", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["overall"]["complete"] is True
+
+
+def test_an_index_repeated_within_a_task_fails_alike_in_both_readers(tmp_path):
+    path = tmp_path / "suite.jsonl"
+    rlmesh.run_suite(policy, TASKS[:2], results_path=path)
+    lines = path.read_text().splitlines(keepends=True)
+    pendulum = next(k for k, line in enumerate(lines) if '"task": "pendulum"}' in line)
+    lines.append(lines[pendulum])  # the same (task, index) again, at the end
+    path.write_text("".join(lines))
+    message = f"line {len(lines)} repeats episode index 0 of task 'pendulum'"
+    with pytest.raises(ResultsFileError, match=message):
+        read_suite(path)
+    with pytest.raises(ResultsFileError, match=message):
+        read_columns(path)
+
+
+def test_failed_episodes_are_counted_listed_and_kept_out_of_the_figures():
+    """Episodes whose ``error`` is set (the failure-isolation field, read with getattr so the
+    summary works with or without it) count as errors, not as rewards or verdicts."""
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Failable(rlmesh.EpisodeResult):
+        error: str | None = None
+
+    def episode(k, reward, success, error=None):
+        return Failable(k, k, k, 0, 10, reward, True, False, success, 0, 0, 0, True, "a", error)
+
+    run = rlmesh.RunResult(
+        [episode(0, 1.0, True), episode(1, 0.0, False), episode(2, 99.0, True, "EnvError: x")],
+        base_seed=0,
+        episodes_requested=3,
+    )
+    row = stats.summarize_suite({"a": run})["tasks"][0]
+    assert (row["episodes"], row["errors"], row["error_indices"]) == (3, 1, [2])
+    assert row["mean_reward"] == 0.5 and row["success_rate"] == 0.5
+    assert row["complete"] is True
+    assert "failed episodes (kept out of the figures): a [2]" in stats.format_suite_summary(
+        stats.summarize_suite({"a": run})
+    )

@@ -414,7 +414,8 @@ class RunColumns:
         return int(self.index.size)
 
     def select(self, rows: np.ndarray, **fields: Any) -> RunColumns:
-        """The episodes at ``rows`` (a boolean mask or positions), with ``fields`` replaced.
+        """The episodes at ``rows`` (a boolean mask, positions or a slice), with ``fields``
+        replaced.
 
         Example:
             >>> columns = RunResult((), base_seed=0).columns()
@@ -1051,6 +1052,16 @@ def _fast_episodes(
     return rows, columns
 
 
+def _ranks(values: np.ndarray) -> np.ndarray:
+    """Each value's rank among the distinct ``values`` (``np.unique``'s inverse), computed on
+    the runs of equal values: a suite's file holds each task's episodes together, so there
+    are few runs, and sorting them is cheap where sorting every value is not."""
+    changes = np.flatnonzero(values[1:] != values[:-1]) + 1
+    firsts = np.concatenate([[0], changes])
+    run_ranks = np.unique(values[firsts], return_inverse=True)[1]
+    return np.repeat(run_ranks, np.diff(np.concatenate([firsts, [values.size]])))
+
+
 @dataclass
 class _Scan:
     """What ``read_columns`` reads of a file: its header, columns, and the other records."""
@@ -1104,7 +1115,11 @@ def read_suite_columns(
     split = {}
     for spec in tasks:
         name = spec["name"]
-        rows = np.zeros(columns.num_episodes, dtype=bool) if task is None else task == name
+        # The columns are sorted by task, then index: each task's episodes are one slice.
+        rows = slice(0, 0)
+        if task is not None:
+            start, stop = np.searchsorted(task, name, "left"), np.searchsorted(task, name, "right")
+            rows = slice(int(start), int(stop))
         header = headers.get(name, spec)
         runs = [run for run in scan.runs if run.get("task") == name]
         split[name] = columns.select(rows, **_file_fields(header, runs))
@@ -1193,7 +1208,7 @@ def _scan_columns(path: str | os.PathLike[str]) -> _Scan:
     task = parts.joined("task", str)
     has_tasks = bool(task.size) and bool(np.any(task != ""))
     # (task, index) as one sortable key: the task's rank among the names, then the index.
-    rank = np.unique(task, return_inverse=True)[1] if has_tasks else None
+    rank = _ranks(task) if has_tasks else None
     key = index if rank is None else rank.astype(np.int64) * (1 << 40) + index
     # A run of one lane writes its episodes in index order: then nothing needs reordering.
     order = None if np.all(key[1:] > key[:-1]) else np.argsort(key, kind="stable")
