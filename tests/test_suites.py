@@ -7,6 +7,12 @@ from __future__ import annotations
 import doctest
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
@@ -566,7 +572,6 @@ def test_an_index_repeated_within_a_task_fails_alike_in_both_readers(tmp_path):
 def test_failed_episodes_are_counted_listed_and_kept_out_of_the_figures():
     """Episodes whose ``error`` is set (the failure-isolation field, read with getattr so the
     summary works with or without it) count as errors, not as rewards or verdicts."""
-    from dataclasses import dataclass
 
     @dataclass(frozen=True)
     class Failable(rlmesh.EpisodeResult):
@@ -587,3 +592,51 @@ def test_failed_episodes_are_counted_listed_and_kept_out_of_the_figures():
     assert "failed episodes (kept out of the figures): a [2]" in stats.format_suite_summary(
         stats.summarize_suite({"a": run})
     )
+
+
+SLOW_POLICY = """
+import time
+import numpy as np
+
+
+def policy(obs):
+    time.sleep(0.002)
+    if obs.shape == (4,):
+        return int(obs[2] + 0.3 * obs[3] > 0)
+    return np.clip(-0.5 * obs[2:3], -2.0, 2.0).astype(np.float32)
+"""
+
+
+def test_cli_ctrl_c_keeps_the_suite_and_resume_completes_it(tmp_path):
+    (tmp_path / "slow.py").write_text(SLOW_POLICY)
+    _write_suite(tmp_path, SUITE_TOML.replace("episodes = 4", "episodes = 12"))
+    argv = ["eval", "slow.py:policy", "--suite", "suite.toml", "--num-envs", "2", "--no-progress"]
+    command = [sys.executable, "-m", "rlmesh", *argv, "--out", "stopped.jsonl"]
+    process = subprocess.Popen(command, cwd=tmp_path, stderr=subprocess.PIPE, text=True,
+                               stdout=subprocess.DEVNULL, env={**os.environ})  # fmt: skip
+    out = tmp_path / "stopped.jsonl"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # a few episodes on file, the suite not done
+            if out.exists() and out.read_text().count('"index"') >= 3:
+                break
+            time.sleep(0.02)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:  # the test failed with the run still going
+            process.kill()
+            process.wait()
+    assert process.returncode == 130, err
+    assert "Resume with: rlmesh eval slow.py:policy --suite suite.toml" in err
+    assert "--resume" in err and "of 15 episodes are in stopped.jsonl" in err
+    resumed = subprocess.run([*command, "--resume"], cwd=tmp_path, capture_output=True,
+                             text=True, timeout=120)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    whole = subprocess.run([*command[:-1], "whole.jsonl"], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=120)  # fmt: skip
+    assert whole.returncode == 0, whole.stderr
+    _, stopped = read_suite(out)
+    _, reference = read_suite(tmp_path / "whole.jsonl")
+    for name in reference:
+        assert of_suite(stopped[name]) == of_suite(reference[name]), name

@@ -122,13 +122,12 @@ class RandomPolicy(Model):
     def __init__(self, action_space: gym.Space | None = None) -> None:
         super().__init__()
         self.action_space = action_space
+        # Without a space given (a suite: one policy, several envs), each run's env's.
+        self._space_from_route = action_space is None
 
     def on_route(self, route: Any) -> None:
-        # Without a space given (a suite: one policy, several envs), each run's env's.
-        if self.action_space is None or self._space_from_route:
-            self.action_space, self._space_from_route = route.action_space, True
-
-    _space_from_route = False
+        if self._space_from_route:
+            self.action_space = route.action_space
 
     def predict(self, digest: int) -> Any:
         self.action_space.seed(int(digest))  # the lane's value may come back as a numpy int
