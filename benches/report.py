@@ -12,9 +12,10 @@ calls long enough to dwarf the timer.
 Sections: the core micro-benchmarks (Rust vs Python core), the role-based adapters (the Rust
 core's resize against Pillow, a LIBERO-like assembly on both cores), end to end (``rlmesh.run`` vs a
 hand-written loop of the same policy and seeds), chunked runs, the summary of a 1M-episode
-results file against its time and memory budget, the HTML report of a 10,000-episode suite
-file against its time budget, recording 5 of 50 pixel episodes to video against encoding
-their frames alone, a CPU-heavy env in worker processes against
+results file against its time and memory budget (and a 1M-episode suite file's beside it),
+the HTML report of a 10,000-episode suite file against its time budget, recording 5 of 50
+pixel episodes to video against encoding their frames alone, a CPU-heavy env in worker
+processes against
 the same env in this process and a hand-written ``AsyncVectorEnv`` loop, the same env on one
 process vs a local Ray cluster (``cluster="ray"``, one run a side, Ray's start-up included), a
 served env over loopback against the same run in-process, and with ``--peer`` the
@@ -113,6 +114,8 @@ from test_bench_report_html import (
     html_in_subprocess,
 )
 from test_bench_report_html import suite_file as html_suite_file
+from test_bench_suite_summary import TASKS as SUITE_TASKS
+from test_bench_suite_summary import suite_file, suite_summary_in_subprocess
 from test_bench_summary import REPORT_EPISODES, results_file, summary_in_subprocess
 from test_bench_video import (
     RECORDED_EPISODES,
@@ -823,6 +826,26 @@ def report_html_rows(settings: Settings) -> list[Row]:
                 note=note)]  # fmt: skip
 
 
+def suite_summary_rows(settings: Settings) -> list[Row]:
+    """``rlmesh report`` of a 1M-episode suite file (per task, then the stratified overall)
+    beside the plain 1M-episode file's, in fresh processes, interleaved: CPU seconds
+    (median), so the two compare on a busy machine."""
+    section = "the summary of a 1M-episode suite file (rlmesh report), beside a plain file's"
+    suite, plain = suite_file(REPORT_EPISODES), results_file(REPORT_EPISODES)
+    pairs = [
+        (suite_summary_in_subprocess(suite), summary_in_subprocess(plain))
+        for _ in range(settings.summary_samples)
+    ]
+    suite_cpu = statistics.median(pair[0]["cpu_s"] for pair in pairs)
+    plain_cpu = statistics.median(pair[1]["cpu_s"] for pair in pairs)
+    peak = max(pair[0]["peak_mb"] for pair in pairs)
+    workload = f"read + summarize {REPORT_EPISODES:,} episodes in {SUITE_TASKS} tasks, CPU time"
+    return [
+        Row(section, workload, "plain file", plain_cpu, "suite file", suite_cpu, "s", 0.8,
+            note=f"the suite file's peak memory {peak:.0f} MB (budget {SUMMARY_BUDGET_MB:.0f})"),
+    ]  # fmt: skip
+
+
 def cluster_rows(settings: Settings) -> list[Row]:
     """The CPU-heavy env's episodes on one process, then on a local Ray cluster of
     ``CLUSTER_WORKERS`` workers started inside the timed run (one run a side: a sample lasts
@@ -1095,6 +1118,7 @@ SECTIONS: dict[str, Callable[[Settings, bool], list[Row]]] = {
     "chunked": lambda settings, peer: chunked_rows(settings),
     "process": lambda settings, peer: process_lanes_rows(settings),
     "summary": lambda settings, peer: summary_rows(settings),
+    "suite-summary": lambda settings, peer: suite_summary_rows(settings),
     "report-html": lambda settings, peer: report_html_rows(settings),
     "video": lambda settings, peer: video_rows(settings),
     "cluster": lambda settings, peer: cluster_rows(settings),

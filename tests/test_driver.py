@@ -55,7 +55,6 @@ def plain_gymnasium_loop(env_id, policy, seeds, max_episode_steps=None):
                 # No env here reports success: the spec's reward_threshold judges, if any.
                 "success": None if threshold is None else reward >= threshold,
                 "success_reported": False,
-                "error": None,  # every env here runs its episodes to their end
             }
         )
     env.close()

@@ -388,7 +388,7 @@ def test_failures_are_written_read_back_and_kept_on_resume(tmp_path, clean, core
         results_path=out,
     )
     lines = [json.loads(line) for line in out.read_text().splitlines()[1:]]
-    errors = {line["index"]: line["error"] for line in lines if "index" in line}
+    errors = {line["index"]: line.get("error") for line in lines if "index" in line}
     assert errors == {index: EXPECTED_ERRORS.get(index) for index in range(6)}
     _, on_file, _ = read_run(out)
     assert on_file.episodes == first.episodes

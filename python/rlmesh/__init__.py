@@ -28,7 +28,15 @@ from .errors import (
 )
 from .hooks import RunHooks, RuntimeHooks, StepEvent
 from .model import Model
-from .results import EpisodeResult, ResultsFile, RunResult, TelemetryRow, read_results
+from .results import (
+    EpisodeResult,
+    ResultsFile,
+    RunResult,
+    TelemetryRow,
+    read_results,
+    read_suite,
+)
+from .suites import SuiteResult, Task, arun_suite, load_suite, run_suite
 
 try:
     __version__ = version("rlmesh")
@@ -68,16 +76,22 @@ __all__ = [
     "State",
     "StatefulModelError",
     "StepEvent",
+    "SuiteResult",
+    "Task",
     "TelemetryRow",
     "Text",
     "__version__",
     "arun",
+    "arun_suite",
     "compare",
     "compile_spec",
     "core_name",
     "episode_seed",
+    "load_suite",
     "read_results",
+    "read_suite",
     "run",
+    "run_suite",
     "serve_env",
     "serve_model",
 ]

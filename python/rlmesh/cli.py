@@ -67,14 +67,17 @@ from .model import Model
 from .remote.address import is_address
 from .results import (
     LOCK_SUFFIX,
+    SUITE_KEY,
     EpisodeResult,
     dumps,
     read_columns_with_resumes,
     read_results,
     read_run,
+    read_suite,
+    read_suite_columns,
 )
 from .settings import ON_ERRORS, check_video_settings
-from .stats import format_summary, summarize
+from .stats import format_suite_summary, format_summary, summarize, summarize_suite
 from .success import rule_for
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -120,9 +123,15 @@ class RandomPolicy(Model):
     # The whole raw observation, reduced to its digest: no space needs a leaf the model reads.
     spec = ModelSpec(input=Custom(observation_digest), output=Action(clip=False))
 
-    def __init__(self, action_space: gym.Space) -> None:
+    def __init__(self, action_space: gym.Space | None = None) -> None:
         super().__init__()
         self.action_space = action_space
+        # Without a space given (a suite: one policy, several envs), each run's env's.
+        self._space_from_route = action_space is None
+
+    def on_route(self, route: Any) -> None:
+        if self._space_from_route:
+            self.action_space = route.action_space
 
     def predict(self, digest: int) -> Any:
         self.action_space.seed(int(digest))  # the lane's value may come back as a numpy int
@@ -404,6 +413,12 @@ class _Progress:
         self.task = self.bar.add_task("eval", total=self.total, completed=len(done), status="")
         self.bar.start()
 
+    def add_done(self, done: Sequence[EpisodeResult]) -> None:
+        """Count the episodes a resumed file already holds of a suite's next task."""
+        self.rewards += [episode.reward for episode in done]
+        self.successes += [episode.success for episode in done if episode.success is not None]
+        self._update(advance=len(done))
+
     def episode(self, episode: EpisodeResult) -> None:
         self.rewards.append(episode.reward)
         if episode.success is not None:
@@ -443,6 +458,19 @@ class _EpisodeSink(RunHooks):
 
     def on_episode_end(self, result: EpisodeResult) -> None:
         self.progress.episode(result)
+
+
+class _SuiteEpisodeSink(_EpisodeSink):
+    """One progress bar across a suite's tasks, each task's run starting where it stands."""
+
+    started = False
+
+    def on_run_start(self, context: dict[str, Any]) -> None:
+        if self.started:
+            self.progress.add_done(context["completed_episodes"])
+        else:
+            self.started = True
+            super().on_run_start(context)
 
 
 class _Throughput(RuntimeHooks):
@@ -485,6 +513,14 @@ def _cluster_arguments(args: argparse.Namespace) -> dict[str, Any]:
 
 def _eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
     cluster = _cluster_arguments(args)
+    if args.suite is not None:
+        return _eval_suite(args, argv, cluster)
+    if args.tasks is not None:
+        raise UsageError("rlmesh eval: error: --tasks needs --suite FILE, the suite to choose from")
+    if args.env is None:
+        raise UsageError(
+            "rlmesh eval: error: the following arguments are required: --env (or --suite FILE)"
+        )
     check_env(args.env)
     _check_video_options(args)
     seeds = read_seeds(args.seeds) if args.seeds is not None else None
@@ -630,6 +666,128 @@ def _check_video_options(args: argparse.Namespace) -> None:
         raise UsageError(f"rlmesh eval: error: --record-video: {exc}") from None
 
 
+# eval's options a suite sets per task, in each [[task]] table instead.
+PER_TASK_OPTIONS = (
+    ("env", "--env"),
+    ("env_kwargs", "--env-kwargs"),
+    ("seed", "--seed"),
+    ("seeds", "--seeds"),
+    ("episodes", "--episodes"),
+    ("max_episode_steps", "--max-episode-steps"),
+    ("max_episode_seconds", "--max-episode-seconds"),
+)
+
+
+def _eval_suite(args: argparse.Namespace, argv: Sequence[str], cluster: dict[str, Any]) -> int:
+    """``rlmesh eval POLICY --suite FILE [--tasks a,b]``: every task (or those named), one
+    after another, into one results file; the per-task and overall summary."""
+    from .suites import checked_suite, load_suite, run_suite
+
+    given = [option for name, option in PER_TASK_OPTIONS if getattr(args, name)]
+    if given:
+        raise UsageError(
+            f"rlmesh eval: error: {', '.join(given)} cannot go with --suite: a suite sets "
+            f"{'it' if len(given) == 1 else 'them'} per task, in its [[task]] tables"
+        )
+    only = None
+    if args.tasks is not None:
+        only = [name.strip() for name in args.tasks.split(",") if name.strip()]
+    try:
+        suite = load_suite(args.suite)
+    except ValueError as exc:
+        raise UsageError(f"--suite {exc}") from None
+    try:
+        suite, chosen = checked_suite(suite, only)
+    except ValueError as exc:
+        raise UsageError(f"--tasks {args.tasks}: {exc} (in {args.suite})") from None
+    for task in chosen:
+        try:
+            check_env(task.env)
+        except UsageError as exc:
+            raise UsageError(f"--suite {args.suite}, task {task.name!r}: {exc}") from None
+    if is_address(args.policy):
+        try:
+            policy = _served_policy(args.policy, args.policy_token)
+        except RlmeshError as exc:
+            print(f"rlmesh: error: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+        policy_name, policy_sha256 = args.policy, None
+    else:
+        # No one action space: a random policy takes each task's from its run.
+        policy = load_policy(args.policy, lambda: None)
+        policy_name, policy_sha256 = policy_identity(args.policy)
+    timeouts = {
+        op: limit
+        for op, limit in (
+            ("reset", args.timeout_reset),
+            ("step", args.timeout_step),
+            ("predict", args.timeout_predict),
+        )
+        if limit is not None
+    }
+    progress = _Progress(
+        sum(task.episodes for task in chosen),
+        enabled=not args.no_progress and not args.json and sys.stderr.isatty(),
+    )
+    status, result = EXIT_OK, None
+    try:
+        result = _interruptible(
+            run_suite,
+            policy if not cluster else args.policy,
+            suite,
+            only=[task.name for task in chosen],
+            num_envs=args.num_envs,
+            workers=args.workers,
+            restart_workers=args.restart_workers,
+            execution_horizon=args.horizon,
+            timeouts=timeouts or None,
+            on_error=args.on_error,
+            max_retries=args.max_retries,
+            hooks=[_SuiteEpisodeSink(progress), _Throughput(progress)],
+            core=args.core or core_name(),
+            results_path=args.out,
+            resume=args.resume,
+            allow_changed_policy=args.allow_changed_policy,
+            record_video=args.record_video,
+            video_dir=args.video_dir,
+            video_key=args.video_key,
+            success=args.success_reward,
+            run_info={"policy": policy_name, "policy_sha256": policy_sha256},
+            provenance={"policy": args.policy, "command": ["rlmesh", *argv]},
+            **cluster,
+        )
+    except ResultsFileError as exc:
+        raise UsageError(str(exc)) from None
+    except ModelDefinitionError as exc:
+        raise UsageError(f"policy {args.policy!r}: {exc}") from None
+    except OSError as exc:
+        if args.out is None or exc.filename not in (args.out, args.out + LOCK_SUFFIX):
+            raise
+        raise UsageError(f"--out {args.out}: cannot open it ({exc.strerror})") from None
+    except KeyboardInterrupt:
+        status = EXIT_INTERRUPTED
+    except RlmeshError as exc:
+        status, result = EXIT_FAILED, getattr(exc, "partial_result", None)
+        print(f"rlmesh: error: {exc}", file=sys.stderr)
+    finally:
+        progress.stop()
+    if status == EXIT_INTERRUPTED:
+        _interrupted(args, argv)
+        return status
+    if result is None:
+        return status
+    summary = result.summary()
+    if args.out is not None:  # every task the file holds, as `rlmesh report` shows it
+        summary = _suite_file_summary(args.out)
+    print(dumps(summary) if args.json else format_suite_summary(summary))
+    return status
+
+
+def _suite_file_summary(path: str) -> dict[str, Any]:
+    """The summary of every task of a suite's file, a task never started included."""
+    return summarize_suite(read_suite_columns(path)[1])
+
+
 def _served_policy(address: str, token: str | None) -> Any:
     """``rlmesh.RemoteModel(address)``: needs the remote extra."""
     from .remote import require_grpc
@@ -708,7 +866,12 @@ def _interrupted(args: argparse.Namespace, argv: Sequence[str]) -> None:
         )
         return
     again = list(argv) if "--resume" in argv else [*argv, "--resume"]
-    header, episodes = read_results(args.out)
+    if getattr(args, "suite", None) is not None:
+        header, runs = read_suite(args.out)
+        episodes = [episode for run in runs.values() for episode in run.episodes]
+        header = {"episodes": sum(task["episodes"] for task in header[SUITE_KEY])}
+    else:
+        header, episodes = read_results(args.out)
     print(
         f"rlmesh: interrupted; {len(episodes)} of {header['episodes']} episodes are in "
         f"{args.out}. Resume with: rlmesh {shlex.join(again)}",
@@ -721,18 +884,20 @@ def _report(args: argparse.Namespace) -> int:
 
     try:
         header, columns, resumes = read_columns_with_resumes(args.file)
+        suite = SUITE_KEY in header  # a suite's file: per task and overall
+        summary = _suite_file_summary(args.file) if suite else summarize(columns)
     except OSError as exc:
         raise UsageError(f"{args.file}: cannot read it ({exc.strerror})") from None
     except ResultsFileError as exc:
         raise UsageError(str(exc)) from None
     # An unfinished file (a crash, an interrupt) says so: "6 of 10, incomplete".
-    summary = summarize(columns)
+    table = format_suite_summary(summary) if suite else format_summary(summary)
     # The auditable record of each run segment (rlmesh.provenance), after the figures.
     segments = provenance_segments(header, resumes)
     if args.json:
         print(dumps({**summary, "provenance": segments}))
     else:
-        print(format_summary(summary) + "\n\n" + format_provenance(segments))
+        print(table + "\n\n" + format_provenance(segments))
     if args.html is not None:
         _write_html(args)
     return EXIT_OK
@@ -863,7 +1028,16 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "--policy-token", metavar="T", help="the bearer token of a served POLICY (an address)"
     )
-    evaluate.add_argument("--env", required=True, help="a Gymnasium id, e.g. CartPole-v1")
+    evaluate.add_argument("--env", help="a Gymnasium id, e.g. CartPole-v1")
+    evaluate.add_argument(
+        "--suite",
+        metavar="FILE",
+        help="evaluate every task of a suite's TOML file instead of one --env (each [[task]] "
+        "sets its env, env_kwargs, episodes, seed and caps)",
+    )
+    evaluate.add_argument(
+        "--tasks", metavar="A,B", help="with --suite: run only these tasks (comma-separated)"
+    )
     evaluate.add_argument(
         "--env-kwargs", type=_json_object, default={}, help="JSON object for gymnasium.make"
     )
@@ -1251,6 +1425,8 @@ def _demo_args(args: argparse.Namespace) -> argparse.Namespace:
         **options,
         policy="cartpole-heuristic",
         env="CartPole-v1",
+        suite=None,
+        tasks=None,
         env_kwargs={},
         seed=None,
         seeds=None,

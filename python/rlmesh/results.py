@@ -113,7 +113,8 @@ class EpisodeResult:
     ``duration_s`` is the episode's clock, the one ``max_episode_seconds`` reads too: wall time
     from just before its reset call to the return of its last ``step``. ``predict_ms`` and
     ``step_ms`` are mean per-step model and env times. Every field but the three timings is
-    identical across runs, ``num_envs`` and cores.
+    identical across runs, ``num_envs`` and cores. ``task`` is the name of the suite task the
+    episode belongs to (``rlmesh.run_suite``), None outside a suite.
 
     The per-step times are the episode's own, so they mean the same at any ``num_envs``:
     ``step_ms`` is its env's step time per step (a lane the core steps alone is timed alone; a
@@ -145,6 +146,7 @@ class EpisodeResult:
     predict_ms: float
     step_ms: float
     success_reported: bool = False
+    task: str | None = None
     error: str | None = None
     video: str | None = None
 
@@ -176,6 +178,7 @@ class EpisodeResult:
             predict_ms=summary.predict_ms,
             step_ms=summary.step_ms,
             success_reported=success is not None,
+            task=None,
             error=summary.error,
         )
         if success is None and rule is not None and summary.error is None:
@@ -183,9 +186,14 @@ class EpisodeResult:
         return episode
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields as a plain dict, in declaration order (a results file's episode line),
-        without the optional fields that are None (``OPTIONAL_FIELDS``): an episode that was
-        not recorded reads and writes as before they existed."""
+        """The fields as a plain dict, in declaration order; a field added since format 1
+        (``task``, ...) only when it is set, so an episode without them reads as before.
+
+        Example:
+            >>> episode = EpisodeResult(0, 5, 0, 0, 12, 12.0, True, False, None, 0.2, 0.1, 0.2)
+            >>> "task" in episode.to_dict(), replace(episode, task="push").to_dict()["task"]
+            (False, 'push')
+        """
         record = asdict(self)
         for name in OPTIONAL_FIELDS:
             if record[name] is None:
@@ -193,8 +201,15 @@ class EpisodeResult:
         return record
 
 
-OPTIONAL_FIELDS = ("video",)
-"""``EpisodeResult`` fields a results file line holds only when they are not None."""
+# The fields every episode line holds (format 1); the ones after them are optional, written
+# only when set (``EpisodeResult.to_dict``).
+_FORMAT_1_FIELDS = 13
+OPTIONAL_FIELDS = tuple(field.name for field in fields(EpisodeResult))[_FORMAT_1_FIELDS:]
+
+
+def _episode_order(episode: EpisodeResult) -> Any:
+    """Episodes sort by index; a suite's by task, then index."""
+    return (episode.task or "", episode.index)
 
 
 def succeeded(episode: EpisodeResult) -> bool | None:
@@ -255,14 +270,14 @@ class RunResult:
     """Every scored episode of a run, with the run's seed, waste and telemetry.
 
     The constructor stores ``episodes`` as a tuple sorted by ``index`` (episodes complete out
-    of order; results read in slot order) and ``telemetry`` as a tuple. ``wasted_steps`` counts
-    the lane-steps of surplus episodes; ``telemetry`` is the run's cumulative telemetry;
-    ``observer_errors`` counts the ``RuntimeHooks`` observer calls that raised (each was logged
-    and the run went on). ``core`` is the core that ran it (``"rust"`` / ``"python"``),
-    ``success_rule`` the rule its episodes were judged by (``rlmesh.success``),
-    ``episodes_requested`` how many episodes the run was asked for (more than
-    ``num_episodes`` for a run that stopped early), and ``elapsed_s`` its wall time. The driver
-    sets all four.
+    of order; results read in slot order; a suite's by ``task``, then ``index``) and
+    ``telemetry`` as a tuple. ``wasted_steps`` counts the lane-steps of surplus episodes;
+    ``telemetry`` is the run's cumulative telemetry; ``observer_errors`` counts the
+    ``RuntimeHooks`` observer calls that raised (each was logged and the run went on).
+    ``core`` is the core that ran it (``"rust"`` / ``"python"``), ``success_rule`` the rule
+    its episodes were judged by (``rlmesh.success``), ``episodes_requested`` how many episodes
+    the run was asked for (more than ``num_episodes`` for a run that stopped early), and
+    ``elapsed_s`` its wall time. The driver sets all four.
 
     Example:
         >>> episode = EpisodeResult(0, 5, 0, 0, 12, 12.0, True, False, None, 0.2, 0.1, 0.2)
@@ -285,7 +300,7 @@ class RunResult:
 
     def __post_init__(self) -> None:
         # A frozen dataclass sets its own fields only through object.__setattr__.
-        ordered = tuple(sorted(self.episodes, key=lambda episode: episode.index))
+        ordered = tuple(sorted(self.episodes, key=_episode_order))
         object.__setattr__(self, "episodes", ordered)
         object.__setattr__(self, "telemetry", tuple(self.telemetry))
 
@@ -335,6 +350,7 @@ class RunResult:
             ),
             **_run_fields(self),
             failed=np.array([episode.error is not None for episode in episodes], dtype=bool),
+            task=task_column([episode.task for episode in episodes]),
         )
 
     def summary(self) -> dict[str, Any]:
@@ -396,8 +412,9 @@ class RunColumns:
     report`` reads a results file into this (``read_columns``). ``index``, ``steps``: int64;
     ``reward``: float64; ``success``: int8, 1 succeeded, 0 failed, -1 not available;
     ``success_reported``: bool, the env's info gave the verdict; ``failed``: bool, the episode
-    was recorded as failed (``EpisodeResult.error``), None when no episode was. The other
-    fields are ``RunResult``'s.
+    was recorded as failed (``EpisodeResult.error``), None when no episode was. ``task``: the
+    suite task of each episode (a numpy str array, ``""`` for an episode of no task), None when
+    no episode has one (not a suite). The other fields are ``RunResult``'s.
     """
 
     index: np.ndarray
@@ -414,10 +431,37 @@ class RunColumns:
     episodes_requested: int | None = None
     elapsed_s: float | None = None
     failed: np.ndarray | None = None
+    task: np.ndarray | None = None
 
     @property
     def num_episodes(self) -> int:
         return int(self.index.size)
+
+    def select(self, rows: np.ndarray, **fields: Any) -> RunColumns:
+        """The episodes at ``rows`` (a boolean mask, positions or a slice), with ``fields``
+        replaced.
+
+        Example:
+            >>> columns = RunResult((), base_seed=0).columns()
+            >>> columns.select(np.zeros(0, dtype=bool), episodes_requested=3).episodes_requested
+            3
+        """
+        per_episode = {name: getattr(self, name)[rows] for name in _EPISODE_COLUMNS}
+        optional = {
+            name: None if getattr(self, name) is None else getattr(self, name)[rows]
+            for name in ("failed", "task")
+        }
+        return replace(self, **per_episode, **optional, **fields)
+
+
+_EPISODE_COLUMNS = ("index", "steps", "reward", "success", "success_reported")
+
+
+def task_column(tasks: list[str | None]) -> np.ndarray | None:
+    """``RunColumns.task`` of episodes whose tasks are ``tasks``: None when none has one."""
+    if all(task is None for task in tasks):
+        return None
+    return np.array([task or "" for task in tasks], dtype=str)
 
 
 # ---------------------------------------------------------------------------- results files
@@ -425,6 +469,8 @@ class RunColumns:
 HEADER_KEY = "rlmesh_results"  # marks the header line; its value is the format version
 RUN_KEY = "rlmesh_run"  # marks a run-segment line; its value is the format version
 RESUME_KEY = "rlmesh_resume"  # marks a resumption that changed a recorded, non-identity field
+TASK_KEY = "rlmesh_task"  # marks a suite task's header (what that task's resumption must match)
+SUITE_KEY = "suite"  # the header field of a suite's file: its tasks, as plain data
 FORMAT_VERSION = 1
 LOCK_SUFFIX = ".lock"  # the writer's lock file sits next to the results file
 
@@ -525,12 +571,10 @@ class _Contents:
     valid_bytes: int
     dropped: bytes
     resumes: list[dict[str, Any]] = field(default_factory=list)
+    tasks: list[dict[str, Any]] = field(default_factory=list)  # a suite's task headers
 
 
 _EPISODE_FIELDS = tuple(field.name for field in fields(EpisodeResult))
-# The fields every episode line holds, in order: what read_columns' fast path expects. A line
-# with an optional field too (a recorded episode's video) is read as JSON.
-_LINE_FIELDS = tuple(name for name in _EPISODE_FIELDS if name not in OPTIONAL_FIELDS)
 _FLOAT_FIELDS = ("reward", "duration_s", "predict_ms", "step_ms")
 
 
@@ -587,11 +631,14 @@ def _read(path: str | os.PathLike[str]) -> _Contents:
                 contents.runs.append(record)
             elif RESUME_KEY in record:
                 contents.resumes.append(record)
+            elif TASK_KEY in record:
+                contents.tasks.append(record)
             else:
                 episode = _episode(record, where)
-                if episode.index in seen:
-                    raise ResultsFileError(f"{where} repeats episode index {episode.index}")
-                seen.add(episode.index)
+                key = (episode.task, episode.index)
+                if key in seen:
+                    raise ResultsFileError(_repeated(where, episode.index, episode.task))
+                seen.add(key)
                 contents.episodes.append(episode)
     if contents.header is not None and not _judged_by_rule(contents.header):
         contents.episodes = [
@@ -601,10 +648,16 @@ def _read(path: str | os.PathLike[str]) -> _Contents:
     return contents
 
 
+def _repeated(where: str, index: int, task: str | None) -> str:
+    of_task = "" if task is None else f" of task {task!r}"
+    return f"{where} repeats episode index {index}{of_task}"
+
+
 def _judged_by_rule(header: dict[str, Any]) -> bool:
-    """A file written since success rules: its episodes say whether the env reported success.
-    Before, a success on file was always the env's."""
-    return "success_rule" in header
+    """A file written since success rules (a suite's: its tasks' headers record them): its
+    episodes say whether the env reported success. Before, a success on file was always the
+    env's."""
+    return "success_rule" in header or SUITE_KEY in header
 
 
 def _warn_dropped(path: str | os.PathLike[str], dropped: bytes, action: str) -> None:
@@ -808,9 +861,9 @@ READ_BLOCK_BYTES = 1 << 20
 # with numpy, a block at a time; any other line goes through json.
 _LITERALS = tuple(
     (b"{" if k == 0 else b" ") + json.dumps(name).encode() + b": "
-    for k, name in enumerate(_LINE_FIELDS)
+    for k, name in enumerate(_EPISODE_FIELDS)
 )
-_FIELD = {name: k for k, name in enumerate(_LINE_FIELDS)}
+_FIELD = {name: k for k, name in enumerate(_EPISODE_FIELDS)}
 _NEWLINE, _COMMA, _CLOSE = ord("\n"), ord(","), ord("}")
 
 
@@ -833,6 +886,7 @@ class _ColumnParts:
     success: list[np.ndarray] = field(default_factory=list)
     success_reported: list[np.ndarray] = field(default_factory=list)
     failed: list[np.ndarray] = field(default_factory=list)
+    task: list[np.ndarray] = field(default_factory=list)
     line: list[np.ndarray] = field(default_factory=list)
 
     def add(self, **columns: np.ndarray) -> None:
@@ -849,6 +903,7 @@ class _ColumnParts:
             ),
             success_reported=np.array([episode.success_reported], dtype=bool),
             failed=np.array([episode.error is not None], dtype=bool),
+            task=np.array([episode.task or ""], dtype=str),
             line=np.array([line], dtype=np.int64),
         )
 
@@ -909,9 +964,40 @@ def _word_keyword(data: np.ndarray, start: np.ndarray, stop: np.ndarray) -> np.n
     return np.where(true, 1, np.where(false, 0, -1)).astype(np.int8)
 
 
-# An episode line may end after any field from ``success_reported`` on: a file written before
-# the later fields (``error``) existed holds lines without them, read fast all the same.
-_FIELD_COUNTS = range(_FIELD["success_reported"] + 1, len(_LITERALS) + 1)
+def _quoted(data: np.ndarray, present: np.ndarray, start: np.ndarray, stop: np.ndarray) -> bool:
+    """Whether every present value in ``data[start : stop]`` is a JSON string or null."""
+    start, stop = start[present], stop[present]
+    if not start.size:
+        return True
+    length = stop - start
+    null = (length == 4) & (data[start] == ord("n")) & (data[stop - 1] == ord("l"))
+    text = (length >= 2) & (data[start] == ord('"')) & (data[stop - 1] == ord('"'))
+    return bool(np.all(null | text))
+
+
+def _texts(
+    data: np.ndarray, present: np.ndarray, start: np.ndarray, stop: np.ndarray
+) -> np.ndarray | None:
+    """Per line, the string value in ``data[start : stop]`` (``""`` where the field is absent
+    or null), or None if one holds an escape (left to json). Lines in a row with the same
+    value (a suite's file holds a task's episodes together) decode it once."""
+    if not present.size:
+        return np.empty(0, dtype=str)
+    quoted = present & (data[np.minimum(start, data.size - 1)] == ord('"'))
+    length = np.where(quoted, stop - start - 2, 0)  # between the quotes; absent or null: 0
+    if not length.size:
+        return np.empty(0, dtype=str)
+    width = max(int(length.max()), 1)
+    at = start[:, None] + 1 + np.arange(width)
+    live = np.arange(width) < length[:, None]
+    text = np.where(live, data[np.minimum(at, data.size - 1)], 0).astype(np.uint8)
+    if np.any(text == ord("\\")):
+        return None
+    changes = np.flatnonzero(np.any(text[1:] != text[:-1], axis=1) | (length[1:] != length[:-1]))
+    firsts = np.concatenate([[0], changes + 1])
+    values = [text[row, : length[row]].tobytes().decode("utf-8") for row in firsts.tolist()]
+    counts = np.diff(np.concatenate([firsts, [length.size]]))
+    return np.repeat(np.array(values, dtype=str), counts)
 
 
 def _fast_episodes(
@@ -919,69 +1005,54 @@ def _fast_episodes(
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Which lines (positions in ``starts``) are canonical episode lines, and their columns.
 
-    A canonical line has the fields in ``EpisodeResult``'s order, up to ``success_reported``
-    or any later one (the ones left out take their defaults), exactly one comma between
-    fields (so no value holds one), each field's literal where it belongs, and values that
-    parse; a line that is not is left to json (a block whose values do not parse is left to
-    json whole).
+    A canonical line has exactly one comma between fields (so no value holds one), the
+    format-1 fields' literals where they belong, then any of the optional fields in order
+    (``OPTIONAL_FIELDS``, each a string or null), and values that parse; a line that is not is
+    left to json (a block whose values do not parse is left to json whole).
     """
     first_comma = np.searchsorted(commas, starts)
-    separators = np.searchsorted(commas, ends) - first_comma
-    found = [
-        _fast_lines(data, starts, ends, commas, first_comma, separators == n - 1, n)
-        for n in _FIELD_COUNTS
-    ]
-    if any(columns is None for _, columns in found):
-        return starts[:0], {}
-    found = [(rows, columns) for rows, columns in found if rows.size]
-    if len(found) <= 1:
-        return found[0] if found else (starts[:0], {})
-    rows = np.concatenate([rows for rows, _ in found])
-    order = np.argsort(rows, kind="stable")
-    columns = {
-        name: np.concatenate([columns[name] for _, columns in found])[order] for name in found[0][1]
-    }
-    return rows[order], columns
-
-
-def _fast_lines(
-    data: np.ndarray,
-    starts: np.ndarray,
-    ends: np.ndarray,
-    commas: np.ndarray,
-    first_comma: np.ndarray,
-    counted: np.ndarray,
-    fields: int,
-) -> tuple[np.ndarray, dict[str, np.ndarray] | None]:
-    """``_fast_episodes`` for the lines of the first ``fields`` fields (``counted``: the lines
-    with one comma fewer): their positions and columns, or None for columns whose values do
-    not parse."""
-    literals = _LITERALS[:fields]
-    separators = fields - 1
-    rows = np.flatnonzero(counted & (ends - starts > len(literals[0])))
+    separators = _FORMAT_1_FIELDS - 1
+    line_commas = np.searchsorted(commas, ends) - first_comma
+    canonical = (line_commas >= separators) & (ends - starts > len(_LITERALS[0]))
+    rows = np.flatnonzero(canonical)
     if rows.size == 0:
         return rows, {}
     # Field k's literal starts at the line start (k = 0) or right after comma k - 1.
     at = commas[first_comma[rows, None] + np.arange(separators)]
     literal_at = np.concatenate([starts[rows, None], at + 1], axis=1)
-    value_start = literal_at + np.array([len(literal) for literal in literals])
-    value_stop = np.concatenate([at, ends[rows, None] - 1], axis=1)  # a comma, or the "}"
+    value_start = literal_at + np.array([len(literal) for literal in _LITERALS[:_FORMAT_1_FIELDS]])
+    # The comma after the format-1 fields (where the optional ones follow), else the "}".
+    cursor = first_comma[rows] + separators
+    remaining = line_commas[rows] - separators
+    line_end = ends[rows] - 1
+    last = commas.size - 1
+    base_stop = np.where(remaining > 0, commas[np.minimum(cursor, last)], line_end)
+    value_stop = np.concatenate([at, base_stop[:, None]], axis=1)
     words = np.ndarray((data.size - 7,), dtype="<u8", buffer=data, strides=(1,))
+    top = words.size - 1
     good = data[ends[rows] - 1] == _CLOSE
     # A line that is not an episode's may put a literal's place past the block's end.
     good &= value_start.max(axis=1) < ends[rows]
-    last_word = words.size - 1
-    for k, pairs in enumerate(_LITERAL_WORDS[:fields]):
+    last_word = top
+    for k, pairs in enumerate(_LITERAL_WORDS[:_FORMAT_1_FIELDS]):
         for offset, word in pairs:
             good &= words[np.minimum(literal_at[:, k] + offset, last_word)] == word
         good &= value_start[:, k] < value_stop[:, k]
-    error = _FIELD["error"]
-    if error < fields:  # a failed episode's line (an error text, not null) is left to json
-        good &= (value_stop[:, error] - value_start[:, error] == 4) & (
-            data[value_start[:, error]] == ord("n")
-        )
+    optional = {}
+    for j, name in enumerate(OPTIONAL_FIELDS):
+        literal_start = commas[np.minimum(cursor, last)] + 1
+        present = remaining > 0
+        for offset, word in _LITERAL_WORDS[_FORMAT_1_FIELDS + j]:
+            present &= words[np.minimum(literal_start + offset, top)] == word
+        start = literal_start + len(_LITERALS[_FORMAT_1_FIELDS + j])
+        stop = np.where(remaining > 1, commas[np.minimum(cursor + 1, last)], line_end)
+        present &= start < stop
+        optional[name] = (present, start, stop)
+        cursor, remaining = cursor + present, remaining - present
+    good &= remaining == 0  # every comma accounted for: no field but those known
     keep = np.flatnonzero(good)
     rows, value_start, value_stop = rows[keep], value_start[keep], value_stop[keep]
+    optional = {name: tuple(part[keep] for part in parts) for name, parts in optional.items()}
     count = rows.size
 
     def numbers(name: str, dtype: Any) -> np.ndarray | None:
@@ -996,25 +1067,58 @@ def _fast_lines(
         k = _FIELD[name]
         return _digits(data, value_start[:, k], value_stop[:, k])
 
+    if not all(_quoted(data, *parts) for parts in optional.values()):
+        return rows[:0], {}
     columns = {
         "index": integers("index"),
         "steps": integers("steps"),
         "reward": numbers("reward", np.float64),
         "success": keyword("success"),
         "success_reported": keyword("success_reported"),
+        "task": _texts(data, *optional["task"]),
     }
     if any(column is None for column in columns.values()) or np.any(
         columns["success_reported"] < 0
     ):
-        return rows, None
+        return rows[:0], {}
     columns["success_reported"] = columns["success_reported"].astype(bool)
-    columns["failed"] = np.zeros(count, dtype=bool)
+    present, start, stop = optional["error"]
+    null = (stop - start == 4) & (data[np.minimum(start, data.size - 1)] == ord("n"))
+    columns["failed"] = present & ~null  # a failed episode's line holds its error's text
     return rows, columns
 
 
+def _ranks(values: np.ndarray) -> np.ndarray:
+    """Each value's rank among the distinct ``values`` (``np.unique``'s inverse), computed on
+    the runs of equal values: a suite's file holds each task's episodes together, so there
+    are few runs, and sorting them is cheap where sorting every value is not."""
+    changes = np.flatnonzero(values[1:] != values[:-1]) + 1
+    firsts = np.concatenate([[0], changes])
+    run_ranks = np.unique(values[firsts], return_inverse=True)[1]
+    return np.repeat(run_ranks, np.diff(np.concatenate([firsts, [values.size]])))
+
+
+@dataclass
+class _Scan:
+    """What ``read_columns`` reads of a file: its header, columns, and the other records."""
+
+    header: dict[str, Any]
+    columns: RunColumns
+    runs: list[dict[str, Any]]
+    tasks: list[dict[str, Any]]
+    resumes: list[dict[str, Any]]
+
+
 def read_columns(path: str | os.PathLike[str]) -> tuple[dict[str, Any], RunColumns]:
-    """A results file's header and columns: ``read_columns_with_resumes`` without the
-    resumptions' records.
+    """A results file's header (without its format key) and the file as ``RunColumns``: what
+    ``rlmesh report`` summarizes, in bounded memory and without an object per episode.
+
+    The same figures as ``read_run(path)[1].columns()``, and the same errors for a line that
+    is not JSON, an episode index given twice (of one task, in a suite's file) or a missing
+    header; a cut-off last line is skipped with a warning. Episode lines as rlmesh writes them
+    are parsed a block at a time with numpy (their ``index``, ``steps``, ``reward``,
+    ``success``, ``success_reported`` and ``task``: what a summary reads); any other line is
+    parsed as JSON. A suite's file reads per task with ``read_suite_columns``.
 
     Example:
         >>> import os, tempfile
@@ -1026,23 +1130,16 @@ def read_columns(path: str | os.PathLike[str]) -> tuple[dict[str, Any], RunColum
         >>> columns.index.tolist(), columns.reward.tolist(), columns.episodes_requested
         ([0, 2], [0.0, 3.0], 3)
     """
-    header, columns, _ = read_columns_with_resumes(path)
-    return header, columns
+    scan = _scan_columns(path)
+    return _config(scan.header), scan.columns
 
 
 def read_columns_with_resumes(
     path: str | os.PathLike[str],
 ) -> tuple[dict[str, Any], RunColumns, list[dict[str, Any]]]:
-    """A results file's header (without its format key) and the file as ``RunColumns``: what
-    ``rlmesh report`` summarizes, in bounded memory and without an object per episode.
-
-    The same figures as ``read_run(path)[1].columns()``, and the same errors for a line that
-    is not JSON, an episode index given twice or a missing header; a cut-off last line is
-    skipped with a warning. Episode lines as rlmesh writes them are parsed a block at a time
-    with numpy (their ``index``, ``steps``, ``reward``, ``success`` and ``success_reported``:
-    what a summary reads); any other line is parsed as JSON. The third value is the records
-    of the file's resumptions that changed a recorded field (``rlmesh_resume`` lines, without
-    their marker), in file order: each one's ``provenance`` among them.
+    """``read_columns``, and the records of the file's resumptions that changed a recorded
+    field (``rlmesh_resume`` lines, without their marker), in file order: each one's
+    ``provenance`` among them.
 
     Example:
         >>> import os, tempfile
@@ -1053,11 +1150,77 @@ def read_columns_with_resumes(
         >>> read_columns_with_resumes(path)[2]
         [{'core': 'python'}]
     """
+    scan = _scan_columns(path)
+    return _config(scan.header), scan.columns, scan.resumes
+
+
+def read_suite_columns(
+    path: str | os.PathLike[str],
+) -> tuple[dict[str, Any], dict[str, RunColumns]]:
+    """A suite's results file (``rlmesh.run_suite``) as its header and, for every task of the
+    suite in its order, that task's ``RunColumns`` (with its success rule, episodes asked
+    for, telemetry and waste; a task never started holds no episodes).
+
+    Raises:
+        ResultsFileError: the file is not a suite's (its header lists no tasks), or as
+            ``read_columns``.
+    """
+    scan = _scan_columns(path)
+    tasks = _suite_tasks(path, scan.header)
+    headers = {record["task"]: _config(record, TASK_KEY) for record in scan.tasks}
+    columns, task = scan.columns, scan.columns.task
+    split = {}
+    for spec in tasks:
+        name = spec["name"]
+        # The columns are sorted by task, then index: each task's episodes are one slice.
+        rows = slice(0, 0)
+        if task is not None:
+            start, stop = np.searchsorted(task, name, "left"), np.searchsorted(task, name, "right")
+            rows = slice(int(start), int(stop))
+        header = headers.get(name, spec)
+        runs = [run for run in scan.runs if run.get("task") == name]
+        split[name] = columns.select(rows, **_file_fields(header, runs))
+    return _config(scan.header), split
+
+
+def read_suite(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, RunResult]]:
+    """A suite's results file as its header and one ``RunResult`` per task of the suite, in
+    its order (a task never started holds no episodes). Errors as ``read_suite_columns``."""
+    contents = _read(path)
+    if contents.dropped:
+        _warn_dropped(path, contents.dropped, "skipped")
+    if contents.header is None:
+        raise ResultsFileError(f"{os.fspath(path)} is empty: it holds no results header")
+    tasks = _suite_tasks(path, contents.header)
+    headers = {record["task"]: _config(record, TASK_KEY) for record in contents.tasks}
+    runs = {}
+    for spec in tasks:
+        name = spec["name"]
+        episodes = [episode for episode in contents.episodes if episode.task == name]
+        task_runs = [run for run in contents.runs if run.get("task") == name]
+        runs[name], _ = _combine(headers.get(name, spec), episodes, task_runs)
+    return _config(contents.header), runs
+
+
+def _suite_tasks(path: str | os.PathLike[str], header: dict[str, Any]) -> list[dict[str, Any]]:
+    tasks = header.get(SUITE_KEY)
+    if not isinstance(tasks, list) or not all(
+        isinstance(task, dict) and isinstance(task.get("name"), str) for task in tasks
+    ):
+        raise ResultsFileError(
+            f"{os.fspath(path)} is not a suite's results file: its header lists no tasks "
+            f"({SUITE_KEY!r}); read it with read_columns / read_run"
+        )
+    return tasks
+
+
+def _scan_columns(path: str | os.PathLike[str]) -> _Scan:
     name = os.fspath(path)
     parts = _ColumnParts()
     header: dict[str, Any] | None = None
     runs: list[dict[str, Any]] = []
     resumes: list[dict[str, Any]] = []
+    tasks: list[dict[str, Any]] = []
     first_line = 1
     with open(path, "rb") as handle:
         carry = b""
@@ -1092,6 +1255,8 @@ def read_columns_with_resumes(
                     runs.append(record)
                 elif RESUME_KEY in record:
                     resumes.append(_config(record, RESUME_KEY))
+                elif TASK_KEY in record:
+                    tasks.append(record)
                 else:
                     parts.add_episode(_episode(record, where), number)
             first_line += starts.size
@@ -1100,17 +1265,25 @@ def read_columns_with_resumes(
     if header is None:
         raise ResultsFileError(f"{name} is empty: it holds no results header")
     index = parts.joined("index", np.int64)
+    task = parts.joined("task", str)
+    has_tasks = bool(task.size) and bool(np.any(task != ""))
+    # (task, index) as one sortable key: the task's rank among the names, then the index.
+    rank = _ranks(task) if has_tasks else None
+    key = index if rank is None else rank.astype(np.int64) * (1 << 40) + index
     # A run of one lane writes its episodes in index order: then nothing needs reordering.
-    order = None if np.all(index[1:] > index[:-1]) else np.argsort(index, kind="stable")
-    if order is not None and np.any(index[order][1:] == index[order][:-1]):
+    order = None if np.all(key[1:] > key[:-1]) else np.argsort(key, kind="stable")
+    if order is not None and np.any(key[order][1:] == key[order][:-1]):
         # As json reading finds it: the first line, in file order, that repeats an index.
         lines = parts.joined("line", np.int64)
-        by_line = np.lexsort((lines, index))
-        again = np.flatnonzero(index[by_line][1:] == index[by_line][:-1]) + 1
-        first = again[np.argmin(lines[by_line][again])]
+        by_line = np.lexsort((lines, key))
+        again = np.flatnonzero(key[by_line][1:] == key[by_line][:-1]) + 1
+        first = by_line[again[np.argmin(lines[by_line][again])]]
         raise ResultsFileError(
-            f"{name}, line {int(lines[by_line][first])} repeats episode index "
-            f"{int(index[by_line][first])}"
+            _repeated(
+                f"{name}, line {int(lines[first])}",
+                int(index[first]),
+                str(task[first]) if has_tasks and task[first] else None,
+            )
         )
 
     def column(name: str, dtype: Any) -> np.ndarray:
@@ -1119,6 +1292,7 @@ def read_columns_with_resumes(
 
     success = column("success", np.int8)
     reported = column("success_reported", bool)
+    failed = column("failed", bool)
     if not _judged_by_rule(header):
         reported = success >= 0
     columns = RunColumns(
@@ -1128,9 +1302,10 @@ def read_columns_with_resumes(
         success=success,
         success_reported=reported,
         **_file_fields(header, runs),
-        failed=column("failed", bool),
+        failed=failed,
+        task=column("task", str) if has_tasks else None,
     )
-    return _config(header), columns, resumes
+    return _Scan(header, columns, runs, tasks, resumes)
 
 
 class ResultsFile:
@@ -1180,6 +1355,9 @@ class ResultsFile:
         episodes: list[EpisodeResult],
         runs: list[dict[str, Any]],
         lock: _WriterLock | None = None,
+        *,
+        tasks: Iterable[dict[str, Any]] = (),
+        resumes: Iterable[dict[str, Any]] = (),
     ) -> None:
         self.path = os.fspath(path)
         self.header = header
@@ -1187,6 +1365,8 @@ class ResultsFile:
         self._episodes = list(episodes)
         self._runs = list(runs)
         self._lock = lock
+        self._tasks = {record["task"]: record for record in tasks}
+        self._resumes = list(resumes)
 
     @classmethod
     def open(
@@ -1201,7 +1381,13 @@ class ResultsFile:
 
         ``allow_changed_policy``: on resume, accept a ``policy_sha256`` other than the file's
         (the policy's code changed), with a warning, and record the new one.
+
+        ``path`` may also be one task's part of an open suite file (``TaskResults``, what
+        ``rlmesh.run_suite`` hands each task's run as its ``results_path``): that task's
+        episodes are then the file's, and ``header`` is the task's.
         """
+        if isinstance(path, TaskResults):
+            return path.begin(header, allow_changed_policy=allow_changed_policy)
         lock = _WriterLock.acquire(os.fspath(path))
         try:
             return cls._open_locked(path, header, resume, allow_changed_policy, lock)
@@ -1234,6 +1420,7 @@ class ResultsFile:
             recorded = _config(contents.header)
             for resumption in contents.resumes:
                 recorded.update(_config(resumption, RESUME_KEY))
+            _check_suite(path, recorded.get(SUITE_KEY), config.get(SUITE_KEY))
             changed = _check_identity(path, recorded, config, allow_changed_policy)
         if contents is not None and contents.dropped:
             _warn_dropped(path, contents.dropped, "dropped")
@@ -1245,15 +1432,24 @@ class ResultsFile:
             handle.flush()
             return cls(path, handle, config, [], [], lock)
         handle = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
-        results = cls(path, handle, config, contents.episodes, contents.runs, lock)
+        results = cls(
+            path,
+            handle,
+            config,
+            contents.episodes,
+            contents.runs,
+            lock,
+            tasks=contents.tasks,
+            resumes=contents.resumes,
+        )
         if changed:
             results._write({RESUME_KEY: FORMAT_VERSION, **changed})
         return results
 
     @property
     def episodes(self) -> tuple[EpisodeResult, ...]:
-        """Every episode in the file, sorted by index."""
-        return tuple(sorted(self._episodes, key=lambda episode: episode.index))
+        """Every episode in the file, sorted by index (a suite's by task, then index)."""
+        return tuple(sorted(self._episodes, key=_episode_order))
 
     @property
     def indices(self) -> frozenset[int]:
@@ -1265,11 +1461,15 @@ class ResultsFile:
         self._write(episode.to_dict())
         self._episodes.append(episode)
 
-    def append_run(self, result: RunResult, *, elapsed_s: float | None = None) -> None:
+    def append_run(
+        self, result: RunResult, *, elapsed_s: float | None = None, task: str | None = None
+    ) -> None:
         """Close a run segment: its wasted steps, observer errors, wall time and telemetry
-        (not its episodes, which ``append`` wrote as they completed)."""
+        (not its episodes, which ``append`` wrote as they completed); ``task``: the suite
+        task whose run it was."""
         record = {
             RUN_KEY: FORMAT_VERSION,
+            **({} if task is None else {"task": task}),
             "wasted_steps": result.wasted_steps,
             "observer_errors": result.observer_errors,
             "elapsed_s": elapsed_s,
@@ -1301,6 +1501,111 @@ class ResultsFile:
     def _write(self, record: dict[str, Any]) -> None:
         self._handle.write(dumps(record) + "\n")
         self._handle.flush()
+
+    def task(self, name: str) -> TaskResults:
+        """Task ``name``'s part of this suite's file, to pass a run as its ``results_path``."""
+        return TaskResults(self, name)
+
+
+class TaskResults:
+    """One task's part of a suite's results file: what ``ResultsFile.open`` returns for it,
+    and all a run sees of the file.
+
+    The task's run opens it with its own header (``begin``): the first time, that header is
+    written as a ``{"rlmesh_task": 1, "task": name, ...}`` line; on a resumption it must match
+    the recorded one, as a run's header must match its file's. Its episodes are appended with
+    ``task`` set, its run segments name the task, and closing it leaves the file (and its
+    lock) to the suite. ``episodes``, ``indices`` and ``run_result`` are the task's alone.
+    """
+
+    def __init__(self, file: ResultsFile, name: str) -> None:
+        self.file, self.name = file, name
+        self.path = file.path
+        self.header: dict[str, Any] = {}
+
+    def begin(self, header: dict[str, Any], *, allow_changed_policy: bool) -> TaskResults:
+        """Record (or, resuming, check) the task's header; returns this part."""
+        file = self.file
+        config = {**json.loads(dumps(_config(header))), "task": self.name}
+        recorded = file._tasks.get(self.name)
+        if recorded is None:
+            record = {TASK_KEY: FORMAT_VERSION, **config}
+            file._write(record)
+            file._tasks[self.name] = record
+        else:
+            found = _config(recorded, TASK_KEY)
+            for resumption in file._resumes:
+                if resumption.get("task") == self.name:
+                    found.update(_config(resumption, RESUME_KEY))
+            where = f"{file.path} (task {self.name!r})"
+            changed = _check_identity(where, found, config, allow_changed_policy)
+            if changed:
+                record = {RESUME_KEY: FORMAT_VERSION, "task": self.name, **changed}
+                file._write(record)
+                file._resumes.append(record)
+        self.header = config
+        return self
+
+    @property
+    def episodes(self) -> tuple[EpisodeResult, ...]:
+        """The task's episodes in the file, sorted by index."""
+        return tuple(
+            sorted(
+                (episode for episode in self.file._episodes if episode.task == self.name),
+                key=lambda episode: episode.index,
+            )
+        )
+
+    @property
+    def indices(self) -> frozenset[int]:
+        """The indices of the task's episodes in the file."""
+        return frozenset(e.index for e in self.file._episodes if e.task == self.name)
+
+    def append(self, episode: EpisodeResult) -> None:
+        """Write one of the task's completed episodes, ``task`` set, and flush it."""
+        self.file.append(replace(episode, task=self.name))
+
+    def append_run(self, result: RunResult, *, elapsed_s: float | None = None) -> None:
+        """Close one of the task's run segments."""
+        self.file.append_run(result, elapsed_s=elapsed_s, task=self.name)
+
+    def run_result(self) -> tuple[RunResult, float | None]:
+        """The task's episodes and run segments as one ``RunResult``, and their seconds."""
+        runs = [run for run in self.file._runs if run.get("task") == self.name]
+        return _combine(self.header, list(self.episodes), runs)
+
+    def close(self) -> None:
+        """Nothing: the suite's file stays open for its next task."""
+
+
+def _check_suite(path: str | os.PathLike[str], found: Any, wanted: Any) -> None:
+    """Refuse resuming a suite's file with another suite, naming each task and field that
+    differ (a task given as plain data: ``rlmesh.Task.to_dict()``)."""
+    if found == wanted or not isinstance(found, list) or not isinstance(wanted, list):
+        return
+    by_name = {task.get("name"): task for task in found if isinstance(task, dict)}
+    names = ", ".join(map(str, by_name))
+    differences = []
+    for task in wanted:
+        name = task.get("name")
+        if name not in by_name:
+            differences.append(f"task {name!r} is not in the file's suite (its tasks: {names})")
+            continue
+        recorded = by_name.pop(name)
+        keys = sorted(set(recorded) | set(task))
+        changed = [key for key in keys if recorded.get(key) != task.get(key)]
+        differences += [f"task {name!r}, {d}" for d in _differences(recorded, task, changed)]
+    differences += [f"task {name!r} is in the file's suite but not in this one" for name in by_name]
+    if not differences:  # the same tasks in another order
+        differences = [
+            f"the tasks are in another order: the file has {[t.get('name') for t in found]}, "
+            f"this suite has {[t.get('name') for t in wanted]}"
+        ]
+    raise ResultsFileError(
+        f"{os.fspath(path)} holds another suite than this one: "
+        + "; ".join(differences)
+        + ". Resume with the same suite, or choose another path"
+    )
 
 
 def _check_identity(

@@ -475,3 +475,148 @@ def format_summary(summary: dict[str, Any]) -> str:
     rows = summary_rows(summary)
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label.ljust(width)}  {text}" for label, text in rows)
+
+
+# ---------------------------------------------------------------------------- suites
+
+
+OVERALL_METHOD = (
+    "the unweighted mean of the per-task figures (each task counts once, whatever its "
+    "episodes); 95% CI: stratified bootstrap, each task's episodes resampled within the task "
+    "({resamples} resamples, seed {seed})"
+)
+
+
+def summarize_suite(
+    runs: dict[str, RunResult | RunColumns],
+    *,
+    confidence: float = 0.95,
+    resamples: int = 10_000,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """A suite's summary, JSON-ready: one row per task and the overall row.
+
+    Args:
+        runs: task name -> that task's ``RunResult`` or ``RunColumns`` (``rlmesh.run_suite``'s
+            ``SuiteResult.runs``, or ``results.read_suite_columns``), in suite order.
+
+    Each task row holds the task's ``summarize`` figures of its episodes that did not fail
+    (``success_rate`` with its Wilson ``success_ci95``, ``mean_reward`` with its bootstrap
+    ``mean_reward_ci95``, ...), with ``episodes`` counting every episode, ``errors`` the
+    failed ones (``EpisodeResult.error`` set) and ``error_indices`` their indices. The
+    overall row holds ``success_rate``, the mean of the per-task success rates (of the
+    ``success_tasks`` tasks whose success is available), and ``mean_reward``, the mean of the
+    per-task mean rewards, each with a ``stratified_bootstrap_mean_ci`` (``seed``, ``resamples``);
+    ``method`` says so in words.
+
+    Example:
+        >>> from rlmesh.results import EpisodeResult
+        >>> def episode(k, reward, success):
+        ...     return EpisodeResult(k, k, k, 0, 10, reward, True, False, success, 0, 0, 0, True)
+        >>> a = RunResult([episode(0, 1.0, True), episode(1, 0.0, False)], base_seed=0)
+        >>> b = RunResult([episode(0, 4.0, True)], base_seed=0)
+        >>> overall = summarize_suite({"a": a, "b": b})["overall"]
+        >>> overall["success_rate"], overall["mean_reward"]
+        (0.75, 2.25)
+    """
+    rows, rates, returns = [], [], []
+    for name, run in runs.items():
+        columns = run.columns() if isinstance(run, RunResult) else run
+        failed = columns.failed
+        if failed is None:
+            failed = np.zeros(columns.num_episodes, dtype=bool)
+        kept = columns.select(~failed)
+        row = summarize(kept)
+        requested = columns.episodes_requested
+        row.update(
+            task=name,
+            episodes=columns.num_episodes,
+            complete=None if requested is None else columns.num_episodes >= requested,
+            errors=int(failed.sum()),
+            error_indices=columns.index[failed].tolist(),
+        )
+        rows.append({"task": name, **row})
+        judged = kept.success >= 0
+        if judged.any():
+            rates.append(kept.success[judged].astype(np.float64))
+        if kept.num_episodes:
+            returns.append(kept.reward)
+    success_lo, success_hi = stratified_bootstrap_mean_ci(rates, confidence, resamples, seed)
+    reward_lo, reward_hi = stratified_bootstrap_mean_ci(returns, confidence, resamples, seed)
+    requested = [row["episodes_requested"] for row in rows]
+    overall = {
+        "tasks": len(rows),
+        "episodes": sum(row["episodes"] for row in rows),
+        "episodes_requested": None if None in requested else sum(requested),
+        "complete": all(row["complete"] is not False for row in rows),
+        "errors": sum(row["errors"] for row in rows),
+        "success_rate": _number(mean([rate.mean() for rate in rates])) if rates else None,
+        "success_ci95": [_number(success_lo), _number(success_hi)],
+        "success_tasks": len(rates),
+        "mean_reward": _number(mean([float(np.mean(r)) for r in returns])) if returns else None,
+        "mean_reward_ci95": [_number(reward_lo), _number(reward_hi)],
+        "reward_tasks": len(returns),
+        "ci": "stratified bootstrap",
+        "resamples": resamples,
+        "seed": seed,
+        "method": OVERALL_METHOD.format(resamples=resamples, seed=seed),
+    }
+    return {"tasks": rows, "overall": overall}
+
+
+def format_suite_summary(summary: dict[str, Any]) -> str:
+    """The suite's summary (``summarize_suite``) as an aligned table: one row per task, the
+    overall row, and a line saying how the overall row is computed.
+
+    Example:
+        >>> print(format_suite_summary(summarize_suite({"a": RunResult((), base_seed=0)})))
+        ... # doctest: +NORMALIZE_WHITESPACE
+        task     episodes  errors  success  95% CI (Wilson)  mean reward  95% CI (bootstrap)
+        a        0         0       n/a      -                -            -
+        overall  0         0       n/a      -                -            -
+        overall: the unweighted mean of the per-task figures ...
+    """
+    header = [
+        "task",
+        "episodes",
+        "errors",
+        "success",
+        "95% CI (Wilson)",
+        "mean reward",
+        "95% CI (bootstrap)",
+    ]
+
+    def cells(name: str, row: dict[str, Any]) -> list[str]:
+        episodes = str(row["episodes"])
+        if row.get("complete") is False:
+            episodes = f"{row['episodes']} of {row['episodes_requested']}, incomplete"
+        rate = row["success_rate"]
+        return [
+            name,
+            episodes,
+            str(row["errors"]),
+            "n/a" if rate is None else f"{rate:.1%}",
+            "-" if rate is None else _interval(row["success_ci95"], ".1%"),
+            _fmt(row["mean_reward"]),
+            "-" if row["mean_reward"] is None else _interval(row["mean_reward_ci95"]),
+        ]
+
+    lines = [header]
+    lines += [cells(row["task"], row) for row in summary["tasks"]]
+    overall = summary["overall"]
+    lines.append(cells("overall", overall))
+    widths = [max(len(line[k]) for line in lines) for k in range(len(header))]
+    table = [
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        for line in lines
+    ]
+    note = f"overall: {overall['method']}"
+    if overall["success_tasks"] < overall["tasks"]:
+        note += (
+            f"; success over the {overall['success_tasks']} of {overall['tasks']} tasks whose "
+            "success is available"
+        )
+    failed = [f"{row['task']} {row['error_indices']}" for row in summary["tasks"] if row["errors"]]
+    if failed:
+        note += "\nfailed episodes (kept out of the figures): " + "; ".join(failed)
+    return "\n".join(table) + "\n" + note
