@@ -473,3 +473,21 @@ def test_the_env_tags_reach_the_workers():
     options = {"episodes": 4, "seed": 3, "max_episode_steps": 10, "env_tags": TAGS}
     clustered = rlmesh.run(RoleModel(), UntaggedLibero, cluster="ray", workers=2, **options)
     assert comparable(clustered) == comparable(rlmesh.run(RoleModel(), UntaggedLibero, **options))
+
+
+def test_a_cluster_run_records_the_same_videos_as_a_local_run(tmp_path):
+    from helpers import comparable
+    from test_video import FRAME, check_videos, make_rendered, policy
+
+    options = {"episodes": 6, "seed": 4, "record_video": 3}
+    results = {}
+    for name, placement in (("local", {}), ("ray", {"cluster": "ray", "workers": 2})):
+        (tmp_path / name).mkdir()
+        path = tmp_path / name / "run.jsonl"
+        results[name] = rlmesh.run(policy, make_rendered, results_path=path, **options, **placement)
+        videos = tmp_path / name / "run_videos"
+        check_videos(results[name], videos, tmp_path / name, 3, "RenderedEnv", FRAME)
+        # The file links each video relative to its own directory, as the result does.
+        linked = sorted((e.index, e.video) for e in read_results(path)[1])
+        assert linked == [(e.index, e.video) for e in results[name].episodes]
+    assert comparable(results["ray"]) == comparable(results["local"])  # links included

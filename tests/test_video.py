@@ -345,11 +345,6 @@ def test_suite_tasks_name_their_files_by_prefix(tmp_path):
 # ---------------------------------------------------------------------------- bad input
 
 
-def test_a_cluster_run_does_not_record_yet(tmp_path):
-    with pytest.raises(ValueError, match=r"record_video records on this process's lanes; it "):
-        rlmesh.run(policy, make_rendered, cluster="ray", record_video=1, video_dir=tmp_path)
-
-
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

@@ -204,7 +204,9 @@ async def arun(
             default None). The record is not checked on resume.
         record_video: record the episodes whose index is below this (``rlmesh.video``) to
             mp4 files of ``steps + 1`` frames each (the reset's, then one per step), linked
-            from their ``EpisodeResult.video``. Recording changes no result.
+            from their ``EpisodeResult.video``. Recording changes no result. With
+            ``cluster="ray"`` the workers write them into ``video_dir``: on a cluster of
+            several machines, a directory they all reach.
         video_dir: where the videos go (default: ``<results stem>_videos/`` beside
             ``results_path``; one of the two is needed).
         video_key: take the frames from this image key of a Dict observation (or
@@ -274,12 +276,6 @@ async def arun(
     if results_path is not None:
         run_info = _with_provenance(run_info, model, env, core, stated)
     if placement is not None:
-        if settings.video is not None:
-            raise ValueError(
-                "record_video records on this process's lanes; it does not run with "
-                "cluster='ray' yet: record the episodes in a local run (the same seeds give "
-                "the same episodes)"
-            )
         from .cluster import run_on_cluster  # Ray is imported only by runs that ask for it
 
         return await run_on_cluster(

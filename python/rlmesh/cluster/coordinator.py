@@ -29,10 +29,12 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -146,6 +148,13 @@ def _window_arguments(
     }
     if settings.on_error == "retry":  # a window's episodes retry their env failures there
         arguments["max_retries"] = settings.max_retries
+    if settings.video is not None:  # each window records its indices below K, to one place
+        arguments.update(
+            record_video=settings.video.episodes,
+            video_dir=str(settings.video.directory.resolve()),
+            video_key=settings.video.key,
+            video_prefix=settings.video.prefix,
+        )
     if placement.processes_per_worker is not None:
         arguments["workers"] = placement.processes_per_worker  # the worker's process lanes
         arguments["restart_workers"] = settings.restart_workers
@@ -470,6 +479,7 @@ class Coordinator:
         for episode in message.episodes:
             if episode.index in self.merged:  # delivered again by a re-run: merged by index
                 continue
+            episode = self._linked(episode)
             self.merged[episode.index] = episode
             if self.results is not None:
                 self.results.append(episode)
@@ -481,6 +491,16 @@ class Coordinator:
             self.next_snapshot = now + self.settings.telemetry_window
             await self.hooks.telemetry(self._throughput(now))
         return added, steps
+
+    def _linked(self, episode: EpisodeResult) -> EpisodeResult:
+        """``episode`` with its video (which a window links by its absolute path) relative to
+        the results file's directory, as a local run links it."""
+        video = self.settings.video
+        if episode.video is None or video is None or video.links_from is None:
+            return episode
+        return replace(
+            episode, video=Path(os.path.relpath(episode.video, video.links_from)).as_posix()
+        )
 
     def _throughput(self, now: float) -> list[TelemetryRow]:
         """The cluster's lane-steps per second so far, as a local run's snapshot gives them."""
