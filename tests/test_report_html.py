@@ -270,3 +270,25 @@ def test_a_file_without_episodes_and_non_finite_returns_still_report(tmp_path):
     ]
     text = write_html(RunResult(episodes, base_seed=0), tmp_path / "r.html").read_text()
     assert "2 non-finite not shown" in text
+
+
+def test_a_real_suites_report_gives_its_overall_row_as_rlmesh_report_does(tmp_path):
+    from rlmesh.results import read_suite_columns
+    from rlmesh.stats import summarize_suite
+
+    tasks = [
+        rlmesh.Task("short", "CartPole-v1", episodes=4, seed=1, max_episode_steps=40),
+        rlmesh.Task("long", "CartPole-v1", episodes=6, seed=2, max_episode_steps=120),
+    ]
+    path = tmp_path / "suite.jsonl"
+    rlmesh.run_suite(cartpole_policy, tasks, results_path=path, success=30)
+    text = write_html(path, tmp_path / "report.html").read_text(encoding="utf-8")
+    overall = summarize_suite(read_suite_columns(path)[1])["overall"]
+    low, high = overall["mean_reward_ci95"]
+    row = (
+        "<tr><td>overall (mean of the tasks; stratified bootstrap CIs)</td><td>10</td><td>0</td>"
+        f"<td>{overall['success_rate']:.1%} [{overall['success_ci95'][0]:.1%}, "
+        f"{overall['success_ci95'][1]:.1%}]</td>"
+        f"<td>{overall['mean_reward']:.3f} [{low:.3f}, {high:.3f}]</td><td></td></tr>"
+    )
+    assert row in text

@@ -541,8 +541,6 @@ def summarize_suite(
             rates.append(kept.success[judged].astype(np.float64))
         if kept.num_episodes:
             returns.append(kept.reward)
-    success_lo, success_hi = stratified_bootstrap_mean_ci(rates, confidence, resamples, seed)
-    reward_lo, reward_hi = stratified_bootstrap_mean_ci(returns, confidence, resamples, seed)
     requested = [row["episodes_requested"] for row in rows]
     overall = {
         "tasks": len(rows),
@@ -550,6 +548,31 @@ def summarize_suite(
         "episodes_requested": None if None in requested else sum(requested),
         "complete": all(row["complete"] is not False for row in rows),
         "errors": sum(row["errors"] for row in rows),
+        **suite_overall(rates, returns, confidence=confidence, resamples=resamples, seed=seed),
+    }
+    return {"tasks": rows, "overall": overall}
+
+
+def suite_overall(
+    rates: Sequence[np.ndarray],
+    returns: Sequence[np.ndarray],
+    *,
+    confidence: float = 0.95,
+    resamples: int = 10_000,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """A suite's overall figures from its tasks' success verdicts (``rates``: per task with
+    any, its 0/1 values) and returns (per task with episodes): the means of the per-task
+    means, each with its stratified bootstrap CI, and the method in words.
+
+    Example:
+        >>> overall = suite_overall([np.array([1.0, 0.0]), np.array([1.0])], [np.array([2.0])])
+        >>> overall["success_rate"], overall["mean_reward"], overall["mean_reward_ci95"]
+        (0.75, 2.0, [2.0, 2.0])
+    """
+    success_lo, success_hi = stratified_bootstrap_mean_ci(rates, confidence, resamples, seed)
+    reward_lo, reward_hi = stratified_bootstrap_mean_ci(returns, confidence, resamples, seed)
+    return {
         "success_rate": _number(mean([rate.mean() for rate in rates])) if rates else None,
         "success_ci95": [_number(success_lo), _number(success_hi)],
         "success_tasks": len(rates),
@@ -561,7 +584,6 @@ def summarize_suite(
         "seed": seed,
         "method": OVERALL_METHOD.format(resamples=resamples, seed=seed),
     }
-    return {"tasks": rows, "overall": overall}
 
 
 def format_suite_summary(summary: dict[str, Any]) -> str:

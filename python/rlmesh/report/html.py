@@ -43,6 +43,7 @@ from ..results import (
     HEADER_KEY,
     RESUME_KEY,
     RUN_KEY,
+    TASK_KEY,
     RunColumns,
     RunResult,
     _check_header,
@@ -54,7 +55,7 @@ from ..results import (
     _warn_dropped,
     decode_float,
 )
-from ..stats import summarize, summary_rows, wilson_interval
+from ..stats import suite_overall, summarize, summary_rows, wilson_interval
 from . import plots
 
 # A header value longer than this (a list of 10,000 seeds) is shown cut, with its length.
@@ -110,7 +111,7 @@ def read_report_data(path: str | os.PathLike[str]) -> ReportData:
                 runs.append(record)
             elif RESUME_KEY in record:
                 resumes.append(_config(record, RESUME_KEY))
-            else:
+            elif TASK_KEY not in record:  # a suite's task header: its settings, shown in none
                 records.append(_decoded(record, where))
     if header is None:
         raise ResultsFileError(f"{name} is empty: it holds no results header")
@@ -259,10 +260,13 @@ def _tasks_section(groups: dict[str | None, list[dict[str, Any]]]) -> str:
     and mean return, each with its 95% interval; the success rates with their Wilson error
     bars; each task's histograms of returns and lengths."""
     rows, names, rates, intervals, rewards, lengths = [], [], [], [], [], []
+    verdicts = []
     for task, group in groups.items():
         columns = scored_columns(group)
         summary = summarize(columns)
         judged = columns.success[columns.success >= 0]
+        if judged.size:
+            verdicts.append(judged.astype(np.float64))
         rate = float(judged.mean()) if judged.size else None
         low, high = wilson_interval(int(judged.sum()), int(judged.size))
         names.append(_task_label(task))
@@ -281,6 +285,21 @@ def _tasks_section(groups: dict[str | None, list[dict[str, Any]]]) -> str:
                 f"{_figure(summary['mean_reward'])} "
                 f"[{_figure(reward_low)}, {_figure(reward_high)}]",
                 _figure(summary["episode_length_mean"]),
+            )
+        )
+    if len(groups) > 1:  # a suite: the mean of the tasks, as rlmesh report gives it
+        overall = suite_overall(verdicts, [reward for reward in rewards if reward.size])
+        rate, (low, high) = overall["success_rate"], overall["success_ci95"]
+        reward_low, reward_high = overall["mean_reward_ci95"]
+        rows.append(
+            (
+                "overall (mean of the tasks; stratified bootstrap CIs)",
+                sum(row[1] for row in rows),
+                sum(row[2] for row in rows),
+                "n/a" if rate is None else f"{_percent(rate)} [{_percent(low)}, {_percent(high)}]",
+                f"{_figure(overall['mean_reward'])} "
+                f"[{_figure(reward_low)}, {_figure(reward_high)}]",
+                "",
             )
         )
     header = (
