@@ -30,8 +30,7 @@ REPORT_EPISODES = 1_000_000
 _LINE = (
     '{{"index": {0}, "seed": {1}, "trial": {0}, "env_index": {2}, "steps": {3}, '
     '"reward": {4!r}, "terminated": {5}, "truncated": {6}, "success": {7}, '
-    '"duration_s": {8!r}, "predict_ms": 0.0123, "step_ms": 0.0456, "success_reported": {9}, '
-    '"error": null}}\n'
+    '"duration_s": {8!r}, "predict_ms": 0.0123, "step_ms": 0.0456, "success_reported": {9}}}\n'
 )
 
 

@@ -43,7 +43,7 @@ def leftovers(pid=None):
 def alive(pid):
     try:
         status = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone, or going as we read
         return False
     return "\nState:\tZ" not in status
 

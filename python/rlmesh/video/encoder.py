@@ -75,6 +75,10 @@ class _Video:
         if self.writer is None:
             import imageio.v2 as imageio
 
+            # imageio-ffmpeg otherwise starts ffmpeg with preexec_fn=os.setpgrp, which is not
+            # safe with threads running (gRPC's, this encoder's): the child can die or hang
+            # before exec, and the run then writes into a dead or never-read pipe.
+            os.environ.setdefault("IMAGEIO_FFMPEG_NO_PREVENT_SIGINT", "1")
             self.shape = (frame.shape, frame.dtype)
             self.writer = imageio.get_writer(
                 partial_path(self.path),
