@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import rlmesh
 from gymnasium import spaces
-from helpers import CORES, comparable
+from helpers import CORES, cartpole_policy, comparable
 from rlmesh import results, stats, suites
 from rlmesh.cli import main
 from rlmesh.errors import ResultsFileError
@@ -639,3 +639,15 @@ def test_cli_ctrl_c_keeps_the_suite_and_resume_completes_it(tmp_path):
     _, reference = read_suite(tmp_path / "whole.jsonl")
     for name in reference:
         assert of_suite(stopped[name]) == of_suite(reference[name]), name
+
+
+def test_the_blocking_forms_refuse_a_running_event_loop_naming_the_awaitable_one():
+    import asyncio
+
+    async def inside():
+        with pytest.raises(RuntimeError, match=r"use `await rlmesh\.arun_suite\(\.\.\.\)`"):
+            rlmesh.run_suite(cartpole_policy, TASKS)
+        with pytest.raises(RuntimeError, match=r"use `await rlmesh\.arun\(\.\.\.\)`"):
+            rlmesh.run(cartpole_policy, "CartPole-v1", episodes=1)
+
+    asyncio.run(inside())

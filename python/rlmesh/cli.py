@@ -511,6 +511,42 @@ def _cluster_arguments(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _timeouts(args: argparse.Namespace) -> dict[str, float]:
+    """``--timeout-reset/-step/-predict`` as ``run``'s ``timeouts=`` (the ones given)."""
+    given = (
+        ("reset", args.timeout_reset),
+        ("step", args.timeout_step),
+        ("predict", args.timeout_predict),
+    )
+    return {op: limit for op, limit in given if limit is not None}
+
+
+def _evaluated(
+    args: argparse.Namespace, progress: _Progress, evaluate: Callable[..., Any], *a: Any, **kw: Any
+) -> tuple[int, Any]:
+    """``evaluate(*a, **kw)`` (``run`` or ``run_suite``) as eval runs it: ``(status, result)``,
+    the result partial when the run failed (EXIT_FAILED, said on stderr) and None when it was
+    interrupted (EXIT_INTERRUPTED); a UsageError for what the user gave wrong."""
+    try:
+        return EXIT_OK, _interruptible(evaluate, *a, **kw)
+    except ResultsFileError as exc:
+        raise UsageError(str(exc)) from None
+    except ModelDefinitionError as exc:  # not a model: nothing ran
+        raise UsageError(f"policy {args.policy!r}: {exc}") from None
+    except OSError as exc:
+        # The results file, or the writer's lock file next to it.
+        if args.out is None or exc.filename not in (args.out, args.out + LOCK_SUFFIX):
+            raise
+        raise UsageError(f"--out {args.out}: cannot open it ({exc.strerror})") from None
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED, None
+    except RlmeshError as exc:
+        print(f"rlmesh: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED, getattr(exc, "partial_result", None)
+    finally:
+        progress.stop()
+
+
 def _eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
     cluster = _cluster_arguments(args)
     if args.suite is not None:
@@ -550,15 +586,7 @@ def _eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
         except TypeError as exc:
             raise UsageError(f"--env-kwargs for {args.env}: {exc}") from None
         policy_name, policy_sha256 = policy_identity(args.policy)
-    timeouts = {
-        op: limit
-        for op, limit in (
-            ("reset", args.timeout_reset),
-            ("step", args.timeout_step),
-            ("predict", args.timeout_predict),
-        )
-        if limit is not None
-    }
+    timeouts = _timeouts(args)
     progress = _Progress(
         episodes, enabled=not args.no_progress and not args.json and sys.stderr.isatty()
     )
@@ -568,62 +596,46 @@ def _eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
         if not args.env_kwargs
         else functools.partial(gym.make, args.env, **args.env_kwargs)
     )
-    status, result = EXIT_OK, None
-    try:
-        result = _interruptible(
-            driver.run,
-            # A cluster's workers load the policy by its name, as this process did.
-            policy if not cluster else args.policy,
-            env,
-            seeds=seeds,
-            episodes=episodes,
-            seed=base_seed,
-            num_envs=args.num_envs,
-            workers=args.workers,
-            restart_workers=args.restart_workers,
-            execution_horizon=args.horizon,
-            max_episode_steps=args.max_episode_steps,
-            max_episode_seconds=args.max_episode_seconds,
-            timeouts=timeouts or None,
-            on_error=args.on_error,
-            max_retries=args.max_retries,
-            hooks=[_EpisodeSink(progress), _Throughput(progress)],
-            core=core,
-            results_path=args.out,
-            resume=args.resume,
-            allow_changed_policy=args.allow_changed_policy,
-            record_video=args.record_video,
-            video_dir=args.video_dir,
-            video_key=args.video_key,
-            # From the id: with --env-kwargs the env is a factory, whose spec comes late.
-            success=rule_for(args.success_reward, args.env),
-            # The results file's header records these too, and a resume must match them.
-            run_info={
-                "env": args.env,
-                "policy": policy_name,
-                "policy_sha256": policy_sha256,
-                "env_kwargs": args.env_kwargs,
-            },
-            # Recorded in the header's auditable record, not checked on resume.
-            provenance={"policy": args.policy, "command": ["rlmesh", *argv]},
-            **cluster,
-        )
-    except ResultsFileError as exc:
-        raise UsageError(str(exc)) from None
-    except ModelDefinitionError as exc:  # not a model: nothing ran
-        raise UsageError(f"policy {args.policy!r}: {exc}") from None
-    except OSError as exc:
-        # The results file, or the writer's lock file next to it.
-        if args.out is None or exc.filename not in (args.out, args.out + LOCK_SUFFIX):
-            raise
-        raise UsageError(f"--out {args.out}: cannot open it ({exc.strerror})") from None
-    except KeyboardInterrupt:
-        status = EXIT_INTERRUPTED
-    except RlmeshError as exc:
-        status, result = EXIT_FAILED, getattr(exc, "partial_result", None)
-        print(f"rlmesh: error: {exc}", file=sys.stderr)
-    finally:
-        progress.stop()
+    status, result = _evaluated(
+        args,
+        progress,
+        driver.run,
+        # A cluster's workers load the policy by its name, as this process did.
+        policy if not cluster else args.policy,
+        env,
+        seeds=seeds,
+        episodes=episodes,
+        seed=base_seed,
+        num_envs=args.num_envs,
+        workers=args.workers,
+        restart_workers=args.restart_workers,
+        execution_horizon=args.horizon,
+        max_episode_steps=args.max_episode_steps,
+        max_episode_seconds=args.max_episode_seconds,
+        timeouts=timeouts or None,
+        on_error=args.on_error,
+        max_retries=args.max_retries,
+        hooks=[_EpisodeSink(progress), _Throughput(progress)],
+        core=core,
+        results_path=args.out,
+        resume=args.resume,
+        allow_changed_policy=args.allow_changed_policy,
+        record_video=args.record_video,
+        video_dir=args.video_dir,
+        video_key=args.video_key,
+        # From the id: with --env-kwargs the env is a factory, whose spec comes late.
+        success=rule_for(args.success_reward, args.env),
+        # The results file's header records these too, and a resume must match them.
+        run_info={
+            "env": args.env,
+            "policy": policy_name,
+            "policy_sha256": policy_sha256,
+            "env_kwargs": args.env_kwargs,
+        },
+        # Recorded in the header's auditable record, not checked on resume.
+        provenance={"policy": args.policy, "command": ["rlmesh", *argv]},
+        **cluster,
+    )
     if status == EXIT_INTERRUPTED:
         _interrupted(args, argv)
         return status
@@ -716,61 +728,38 @@ def _eval_suite(args: argparse.Namespace, argv: Sequence[str], cluster: dict[str
         # No one action space: a random policy takes each task's from its run.
         policy = load_policy(args.policy, lambda: None)
         policy_name, policy_sha256 = policy_identity(args.policy)
-    timeouts = {
-        op: limit
-        for op, limit in (
-            ("reset", args.timeout_reset),
-            ("step", args.timeout_step),
-            ("predict", args.timeout_predict),
-        )
-        if limit is not None
-    }
+    timeouts = _timeouts(args)
     progress = _Progress(
         sum(task.episodes for task in chosen),
         enabled=not args.no_progress and not args.json and sys.stderr.isatty(),
     )
-    status, result = EXIT_OK, None
-    try:
-        result = _interruptible(
-            run_suite,
-            policy if not cluster else args.policy,
-            suite,
-            only=[task.name for task in chosen],
-            num_envs=args.num_envs,
-            workers=args.workers,
-            restart_workers=args.restart_workers,
-            execution_horizon=args.horizon,
-            timeouts=timeouts or None,
-            on_error=args.on_error,
-            max_retries=args.max_retries,
-            hooks=[_SuiteEpisodeSink(progress), _Throughput(progress)],
-            core=args.core or core_name(),
-            results_path=args.out,
-            resume=args.resume,
-            allow_changed_policy=args.allow_changed_policy,
-            record_video=args.record_video,
-            video_dir=args.video_dir,
-            video_key=args.video_key,
-            success=args.success_reward,
-            run_info={"policy": policy_name, "policy_sha256": policy_sha256},
-            provenance={"policy": args.policy, "command": ["rlmesh", *argv]},
-            **cluster,
-        )
-    except ResultsFileError as exc:
-        raise UsageError(str(exc)) from None
-    except ModelDefinitionError as exc:
-        raise UsageError(f"policy {args.policy!r}: {exc}") from None
-    except OSError as exc:
-        if args.out is None or exc.filename not in (args.out, args.out + LOCK_SUFFIX):
-            raise
-        raise UsageError(f"--out {args.out}: cannot open it ({exc.strerror})") from None
-    except KeyboardInterrupt:
-        status = EXIT_INTERRUPTED
-    except RlmeshError as exc:
-        status, result = EXIT_FAILED, getattr(exc, "partial_result", None)
-        print(f"rlmesh: error: {exc}", file=sys.stderr)
-    finally:
-        progress.stop()
+    status, result = _evaluated(
+        args,
+        progress,
+        run_suite,
+        policy if not cluster else args.policy,
+        suite,
+        only=[task.name for task in chosen],
+        num_envs=args.num_envs,
+        workers=args.workers,
+        restart_workers=args.restart_workers,
+        execution_horizon=args.horizon,
+        timeouts=timeouts or None,
+        on_error=args.on_error,
+        max_retries=args.max_retries,
+        hooks=[_SuiteEpisodeSink(progress), _Throughput(progress)],
+        core=args.core or core_name(),
+        results_path=args.out,
+        resume=args.resume,
+        allow_changed_policy=args.allow_changed_policy,
+        record_video=args.record_video,
+        video_dir=args.video_dir,
+        video_key=args.video_key,
+        success=args.success_reward,
+        run_info={"policy": policy_name, "policy_sha256": policy_sha256},
+        provenance={"policy": args.policy, "command": ["rlmesh", *argv]},
+        **cluster,
+    )
     if status == EXIT_INTERRUPTED:
         _interrupted(args, argv)
         return status

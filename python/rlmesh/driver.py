@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -60,19 +60,25 @@ def run(model: Any, env: Any, **kwargs: Any) -> RunResult:
 
     Takes the arguments of ``arun``. Inside a running event loop, ``await arun(...)`` instead.
     """
+    return run_to_end("run", lambda: arun(model, env, **kwargs))
+
+
+def run_to_end(name: str, start: Callable[[], Awaitable[Any]]) -> Any:
+    """What the coroutine ``start()`` returns, run on a new event loop: the blocking form of
+    ``rlmesh.a<name>``; a RuntimeError inside a running event loop (await it there)."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         pass
     else:
         raise RuntimeError(
-            "rlmesh.run() was called inside a running event loop; use `await rlmesh.arun(...)` "
-            "there"
+            f"rlmesh.{name}() was called inside a running event loop; use `await "
+            f"rlmesh.a{name}(...)` there"
         )
-    returned: list[RunResult] = []
+    returned: list[Any] = []
 
     async def evaluate() -> None:
-        returned.append(await arun(model, env, **kwargs))
+        returned.append(await start())
 
     # The result is handed out of the task rather than returned by it: closing asyncio.run's
     # runner can format its task's repr, result included, which for a long run means a repr

@@ -37,7 +37,6 @@ Example:
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import math
 import os
@@ -51,7 +50,7 @@ import gymnasium as gym
 import numpy as np
 
 from .core import core_name
-from .driver import _version, arun
+from .driver import _version, arun, run_to_end
 from .provenance import PROVENANCE_KEY, check_provenance, collect_provenance
 from .results import SUITE_KEY, ResultsFile, RunResult
 
@@ -417,22 +416,7 @@ def run_suite(model: Any, tasks: Any, **kwargs: Any) -> SuiteResult:
     Takes the arguments of ``arun_suite``. Inside a running event loop, ``await
     arun_suite(...)`` instead.
     """
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        pass
-    else:
-        raise RuntimeError(
-            "rlmesh.run_suite() was called inside a running event loop; use `await "
-            "rlmesh.arun_suite(...)` there"
-        )
-    returned: list[SuiteResult] = []
-
-    async def evaluate() -> None:
-        returned.append(await arun_suite(model, tasks, **kwargs))
-
-    asyncio.run(evaluate())
-    return returned[0]
+    return run_to_end("run_suite", lambda: arun_suite(model, tasks, **kwargs))
 
 
 async def arun_suite(
