@@ -87,9 +87,6 @@ class Lanes(Protocol):
             ``reward_threshold`` when no other success rule applies.
         metadata: one lane's env ``metadata`` (``{}`` when it has none), or at least the part
             the driver reads: its role tags (``rlmesh.adapters.env_tags_of``).
-
-    Lanes that can draw a lane also implement ``RenderingLanes``, which video recording
-    reads frames through.
         rebuild: ``rebuild(lanes)`` closes the envs of ``lanes`` (their close errors are
             ignored: those envs failed) and builds them anew from what built them (an id, a
             factory, a served env's session); the lanes then hold no episode until the next
@@ -97,6 +94,9 @@ class Lanes(Protocol):
             ``VectorEnv``): a run with ``on_error="record"`` or ``"retry"`` refuses them.
             Lanes that have it report an env failure on some of their lanes as
             ``rlmesh.errors.LaneFailures``, with the other lanes' results.
+
+    Lanes that can draw a lane also implement ``RenderingLanes``, which video recording
+    reads frames through.
     """
 
     num_lanes: int

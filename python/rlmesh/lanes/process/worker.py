@@ -4,16 +4,13 @@ A worker builds its envs, reports their spaces, maps the shared buffer and then 
 driver's requests one at a time, in order, until it is told to close or its pipe closes (the
 driver went away). Requests and replies are small tuples through the pipe:
 
-- ``("reset", lanes, seeds, options)`` -> ``("ok", infos, loose, ns)``
-- ``("step", lanes, actions or None)`` -> ``("ok", infos, loose, ns)``: actions None means
-  they are in the buffer; ``ns`` is the time spent inside the envs' ``step`` calls;
-- ``("render", lanes)`` -> ``("ok", frames, loose, ns, {})``: what each lane's ``render()``
-  returns (the frames travel pickled; only lanes being recorded are rendered);
 - ``("reset", lanes, seeds, options)`` -> ``("ok", infos, loose, ns, failed)``
 - ``("step", lanes, actions or None)`` -> ``("ok", infos, loose, ns, failed)``: actions None
   means they are in the buffer; ``ns`` is the time spent inside the envs' ``step`` calls;
   ``failed`` maps each lane whose env raised to ``(message, traceback)`` (its info and loose
   entries are None), the other lanes having gone on;
+- ``("render", lanes)`` -> ``("ok", frames, loose, ns, {})``: what each lane's ``render()``
+  returns (the frames travel pickled; only lanes being recorded are rendered);
 - ``("rebuild", lanes)`` -> ``("ok",)``: the lanes' envs closed and built anew;
 - ``("replay", [(lane, seed, options, actions), ...])`` -> ``("ok",)``: a restarted worker
   brings its lanes back to where the dead one left them;
