@@ -19,3 +19,37 @@ def core(request: pytest.FixtureRequest) -> ModuleType:
         return load_core(request.param)
     except ImportError as exc:
         pytest.fail(f"the {request.param} core does not import: {exc}")
+
+
+RAY_TEST_SECONDS = 180  # a test on the Ray cluster that takes longer fails (bounded_in_time)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """One local Ray instance of 2 CPUs for a test module, shut down after it (also when a
+    test fails); its address, for runs that join it. Modules on Ray use it with
+    ``pytestmark = pytest.mark.usefixtures("ray_cluster", "bounded_in_time")``."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture
+def bounded_in_time():
+    """Fail a test that has not ended after ``RAY_TEST_SECONDS`` rather than hang the suite."""
+    import signal
+
+    def expired(signum, frame):
+        raise TimeoutError(f"the test took longer than {RAY_TEST_SECONDS} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(RAY_TEST_SECONDS)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

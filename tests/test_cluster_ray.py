@@ -19,6 +19,7 @@ import pytest
 ray = pytest.importorskip(
     "ray", reason='Ray is not installed (the ray extra): pip install "rlmesh[ray]"'
 )
+pytestmark = pytest.mark.usefixtures("ray_cluster", "bounded_in_time")  # conftest.py
 
 import envs_for_cluster as workers  # noqa: E402 - after the skip: only with Ray
 import gymnasium as gym  # noqa: E402
@@ -29,38 +30,11 @@ from rlmesh.cluster import NotPicklableError, WorkerLostError  # noqa: E402
 from rlmesh.results import read_results  # noqa: E402
 
 EPISODES = 37
-TEST_SECONDS = 120
 ENVS = {
     # env id: (plain policy, chunked model, cap on episode steps to keep runs short)
     "CartPole-v1": (workers.balance, "envs_for_cluster:BalanceChunks", 80),
     "Pendulum-v1": (workers.swing, "envs_for_cluster:SwingChunks", 50),
 }
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_cluster():
-    """One local Ray cluster of 2 CPUs for the module; its address, for runs that join it."""
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    try:
-        yield ray.get_runtime_context().gcs_address
-    finally:
-        ray.shutdown()
-
-
-@pytest.fixture(autouse=True)
-def bounded_in_time():
-    """Fail a test that has not ended after ``TEST_SECONDS`` rather than hang the suite."""
-
-    def expired(signum, frame):
-        raise TimeoutError(f"the test took longer than {TEST_SECONDS} s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(TEST_SECONDS)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def episodes_of(result):
@@ -384,7 +358,7 @@ def test_the_cli_starts_a_local_ray_instance_with_a_bare_ray_flag(core, tmp_path
     out, reference = tmp_path / "ray.jsonl", tmp_path / "local.jsonl"
     shown = subprocess.run(
         [sys.executable, "-m", "rlmesh", *argv, "--out", str(out), "--ray", "--workers", "2"],
-        capture_output=True, text=True, timeout=TEST_SECONDS - 20, cwd=tmp_path,
+        capture_output=True, text=True, timeout=150, cwd=tmp_path,
     )  # fmt: skip
     assert shown.returncode == 0, shown.stderr
     summary = json.loads(shown.stdout)

@@ -3,43 +3,15 @@ its env failures as a run on one process does, on a real local Ray cluster of 2 
 
 from __future__ import annotations
 
-import signal
-
 import pytest
 
 ray = pytest.importorskip(
     "ray", reason='Ray is not installed (the ray extra): pip install "rlmesh[ray]"'
 )
+pytestmark = pytest.mark.usefixtures("ray_cluster", "bounded_in_time")  # conftest.py
 
 import rlmesh  # noqa: E402 - after the skip: only with Ray
 from test_failures import CORES, FAILURES, SEEDS, attempts, flaky, policy, rows  # noqa: E402
-
-TEST_SECONDS = 180
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_cluster():
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
-@pytest.fixture(autouse=True)
-def bounded_in_time():
-    """Fail a test that has not ended after ``TEST_SECONDS`` rather than hang the suite."""
-
-    def expired(signum, frame):
-        raise TimeoutError(f"the test took longer than {TEST_SECONDS} s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(TEST_SECONDS)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.mark.parametrize("core", CORES)

@@ -3,20 +3,18 @@ rlmesh.run's cluster path into the suite's one results file, equal to solo local
 
 from __future__ import annotations
 
-import signal
-
 import numpy as np
 import pytest
 
 ray = pytest.importorskip(
     "ray", reason='Ray is not installed (the ray extra): pip install "rlmesh[ray]"'
 )
+pytestmark = pytest.mark.usefixtures("ray_cluster", "bounded_in_time")  # conftest.py
 
 import rlmesh  # noqa: E402
 from helpers import CORES, comparable  # noqa: E402
 from rlmesh.results import read_suite  # noqa: E402
 
-TEST_SECONDS = 180
 TASKS = [
     rlmesh.Task("cartpole", "CartPole-v1", episodes=7, seed=4, max_episode_steps=40),
     rlmesh.Task(
@@ -30,32 +28,6 @@ def policy(obs):
     if obs.shape == (4,):
         return int(obs[2] + 0.3 * obs[3] > 0)
     return np.clip(-0.5 * obs[2:3], -2.0, 2.0).astype(np.float32)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_cluster():
-    """One local Ray cluster of 2 CPUs for the module."""
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
-@pytest.fixture(autouse=True)
-def bounded_in_time():
-    """Fail a test that has not ended after ``TEST_SECONDS`` rather than hang the suite."""
-
-    def expired(signum, frame):
-        raise TimeoutError(f"the test took longer than {TEST_SECONDS} s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(TEST_SECONDS)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def episodes(run):

@@ -49,6 +49,7 @@ from .settings import RunSettings, check_cluster_settings, check_settings, check
 from .success import SuccessRule, rule_for
 from .telemetry import Telemetry
 from .utils import env_label, map_leaves, shares
+from .video import NoVideos, VideoRecorder
 
 YIELD_EVERY_NS = 50_000_000
 # The ops whose latencies the core's run_rounds records, in the order it takes their stats.
@@ -392,7 +393,7 @@ class EvaluationRun:
         self.handler: ModelHandler | None = None
         self.runner: Any = None
         self.telemetry: Telemetry | None = None
-        self.videos: Any = None  # rlmesh.video.VideoRecorder, with record_video
+        self.videos: VideoRecorder | NoVideos | None = None  # once the lanes are made
         self.deadlines = DeadlineCaller()
         # Per episode index, the times its env failed: what on_error="retry" counts.
         self._failures: dict[int, int] = {}
@@ -475,14 +476,13 @@ class EvaluationRun:
             record_latency=self._record_lanes_latency,
             render_mode=None if settings.video is None else settings.video.render_mode,
         )
-        if settings.video is not None:
-            from .video import VideoRecorder
-
-            self.lanes = lanes  # closed by the teardown if the recorder refuses them
-            self.videos = VideoRecorder(
-                settings.video, lanes, lambda lanes: self.runner.observations(lanes)
-            )
-            self.lanes = lanes = self.videos.lanes  # takes frames of the recorded lanes
+        self.lanes = lanes  # closed by the teardown if the recorder refuses them
+        self.videos = (
+            NoVideos(lanes)
+            if settings.video is None
+            else VideoRecorder(settings.video, lanes, lambda lanes: self.runner.observations(lanes))
+        )
+        self.lanes = lanes = self.videos.lanes  # with recording: takes the recorded lanes' frames
         handler.fit_lanes(lanes.num_lanes)
         if settings.on_error != "raise" and lanes.rebuild is None:
             raise ValueError(
@@ -579,7 +579,7 @@ class EvaluationRun:
         )
         rule, settings = self.success_rule, self.settings
         episodes = (EpisodeResult.from_summary(summary, rule) for summary in summaries)
-        if self.videos is not None:
+        if self.videos is not None:  # None: the run failed before its lanes were made
             episodes = (self.videos.linked(episode) for episode in episodes)
         return RunResult(
             episodes=tuple(episodes),
@@ -815,8 +815,7 @@ class EvaluationRun:
 
     async def _announce(self, starts: Any) -> None:
         """Tell the model handler of every new episode, and the hooks of the scored ones."""
-        if self.videos is not None:
-            self.videos.started(starts.lanes, starts.indices, starts.seeds)
+        self.videos.started(starts.lanes, starts.indices, starts.seeds)
         surplus = len(starts.surplus_lanes)
         self.handler.start_episodes(
             [*starts.episode_ids.tolist(), *starts.surplus_episode_ids.tolist()],
@@ -892,8 +891,7 @@ class EvaluationRun:
         summaries, episode_ids, model_ends = self.runner.finish(
             ended, [_success(info) for info in infos]
         )
-        if self.videos is not None:
-            self.videos.finished(ended)
+        self.videos.finished(ended)
         await self._guard(
             "episode_end",
             self.handler.end_episodes,
@@ -907,8 +905,7 @@ class EvaluationRun:
         for summary in summaries:
             # A user's success rule runs here, once per episode, so its errors stop the run.
             episode = EpisodeResult.from_summary(summary, rule)
-            if self.videos is not None:
-                episode = self.videos.linked(episode)
+            episode = self.videos.linked(episode)
             if self.results is not None:
                 self.results.append(episode)  # on disk before anyone hears of it
             await self.hooks.episode_end(episode)

@@ -13,6 +13,7 @@ from .encoder import PARTIAL_SUFFIX, QUEUE_FRAMES, VideoEncoder, VideoError
 from .recorder import (
     DEFAULT_FPS,
     WHOLE_OBSERVATION,
+    NoVideos,
     RecordingLanes,
     VideoRecorder,
     video_name,
@@ -23,6 +24,7 @@ __all__ = [
     "PARTIAL_SUFFIX",
     "QUEUE_FRAMES",
     "WHOLE_OBSERVATION",
+    "NoVideos",
     "RecordingLanes",
     "VideoEncoder",
     "VideoError",

@@ -84,6 +84,26 @@ def frame_error(frame: Any) -> str | None:
     return f"got {described}, expected an [H, W, 3] or [H, W] uint8 array"
 
 
+class NoVideos:
+    """The recorder of a run that records nothing: ``VideoRecorder``'s calls, doing nothing,
+    so the driver calls one recorder whether or not it records."""
+
+    def __init__(self, lanes: Lanes) -> None:
+        self.lanes = lanes
+
+    def started(self, lanes: np.ndarray, indices: Sequence[int], seeds: Sequence[Any]) -> None:
+        pass
+
+    def finished(self, lanes: np.ndarray) -> None:
+        pass
+
+    def linked(self, episode: EpisodeResult) -> EpisodeResult:
+        return episode
+
+    def close(self) -> None:
+        pass
+
+
 class VideoRecorder:
     """Records a run's episodes below ``settings.episodes`` to mp4 files, one per episode.
 
