@@ -202,8 +202,13 @@ class RoundRunner:
         self, lanes: npt.ArrayLike
     ) -> tuple[Int64Array, list[int | None], Int64Array]:
         """``(indices [K], seeds, steps [K])`` of the episode each of ``lanes`` holds."""
-    def begin_round(self) -> tuple[Int64Array, Int64Array, Any]:
-        """``(running [K], predict_lanes [P], payload)``; the payload is None when ``P = 0``."""
+    def begin_round(self, lanes: npt.ArrayLike | None = None) -> tuple[Int64Array, Int64Array, Any]:
+        """``(running [K], predict_lanes [P], payload)`` over the running lanes in no parked
+        round (with ``lanes`` ``[L]``, those among them); the payload is None when ``P = 0``."""
+    def park_round(self, key: int) -> None:
+        """Set the open round aside under ``key`` while its lanes' envs step."""
+    def resume_round(self, key: int) -> None:
+        """Make the round parked under ``key`` the open round again."""
     def take_actions(self, output: Any, predict_ns: int) -> npt.NDArray[Any] | dict[str, Any]:
         """The env actions ``[K, ...]`` (or a dict of them) in the order of the running lanes;
         each of the P predicted lanes is charged ``predict_ns / P`` (shares adding up to it)."""

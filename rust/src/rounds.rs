@@ -7,6 +7,7 @@
 //! is what is inherent (indexing the lane's action, calling its env's `step`, reading the
 //! step's result). Each lane's step count and clock live in the ledger alone.
 
+use std::collections::HashMap;
 use std::time::Instant;
 
 use numpy::{PyArray1, PyUntypedArray};
@@ -733,9 +734,20 @@ pub struct RoundRunner {
     running: Vec<i64>,
     predict_lanes: Vec<i64>,
     predict_ns: Vec<i64>,
+    /// Rounds set aside by `park_round`, by key, while their lanes' envs step; a parked
+    /// lane is in no other round until its round is resumed.
+    parked: HashMap<i64, ParkedRound>,
+    in_parked_round: Vec<bool>,
     /// Scratch, all false between calls: which lanes a round predicts for.
     predicted: Vec<bool>,
     clock: Clock,
+}
+
+/// An open round set aside: its running lanes, predicted lanes and model time per lane.
+struct ParkedRound {
+    running: Vec<i64>,
+    predict_lanes: Vec<i64>,
+    predict_ns: Vec<i64>,
 }
 
 /// The phases of a round with their arguments already read.
@@ -780,9 +792,22 @@ impl RoundRunner {
 
     /// Open a round: set its running and predicted lanes; the model's input when some lane
     /// predicts: each lane's own (`Input::Rows`) when `rows` asks for it and the plan allows
-    /// it, else the payload.
-    fn begin<'py>(&mut self, py: Python<'py>, rows: bool) -> PyResult<Option<Input<'py>>> {
-        let running = self.ledger.running();
+    /// it, else the payload. The round's lanes are the running lanes in no parked round and,
+    /// with `only`, among those.
+    fn begin<'py>(
+        &mut self,
+        py: Python<'py>,
+        rows: bool,
+        only: Option<&[bool]>,
+    ) -> PyResult<Option<Input<'py>>> {
+        let mut running = self.ledger.running();
+        if only.is_some() || !self.parked.is_empty() {
+            let parked = &self.in_parked_round;
+            running.retain(|&lane| {
+                let lane = lane as usize;
+                !parked[lane] && only.is_none_or(|only| only[lane])
+            });
+        }
         let mut predict_lanes = running.clone();
         if let Some(queues) = &mut self.queues {
             if !running.is_empty() {
@@ -1016,6 +1041,8 @@ impl RoundRunner {
             running: Vec::new(),
             predict_lanes: Vec::new(),
             predict_ns: Vec::new(),
+            parked: HashMap::new(),
+            in_parked_round: vec![false; num_lanes],
             predicted: vec![false; num_lanes],
             clock: Clock::new(py)?,
         })
@@ -1299,9 +1326,25 @@ impl RoundRunner {
         ))
     }
 
-    /// Open a round over the running lanes: ``(running, predict_lanes, payload)``.
-    fn begin_round<'py>(&mut self, py: Python<'py>) -> PyResult<Opened<'py>> {
-        let payload = match self.begin(py, false)? {
+    /// Open a round over the running lanes (with ``lanes``, those among them) that are in no
+    /// parked round: ``(running, predict_lanes, payload)``.
+    #[pyo3(signature = (lanes=None))]
+    fn begin_round<'py>(
+        &mut self,
+        py: Python<'py>,
+        lanes: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Opened<'py>> {
+        let only = match lanes {
+            Some(lanes) => {
+                let mut only = vec![false; self.lane_count()];
+                for lane in self.checked(lanes)? {
+                    only[lane as usize] = true;
+                }
+                Some(only)
+            }
+            None => None,
+        };
+        let payload = match self.begin(py, false, only.as_deref())? {
             Some(input) => input.into_batch(py)?,
             None => py.None().into_bound(py),
         };
@@ -1310,6 +1353,42 @@ impl RoundRunner {
             PyArray1::from_slice(py, &self.predict_lanes),
             payload,
         ))
+    }
+
+    /// Set the open round aside under ``key`` while its lanes' envs step, so that another
+    /// round can open over other lanes; ``resume_round(key)`` makes it the open round again.
+    fn park_round(&mut self, key: i64) -> PyResult<()> {
+        if self.parked.contains_key(&key) {
+            return Err(PyValueError::new_err(format!(
+                "a round is already parked under key {key}"
+            )));
+        }
+        let round = ParkedRound {
+            running: std::mem::take(&mut self.running),
+            predict_lanes: std::mem::take(&mut self.predict_lanes),
+            predict_ns: std::mem::take(&mut self.predict_ns),
+        };
+        for &lane in &round.running {
+            self.in_parked_round[lane as usize] = true;
+        }
+        self.parked.insert(key, round);
+        Ok(())
+    }
+
+    /// Make the round parked under ``key`` the open round again, in place of the last one.
+    fn resume_round(&mut self, key: i64) -> PyResult<()> {
+        let Some(round) = self.parked.remove(&key) else {
+            return Err(PyValueError::new_err(format!(
+                "no round is parked under key {key}"
+            )));
+        };
+        for &lane in &round.running {
+            self.in_parked_round[lane as usize] = false;
+        }
+        self.running = round.running;
+        self.predict_lanes = round.predict_lanes;
+        self.predict_ns = round.predict_ns;
+        Ok(())
     }
 
     /// One env action per running lane of the open round; each predicted lane is charged
@@ -1404,7 +1483,7 @@ impl RoundRunner {
         let mut round_start = Instant::now();
         loop {
             py.check_signals()?;
-            let input = self.begin(py, rows)?;
+            let input = self.begin(py, rows, None)?;
             let count = self.running.len();
             if count == 0 {
                 break;

@@ -195,6 +195,10 @@ class RoundRunner:
         self._running: list[int] = []
         self._predict_lanes: list[int] = []
         self._predict_ns: list[int] = []
+        # Rounds set aside by park_round, by key, while their lanes' envs step; a parked lane
+        # is in no other round until its round is resumed.
+        self._parked: dict[int, tuple[list[int], list[int], list[int]]] = {}
+        self._in_parked_round: set[int] = set()
 
     # ------------------------------------------------------------------ the run
 
@@ -398,8 +402,9 @@ class RoundRunner:
 
     # ------------------------------------------------------------------ the phases of a round
 
-    def begin_round(self) -> tuple[np.ndarray, np.ndarray, Any]:
-        """Open a round over the running lanes.
+    def begin_round(self, lanes: Any = None) -> tuple[np.ndarray, np.ndarray, Any]:
+        """Open a round over the running lanes that are in no parked round (with ``lanes``,
+        ``[L]`` int, only those among them).
 
         Returns:
             ``(running, predict_lanes, payload)``: the running lanes ``[K]``; those the model
@@ -407,20 +412,29 @@ class RoundRunner:
             empty); and the model input of ``predict_lanes`` (None when ``P = 0``). Lanes
             that replay a queued action still push their frame into their stack windows.
         """
-        payload, _ = self._begin(rows=False)
+        only = None if lanes is None else set(self._checked(lanes))
+        payload, _ = self._begin(rows=False, only=only)
         return (
             np.array(self._running, dtype=np.int64),
             np.array(self._predict_lanes, dtype=np.int64),
             payload,
         )
 
-    def _begin(self, rows: bool) -> tuple[Any, list[np.ndarray] | None]:
-        """Open a round: set its running and predicted lanes. Returns the model's input when
-        some lane predicts, ``(payload, None)``, or with ``rows`` when the plan allows it
-        ``(None, rows)``, each lane's input as an array of its own
-        (``ObservationAssembler._assemble_rows``); ``(None, None)`` when no lane predicts."""
+    def _begin(
+        self, rows: bool, only: set[int] | None = None
+    ) -> tuple[Any, list[np.ndarray] | None]:
+        """Open a round: set its running and predicted lanes (those in no parked round and,
+        with ``only``, among those). Returns the model's input when some lane predicts,
+        ``(payload, None)``, or with ``rows`` when the plan allows it ``(None, rows)``, each
+        lane's input as an array of its own (``ObservationAssembler._assemble_rows``);
+        ``(None, None)`` when no lane predicts."""
         ledger = self._ledger
         running = ledger.running_lanes().tolist()
+        if only is not None or self._parked:
+            parked = self._in_parked_round
+            running = [
+                lane for lane in running if lane not in parked and (only is None or lane in only)
+            ]
         predict_lanes = running
         if self._queues is not None and running:
             predict_lanes = self._queues.lanes_needing_predict(running).tolist()
@@ -442,6 +456,39 @@ class RoundRunner:
         self._running, self._predict_lanes = running, predict_lanes
         self._predict_ns = [0] * len(running)
         return payload, lane_rows
+
+    def park_round(self, key: int) -> None:
+        """Set the open round aside under ``key`` while its lanes' envs step, so that another
+        round can open over other lanes; ``resume_round(key)`` makes it the open round again.
+
+        Example (two groups of lanes stepping at once):
+            >>> running_a, _, payload_a = runner.begin_round([0, 1])
+            >>> actions_a = runner.take_actions(model(payload_a), predict_ns)
+            >>> runner.park_round(0)   # lanes 0 and 1 step elsewhere meanwhile
+            >>> running_b, _, payload_b = runner.begin_round([2, 3])
+            >>> ...
+            >>> runner.resume_round(0)
+            >>> ended, truncated = runner.end_round(rewards_a, terminated_a, truncated_a, ...)
+
+        Raises:
+            ValueError: a round is already parked under ``key``.
+        """
+        if key in self._parked:
+            raise ValueError(f"a round is already parked under key {key}")
+        self._parked[key] = (self._running, self._predict_lanes, self._predict_ns)
+        self._in_parked_round.update(self._running)
+        self._running, self._predict_lanes, self._predict_ns = [], [], []
+
+    def resume_round(self, key: int) -> None:
+        """Make the round parked under ``key`` the open round again, in place of the last one.
+
+        Raises:
+            ValueError: no round is parked under ``key``.
+        """
+        if key not in self._parked:
+            raise ValueError(f"no round is parked under key {key}")
+        self._running, self._predict_lanes, self._predict_ns = self._parked.pop(key)
+        self._in_parked_round.difference_update(self._running)
 
     def take_actions(self, output: Any, predict_ns: int) -> Any:
         """One env action per running lane of the open round.
