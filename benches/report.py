@@ -15,8 +15,8 @@ hand-written loop of the same policy and seeds), chunked runs, the summary of a 
 results file against its time and memory budget (and a 1M-episode suite file's beside it),
 the HTML report of a 10,000-episode suite file against its time budget, recording 5 of 50
 pixel episodes to video against encoding their frames alone, a CPU-heavy env in worker
-processes against
-the same env in this process and a hand-written ``AsyncVectorEnv`` loop, the same env on one
+processes against the same env in this process and a hand-written ``AsyncVectorEnv`` loop,
+group pipelining against plain rounds with a model as slow as the env, the same env on one
 process vs a local Ray cluster (``cluster="ray"``, one run a side, Ray's start-up included), a
 served env over loopback against the same run in-process, and with ``--peer`` the
 published ``rlmesh==0.1.0`` (run in its own virtual environment, see ``peer.py``). Each row
@@ -81,8 +81,10 @@ from test_bench_process_lanes import (
     CARTPOLE_LANES,
     CPU_LANES,
     HAS_MUJOCO,
+    MODEL_S_PER_LANE,
     SIM_ID,
     SIM_LANES,
+    SlowModel,
     async_vector_loop,
     make_sim_env,
     rate,
@@ -724,6 +726,45 @@ def process_lanes_rows(settings: Settings) -> list[Row]:
     return rows
 
 
+def pipeline_rows(settings: Settings) -> list[Row]:
+    """Group pipelining on the CPU-heavy env with 2 workers: a model as slow as the env
+    against plain rounds, and the fast policy against ``workers=1``."""
+    section = "group pipelining (workers=2, pipeline=True): scored lane-steps/s"
+    episodes = settings.cpu_episodes
+    runs = {
+        "plain": lambda: run_cpu(2, episodes, model=SlowModel()),
+        "pipelined": lambda: run_cpu(2, episodes, pipeline=True, model=SlowModel()),
+    }
+    equal = (
+        "equal"
+        if scored_fields(runs["plain"]()) == scored_fields(runs["pipelined"]())
+        else "DIFFER"
+    )
+    slow = interleaved_values(
+        {side: lambda run=run: rate(run(), "lane-steps") for side, run in runs.items()},
+        settings.repeats,
+    )
+    fast = interleaved_values(
+        {
+            "workers=1": lambda: rate(run_cpu(1, episodes), "lane-steps"),
+            "pipelined": lambda: rate(run_cpu(2, episodes, pipeline=True), "lane-steps"),
+        },
+        settings.repeats,
+    )
+    ms = MODEL_S_PER_LANE * 1e3
+    workload = f"CPU-heavy env, {CPU_LANES} lanes, {episodes} episodes"
+    return [
+        Row(section, f"{workload}, a model as slow as the env ({ms:.0f} ms a lane)",
+            "plain rounds", slow["plain"], "pipelined", slow["pipelined"], "steps/s",
+            note=f"the model waits {ms:.0f} ms per lane of a call (an accelerator's or a "
+            f"server's latency); per-episode results of plain and pipelined rounds {equal}"),
+        Row(section, f"{workload}, fast policy", "workers=1", fast["workers=1"],
+            "workers=2 pipelined", fast["pipelined"], "steps/s", 1.7,
+            note="the process-lanes row's comparison, with the driver's work for one worker "
+            "overlapping the other's steps"),
+    ]  # fmt: skip
+
+
 def video_rows(settings: Settings) -> list[Row]:
     """Recording the first 5 of 50 pixel episodes (``record_video``): what the run costs more
     than without recording, against encoding the same frames alone; and the unrecorded
@@ -1117,6 +1158,7 @@ SECTIONS: dict[str, Callable[[Settings, bool], list[Row]]] = {
     "driver": _end_to_end_and_peer,
     "chunked": lambda settings, peer: chunked_rows(settings),
     "process": lambda settings, peer: process_lanes_rows(settings),
+    "pipeline": lambda settings, peer: pipeline_rows(settings),
     "summary": lambda settings, peer: summary_rows(settings),
     "suite-summary": lambda settings, peer: suite_summary_rows(settings),
     "report-html": lambda settings, peer: report_html_rows(settings),

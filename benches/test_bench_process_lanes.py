@@ -8,6 +8,10 @@
   fixed linear policy whose falls end episodes unevenly.
 - CartPole, 16 lanes: what one round costs more with process lanes than in-process, the
   overhead that tells a user when not to use workers.
+- Group pipelining (``pipeline=True``) on the CPU-heavy env, 2 workers: with a model as slow
+  as the env (it waits 1 ms per lane of a call, as a model on an accelerator or a server
+  does, leaving the CPU to the envs) against plain rounds; and with the fast policy against
+  ``workers=1``.
 
 Throughputs come from the run's own telemetry (``driver`` ``lane-steps`` / ``steps`` rows),
 which span the rounds and not the workers' start; the vector's loop is timed after it is made
@@ -38,6 +42,7 @@ CPU_LANES = 8
 CPU_EPISODES = 16
 CPU_KWARGS = {"shortest": 40, "longest": 119}  # short episodes: many resets and ends a run
 CARTPOLE_LANES, CARTPOLE_EPISODES = 16, 32
+MODEL_S_PER_LANE = 0.001  # the slow model: as long per lane as a CPU-heavy env step
 SIM_ID, SIM_LANES, SIM_EPISODES = "Hopper-v5", 8, 16
 HAS_MUJOCO = importlib.util.find_spec("mujoco") is not None
 # Hopper's 11 observations to its 3 torques, fixed and small: it stands a while, then falls
@@ -73,14 +78,29 @@ def rate(result: rlmesh.RunResult, metric: str) -> float:
     return next(row.avg for row in result.telemetry if row.op == "driver" and row.metric == metric)
 
 
-def run_cpu(workers: int, episodes: int = CPU_EPISODES) -> rlmesh.RunResult:
-    """``rlmesh.run`` on ``CPU_LANES`` CPU-heavy lanes in ``workers`` processes (1: none)."""
+class SlowModel(rlmesh.Model):
+    """``cpu_policy`` behind a model that waits ``MODEL_S_PER_LANE`` per lane of each call:
+    the latency of a model on an accelerator or a server, which leaves the CPU to the envs."""
+
+    stateless = True
+
+    def predict_batch(self, obs):
+        time.sleep(MODEL_S_PER_LANE * len(obs))
+        return cpu_policy(obs)
+
+
+def run_cpu(
+    workers: int, episodes: int = CPU_EPISODES, *, pipeline: bool = False, model: Any = None
+) -> rlmesh.RunResult:
+    """``rlmesh.run`` on ``CPU_LANES`` CPU-heavy lanes in ``workers`` processes (1: none),
+    with group pipelining or not, of ``model`` (default the fast batched policy)."""
     return rlmesh.run(
-        BatchedPolicy(cpu_policy),
+        BatchedPolicy(cpu_policy) if model is None else model,
         make_cpu_env,
         episodes=episodes,
         num_envs=CPU_LANES,
         workers=workers,
+        pipeline=pipeline,
     )
 
 
@@ -170,6 +190,15 @@ def test_async_vector_loop_cpu_heavy_env_eight_lanes(benchmark):
     benchmark.extra_info["floor"] = "AsyncVectorEnv(8) stepped by hand"
     loop = benchmark.pedantic(async_vector_loop, args=(4,), rounds=1)
     assert loop.scored_steps > 0 and loop.wasted_steps >= 0
+
+
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_run_cpu_heavy_env_slow_model_two_workers(benchmark, pipeline):
+    benchmark.group = "process lanes, CPU-heavy env, 8 lanes, a model as slow as the env"
+    result = benchmark.pedantic(
+        run_cpu, args=(2, 4), kwargs={"pipeline": pipeline, "model": SlowModel()}, rounds=1
+    )
+    assert result.wasted_steps == 0 and rate(result, "lane-steps") > 0
 
 
 @pytest.mark.parametrize("workers", [1, 2])

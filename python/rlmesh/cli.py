@@ -609,6 +609,7 @@ def _eval(args: argparse.Namespace, argv: Sequence[str]) -> int:
         num_envs=args.num_envs,
         workers=args.workers,
         restart_workers=args.restart_workers,
+        pipeline=args.pipeline,
         execution_horizon=args.horizon,
         max_episode_steps=args.max_episode_steps,
         max_episode_seconds=args.max_episode_seconds,
@@ -743,6 +744,7 @@ def _eval_suite(args: argparse.Namespace, argv: Sequence[str], cluster: dict[str
         num_envs=args.num_envs,
         workers=args.workers,
         restart_workers=args.restart_workers,
+        pipeline=args.pipeline,
         execution_horizon=args.horizon,
         timeouts=timeouts or None,
         on_error=args.on_error,
@@ -964,6 +966,12 @@ def _add_run_options(parser: argparse.ArgumentParser, *, episodes: int | None) -
         default=0,
         help="restart a worker that dies up to this many times, replaying its episodes "
         "(needs --workers 2 or more; default 0)",
+    )
+    parser.add_argument(
+        "--pipeline",
+        action="store_true",
+        help="overlap the model with the workers stepping: each worker's lanes go on as soon "
+        "as it has stepped (needs --workers 2 or more; same results for a per-lane model)",
     )
     parser.add_argument(
         "--episodes",
@@ -1468,15 +1476,15 @@ def _main(argv: list[str]) -> int:
         warnings.showwarning = _show_warning
         try:
             args = build_parser().parse_args(argv)
-            if (
-                args.command in ("eval", "demo")
-                and args.restart_workers
-                and (args.workers or 1) < 2
+            for flag, given in (
+                ("--restart-workers", getattr(args, "restart_workers", 0)),
+                ("--pipeline", getattr(args, "pipeline", False)),
             ):
-                raise UsageError(
-                    f"rlmesh {args.command}: error: --restart-workers needs --workers 2 or more "
-                    f"(with --workers 1 the envs run in this process)"
-                )
+                if args.command in ("eval", "demo") and given and (args.workers or 1) < 2:
+                    raise UsageError(
+                        f"rlmesh {args.command}: error: {flag} needs --workers 2 or more "
+                        f"(with --workers 1 the envs run in this process)"
+                    )
             if args.command == "eval":
                 if args.resume and args.out is None:
                     raise UsageError("rlmesh eval: error: --resume needs --out FILE to resume")

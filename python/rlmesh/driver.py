@@ -30,7 +30,7 @@ import asyncio
 import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import gymnasium as gym
@@ -41,7 +41,7 @@ from .core import active, core_name, load_core
 from .deadlines import DeadlineCaller, DeadlinePassed
 from .errors import LaneFailures, OperationTimeout, RlmeshError, call_failure
 from .hooks import HookDispatcher, StepEvent
-from .lanes import Lanes, StepBatch, make_lanes
+from .lanes import Lanes, PipelinedLanes, StepBatch, make_lanes
 from .model import ModelHandler
 from .provenance import PROVENANCE_KEY, check_provenance, collect_provenance
 from .results import EpisodeResult, ResultsFile, RunResult
@@ -120,6 +120,7 @@ async def arun(
     success: Any = None,
     workers: int | None = None,
     restart_workers: int = 0,
+    pipeline: bool = False,
     cluster: str | None = None,
     ray_address: str | None = None,
     max_retries: int | None = None,
@@ -183,6 +184,13 @@ async def arun(
         restart_workers: with ``workers > 1``, restart a worker that dies up to this many
             times, replaying its episodes in flight, so the results equal an uninterrupted
             run; 0 (default): a dead worker raises ``EnvError``.
+        pipeline: with ``workers > 1``, overlap the model with the envs (group pipelining):
+            each worker's lanes are a group whose round goes on as soon as that worker has
+            stepped, so the model predicts for one group while the other workers step. The
+            results are those of plain rounds for a model whose per-lane output depends only
+            on that lane's input (the determinism contract); a batched model sees one group
+            at a time. Which lane plays which episode then depends on timing (the episodes
+            and their results do not). It pays when the model is slow beside the envs.
         cluster: ``"ray"`` runs the episodes across a Ray cluster (``rlmesh.cluster``, the
             ``ray`` extra): windows of episode indices, each run by this driver on a worker,
             merged by index, equal to this run on one process. ``model`` may then also be a
@@ -270,6 +278,7 @@ async def arun(
         on_error=on_error,
         max_retries=max_retries,
         cluster=cluster,
+        pipeline=pipeline,
     )
     placement = check_cluster_settings(
         cluster=cluster,
@@ -366,6 +375,20 @@ def _success(info: dict) -> bool | None:
 NO_LANES = np.zeros(0, dtype=np.int64)
 
 
+@dataclass
+class OpenRound:
+    """A round between the model's actions and its step's outcome: its running lanes
+    ``[K]``, predicted lanes ``[P]``, actions ``[K, ...]`` (None when no lane runs), the
+    model's time, and when the round and its step began (``perf_counter_ns``)."""
+
+    running: np.ndarray
+    predict_lanes: np.ndarray
+    actions: Any
+    predict_ns: int
+    started_ns: int
+    step_started_ns: int = 0
+
+
 class EvaluationRun:
     """One evaluation: the lanes, the model handler, the core's runner and the hooks."""
 
@@ -397,6 +420,10 @@ class EvaluationRun:
         self.deadlines = DeadlineCaller()
         # Per episode index, the times its env failed: what on_error="retry" counts.
         self._failures: dict[int, int] = {}
+        # With pipeline=True: each group of lanes with a step on its way, by group; and the
+        # group of each lane.
+        self._groups_in_flight: dict[int, OpenRound] = {}
+        self._group_of: dict[int, int] = {}
 
     # -------------------------------------------------------------------- set-up and teardown
 
@@ -484,6 +511,18 @@ class EvaluationRun:
         )
         self.lanes = lanes = self.videos.lanes  # with recording: takes the recorded lanes' frames
         handler.fit_lanes(lanes.num_lanes)
+        if settings.pipeline:
+            if not isinstance(lanes, PipelinedLanes):
+                raise ValueError(
+                    f"pipeline=True overlaps the model with groups of lanes that step on their "
+                    f"own, but env= gives {lanes.name} as {type(lanes).__name__}, which has no "
+                    f"such groups: pass workers=2 or more (worker processes, a group each)"
+                )
+            self._group_of = {
+                lane: group
+                for group, group_lanes in enumerate(lanes.step_groups)
+                for lane in group_lanes.tolist()
+            }
         if settings.on_error != "raise" and lanes.rebuild is None:
             raise ValueError(
                 f"on_error={settings.on_error!r} rebuilds a lane's env after it fails, but "
@@ -607,6 +646,8 @@ class EvaluationRun:
         while not runner.done:
             if core_runs_rounds:
                 await self._run_rounds()
+            elif self.settings.pipeline:
+                await self._pipelined_round()
             else:
                 await self._round()
             now = time.perf_counter_ns()
@@ -652,30 +693,81 @@ class EvaluationRun:
     async def _round(self) -> None:
         """One round the driver awaits step by step (async models, lanes the core cannot step,
         timeouts, per-step hooks), through the same core phases as ``run_rounds``."""
-        runner, telemetry = self.runner, self.telemetry
-        round_start = time.perf_counter_ns()
-        running, predict_lanes, payload = runner.begin_round()
+        opened = await self._open_round()
+        opened.step_started_ns = time.perf_counter_ns()
+        batch, failures = await self._stepped(self.lanes.step, opened.running, opened.actions)
+        await self._close_round(opened, batch, failures)
+
+    async def _pipelined_round(self) -> None:
+        """One group's round with ``pipeline=True``: the step that comes back first closes
+        its group's round, that group's lanes start their next episodes, and its next round
+        goes out while the other groups' steps are still on their way. The first call sends
+        every group's first round."""
+        lanes, runner = self.lanes, self.runner
+        if not self._groups_in_flight:
+            for group, group_lanes in enumerate(lanes.step_groups):
+                await self._send_round(group, group_lanes)
+            if not self._groups_in_flight:  # no lane runs: a plain round says what happens
+                await self._round()
+                return
+        batch, failures = await self._stepped(lanes.receive_step)
+        lane = batch.stepped[0] if len(batch.stepped) else next(iter(failures.errors))
+        group = self._group_of[int(lane)]
+        runner.resume_round(group)
+        await self._close_round(self._groups_in_flight.pop(group), batch, failures)
+        await self._send_round(group, lanes.step_groups[group])
+
+    async def _send_round(self, group: int, group_lanes: np.ndarray) -> None:
+        """Open a round over ``group``'s running lanes and send its step; the round is set
+        aside (``park_round``) until the step comes back."""
+        opened = await self._open_round(group_lanes)
+        if not len(opened.running):
+            return
+        self.runner.park_round(group)
+        opened.step_started_ns = time.perf_counter_ns()
+        self.lanes.send_step(opened.running, opened.actions)
+        self._groups_in_flight[group] = opened
+
+    async def _open_round(self, lanes: np.ndarray | None = None) -> OpenRound:
+        """Open a round over the running lanes (with ``lanes``, those among them) and take
+        the model's actions for it."""
+        runner = self.runner
+        started_ns = time.perf_counter_ns()
+        running, predict_lanes, payload = runner.begin_round(lanes)
         output, predict_ns = await self._predict(predict_lanes, payload)
         # No lane runs while a vector restarts every lane at once: it steps with no actions.
         actions = None if not len(running) else runner.take_actions(output, predict_ns)
         if actions is not None and self.hooks.wants_actions:
             actions = await self.hooks.action(running, actions)
-        step_start = time.perf_counter_ns()
+        return OpenRound(running, predict_lanes, actions, predict_ns, started_ns)
+
+    async def _stepped(self, step: Callable[..., Any], *args: Any) -> tuple[StepBatch, Any]:
+        """``(batch, None)`` from ``step(*args)``; with ``on_error`` other than ``"raise"``,
+        ``(the other lanes' batch, the LaneFailures)`` when some lanes' envs failed."""
         try:
-            batch = await self._guard("step", self.lanes.step, running, actions, where="env.step")
-            failed = NO_LANES
+            return await self._guard("step", step, *args, where="env.step"), None
         except LaneFailures as failures:
             if self.settings.on_error == "raise":
                 raise
+            return failures.outcome, failures
+
+    async def _close_round(
+        self, opened: OpenRound, batch: StepBatch, failures: LaneFailures | None
+    ) -> None:
+        """Record the step of the open round, finish the episodes that ended and start the
+        next ones on their lanes (and on the lanes whose env failed)."""
+        runner, telemetry = self.runner, self.telemetry
+        running, predict_lanes, actions = opened.running, opened.predict_lanes, opened.actions
+        failed = NO_LANES
+        if failures is not None:
             # The failed lanes leave the round before it is recorded: the batch holds the rest.
-            batch = failures.outcome
             failed = await self._abandon(failures.errors)
             kept = ~np.isin(running, failed)
             running, predict_lanes = running[kept], predict_lanes[~np.isin(predict_lanes, failed)]
             if actions is not None:
                 actions = map_leaves(actions, lambda leaf: np.asarray(leaf)[kept])
         now = time.perf_counter_ns()
-        step_ns = now - step_start
+        step_ns = now - opened.step_started_ns
         telemetry.record_shared("env.step", step_ns, len(batch.stepped))
         runner.set_observations(batch.stepped, batch.observations)
         ended, truncated = runner.end_round(
@@ -683,13 +775,13 @@ class EvaluationRun:
         )
         if self.hooks.wants_steps:
             await self._step_events(
-                running, predict_lanes, batch, actions, truncated, predict_ns, step_ns
+                running, predict_lanes, batch, actions, truncated, opened.predict_ns, step_ns
             )
         if len(ended):  # their rows in the batch: the running lanes are ascending
             rows = np.searchsorted(running, ended).tolist()
             await self._finish(ended, [batch.infos[row] for row in rows])
         await self._next_episodes(np.union1d(ended, failed) if len(failed) else ended)
-        telemetry.record("driver.round", time.perf_counter_ns() - round_start)
+        telemetry.record("driver.round", time.perf_counter_ns() - opened.started_ns)
         telemetry.count_steps(1, len(batch.stepped))
 
     async def _predict(self, predict_lanes: np.ndarray, payload: Any) -> tuple[Any, int]:

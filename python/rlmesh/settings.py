@@ -57,6 +57,7 @@ class RunSettings:
     video: VideoSettings | None = None  # record_video=K > 0
     on_error: str = "raise"
     max_retries: int = DEFAULT_MAX_RETRIES
+    pipeline: bool = False
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,7 @@ def check_settings(
     on_error: str = "raise",
     max_retries: int | None = None,
     cluster: str | None = None,
+    pipeline: bool = False,
 ) -> RunSettings:
     """The run's arguments checked, with the defaults DESIGN.md gives; ValueError otherwise.
 
@@ -205,6 +207,8 @@ def check_settings(
             f"restart_workers={restart_workers} restarts worker processes, but workers=1 runs "
             f"the envs in this process: pass workers=2 or more"
         )
+    if not isinstance(pipeline, bool):
+        raise ValueError(f"pipeline must be True or False, got {pipeline!r}")
     if on_error not in ON_ERRORS:
         raise ValueError(f"on_error must be one of {list(ON_ERRORS)}, got {on_error!r}")
     if max_retries is not None:
@@ -251,6 +255,7 @@ def check_settings(
         video=video,
         on_error=on_error,
         max_retries=DEFAULT_MAX_RETRIES if max_retries is None else int(max_retries),
+        pipeline=pipeline,
     )
 
 

@@ -146,6 +146,8 @@ def _window_arguments(
         "success": success,
         "on_error": settings.on_error,
     }
+    if settings.pipeline:  # pipelining steps a window's own process lanes
+        arguments["pipeline"] = True
     if settings.on_error == "retry":  # a window's episodes retry their env failures there
         arguments["max_retries"] = settings.max_retries
     if settings.video is not None:  # each window records its indices below K, to one place

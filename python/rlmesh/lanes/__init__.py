@@ -59,7 +59,14 @@ from gymnasium.vector import VectorEnv
 from ..errors import EnvError
 from ..remote.address import is_address
 from ..utils import positive_int
-from .base import TRIAL_INDEX_FLAG, TRIAL_INDEX_OPTION, Lanes, RenderingLanes, StepBatch
+from .base import (
+    TRIAL_INDEX_FLAG,
+    TRIAL_INDEX_OPTION,
+    Lanes,
+    PipelinedLanes,
+    RenderingLanes,
+    StepBatch,
+)
 from .local import LaneVector
 from .vector import VectorLanes
 
@@ -299,6 +306,7 @@ __all__ = [
     "TRIAL_INDEX_OPTION",
     "LaneVector",
     "Lanes",
+    "PipelinedLanes",
     "ProcessLanes",
     "RenderingLanes",
     "StepBatch",

@@ -181,6 +181,32 @@ class RenderingLanes(Protocol):
         ...
 
 
+@runtime_checkable
+class PipelinedLanes(Protocol):
+    """Lanes in groups that step on their own: the optional part of the seam that group
+    pipelining (``rlmesh.run(..., pipeline=True)``) needs. The driver sends one group's step
+    and, while that group's envs step, receives another group's, runs the model for it and
+    sends it again, so the model and the envs work at once. Worker-process lanes implement
+    it, one group per worker.
+
+    Attributes:
+        step_groups: ``[G]`` arrays of lanes, each group's lanes ascending, every lane in one
+            group.
+    """
+
+    step_groups: list[np.ndarray]
+
+    def send_step(self, lanes: np.ndarray, actions: Any) -> None:
+        """Start a step of ``lanes`` ``[K]`` (ascending, of one group whose last step was
+        received) with ``actions`` ``[K, ...]`` (or a dict of them)."""
+        ...
+
+    def receive_step(self) -> StepBatch:
+        """The outcome of a step sent and not yet received, the first to be ready; raises
+        ``LaneFailures`` for its lanes as ``step`` does."""
+        ...
+
+
 def lane_failures(
     name: str, method: str, failed: dict[int, Exception], outcome: Any
 ) -> LaneFailures:

@@ -311,7 +311,15 @@ class RecordingLanes:
         return self._lanes.reset(lanes, seeds, trials)
 
     def step(self, lanes: np.ndarray, actions: Any) -> StepBatch:
-        batch = self._lanes.step(lanes, actions)
+        return self._take_frames(lanes, self._lanes.step(lanes, actions))
+
+    def receive_step(self) -> StepBatch:
+        """A pipelined step's outcome (``PipelinedLanes``), its recorded lanes' frames taken."""
+        batch = self._lanes.receive_step()
+        return self._take_frames(batch.stepped, batch)
+
+    def _take_frames(self, lanes: np.ndarray, batch: StepBatch) -> StepBatch:
+        """``batch``, the step of ``lanes``, after a frame of each recorded lane is taken."""
         if self._recorded:
             rows = {lane: row for row, lane in enumerate(batch.stepped.tolist())}
             finals = batch.final_observations

@@ -91,15 +91,31 @@ class _WorkerDied(Exception):  # noqa: N818 - a signal inside this module, never
 
 @dataclass
 class _Worker:
+    """One worker process, its pipe, and its doorbell: a semaphore released once per request
+    sent after start-up, which the worker waits on before it reads the pipe.
+
+    Why a doorbell: a pipe write wakes its reader as a "sync" wake-up, a hint that the writer
+    is about to sleep, so the scheduler tends to run the woken worker on the driver's CPU,
+    ahead of the driver, and the driver's next write (to the next worker) waits behind it.
+    The semaphore's wake-up carries no such hint, so the driver sends every request of a
+    round, then rings every bell, and the workers start stepping together.
+    """
+
     index: int
     lanes: list[int]
     process: Any = None
     conn: Any = None
+    bell: Any = None
     restarts: int = 0
 
     def describe(self) -> str:
         pid = None if self.process is None else self.process.pid
         return f"worker {self.index} (pid {pid}, lanes {_span(self.lanes)})"
+
+    def request(self, message: tuple[Any, ...]) -> None:
+        """Send ``message`` and ring the bell (``OSError`` if the worker is gone)."""
+        self.conn.send(message)
+        self.bell.release()
 
 
 @dataclass
@@ -249,6 +265,9 @@ class ProcessLanes:
         self.rebuild = self._rebuild
         self._broken: str | None = None
         self._in_flight: set[int] = set()  # workers with a request not yet answered
+        # Per worker with a step sent by send_step and not yet received: its rows, loose
+        # actions and request.
+        self._sent: dict[int, tuple[np.ndarray, list[Any] | None, tuple[Any, ...]]] = {}
         # Per lane: the trial of its episode in flight (None between episodes), and with
         # restarts, [seed, options, actions taken] of that episode, to replay it.
         self._trials: list[int | None] = [None] * num_envs
@@ -296,15 +315,16 @@ class ProcessLanes:
 
     def _launch(self, worker: _Worker) -> None:
         ours, theirs = self._context.Pipe()
+        bell = self._context.Semaphore(0)
         process = self._context.Process(
             target=serve,
-            args=(theirs, self._source, worker.lanes, worker.index),
+            args=(theirs, bell, self._source, worker.lanes, worker.index),
             name=f"rlmesh-lanes-worker{worker.index}",
             daemon=True,  # multiprocessing ends it if the driver exits without closing
         )
         process.start()
         theirs.close()  # only the worker holds its end: its death closes the pipe
-        worker.process, worker.conn = process, ours
+        worker.process, worker.conn, worker.bell = process, ours, bell
         self._resources.processes.append(process)
 
     def _started(self, worker: _Worker, deadline: float) -> dict[str, Any]:
@@ -368,7 +388,7 @@ class ProcessLanes:
             if worker.process is None or worker.index in self._in_flight:
                 continue
             try:
-                worker.conn.send(("close",))
+                worker.request(("close",))
                 asked.append(worker)
             except OSError:  # it is gone already
                 pass
@@ -425,6 +445,60 @@ class ProcessLanes:
         if not len(rows):
             empty = np.zeros(0, dtype=np.bool_)
             return StepBatch(rows, [], np.zeros(0), empty, empty.copy(), [])
+        requests, loose_actions = self._step_requests(rows, actions)
+        infos, loose, failed = self._exchange(requests, rows)
+        return self._step_batch(rows, loose_actions, infos, loose, failed)
+
+    # ---------------------------------------------------------------- pipelined steps
+
+    @property
+    def step_groups(self) -> list[np.ndarray]:
+        """The lanes of each worker, ``[G]`` arrays: each group steps on its own, so the
+        driver may send one group's step while another's is still on its way back."""
+        return [np.array(worker.lanes, dtype=np.int64) for worker in self._workers]
+
+    def send_step(self, lanes: np.ndarray, actions: Any) -> None:
+        """Start a step of ``lanes`` (``[K]``, ascending, all of one group of
+        ``step_groups``, whose previous step was received) with ``actions`` ``[K, ...]``;
+        ``receive_step`` returns it. ``step`` is ``send_step`` then ``receive_step`` for
+        every group at once."""
+        rows = np.asarray(lanes, dtype=np.int64)
+        requests, loose_actions = self._step_requests(rows, actions)
+        if len(requests) != 1:
+            raise ValueError(f"send_step: lanes {rows.tolist()} are not of one group")
+        (w,) = requests  # one group is one worker
+        if w in self._sent:
+            raise EnvError(f"{self._workers[w].describe()} has a step not yet received")
+        self._sent[w] = (rows, loose_actions, requests[w])
+        self._post(requests)
+
+    def receive_step(self) -> StepBatch:
+        """The outcome of one step sent by ``send_step``: the first group whose worker has
+        answered (the lowest of those ready); ``LaneFailures`` as ``step`` raises it, for that
+        group's lanes.
+
+        Raises:
+            EnvError: no step was sent, or as ``step`` raises it.
+        """
+        if not self._sent:
+            raise EnvError(f"{self!r}: receive_step() with no step sent")
+        waited = time.perf_counter_ns()
+        waiting = [self._workers[w] for w in sorted(self._sent)]
+        ready = connection.wait(
+            [x for worker in waiting for x in (worker.conn, worker.process.sentinel)]
+        )
+        worker = next(w for w in waiting if w.conn in ready or w.process.sentinel in ready)
+        rows, loose_actions, message = self._sent.pop(worker.index)
+        replies = self._collect({worker.index: message})
+        waited = time.perf_counter_ns() - waited
+        infos, loose, failed = self._read(replies, rows, "step", waited)
+        return self._step_batch(rows, loose_actions, infos, loose, failed)
+
+    def _step_requests(
+        self, rows: np.ndarray, actions: Any
+    ) -> tuple[dict[int, tuple[Any, ...]], list[Any] | None]:
+        """Each worker's step request for ``rows``, the actions put in their slots, and the
+        per-lane actions that travel through the pipes instead (None when all fit)."""
         views = self._views_now()
         loose_actions = views.put_actions(rows, actions)
         requests = {}
@@ -434,7 +508,19 @@ class ProcessLanes:
                 rows[positions].tolist(),
                 None if loose_actions is None else [loose_actions[p] for p in positions],
             )
-        infos, loose, failed = self._exchange(requests, rows)
+        return requests, loose_actions
+
+    def _step_batch(
+        self,
+        rows: np.ndarray,
+        loose_actions: list[Any] | None,
+        infos: list[Any],
+        loose: list[Any],
+        failed: dict[int, tuple[str, str, _Worker]],
+    ) -> StepBatch:
+        """The ``StepBatch`` of stepped ``rows`` from the buffer and the replies; the lanes in
+        ``failed`` leave it, raised as ``LaneFailures`` carrying it."""
+        views = self._views_now()
         if failed:
             kept = self._without(rows, failed)
             for lane in failed:  # their episodes are over: nothing of them is replayed
@@ -526,13 +612,27 @@ class ProcessLanes:
             EnvError: a worker died (beyond its restarts), or a worker failed a request as a
                 whole (the first such, once every other worker has answered).
         """
+        self._post(requests)
+        waited = time.perf_counter_ns()
+        replies = self._collect(requests)
+        waited = time.perf_counter_ns() - waited
+        return self._read(replies, rows, next(iter(requests.values()))[0], waited)
+
+    def _post(self, requests: dict[int, tuple[Any, ...]]) -> None:
+        """Send each worker its request, then ring their bells (see ``_Worker``)."""
+        posted = []
         for w, message in requests.items():
             self._in_flight.add(w)
             try:
                 self._workers[w].conn.send(message)
+                posted.append(self._workers[w])
             except OSError:  # it died since its last answer
                 self._recover(self._workers[w], message)
-        waited = time.perf_counter_ns()
+        for worker in posted:
+            worker.bell.release()
+
+    def _collect(self, requests: dict[int, tuple[Any, ...]]) -> dict[int, Any]:
+        """Every requested worker's reply, restarting a dead worker where allowed."""
         replies: dict[int, Any] = {}
         while len(replies) < len(requests):
             pending = [self._workers[w] for w in requests if w not in replies]
@@ -545,12 +645,18 @@ class ProcessLanes:
                         self._in_flight.discard(worker.index)
                     except (EOFError, OSError):
                         self._recover(worker, requests[worker.index])
-        waited = time.perf_counter_ns() - waited
-        kind = next(iter(requests.values()))[0]
+        return replies
+
+    def _read(
+        self, replies: dict[int, Any], rows: np.ndarray, kind: str, waited: int
+    ) -> tuple[list[Any], list[Any], dict[int, tuple[str, str, _Worker]]]:
+        """The infos and loose observations of ``replies`` in the order of ``rows``, and the
+        lanes whose env raised; ``waited`` ns the driver waited, recorded for a step."""
         infos: list[Any] = [None] * len(rows)
         loose: list[Any] = [None] * len(rows)
         failure = None
         failed: dict[int, tuple[str, str, _Worker]] = {}
+        owners = self._owner[rows]
         for w, reply in sorted(replies.items()):
             if reply[0] == "error":
                 failure = failure or self._env_error(self._workers[w], reply)
@@ -561,10 +667,7 @@ class ProcessLanes:
             for lane, (description, remote_traceback) in worker_failed.items():
                 failed[lane] = (description, remote_traceback, self._workers[w])
             for position, info, extra in zip(
-                np.flatnonzero(self._owner[rows] == w).tolist(),
-                worker_infos,
-                worker_loose,
-                strict=True,
+                np.flatnonzero(owners == w).tolist(), worker_infos, worker_loose, strict=True
             ):
                 infos[position] = info
                 loose[position] = extra
@@ -622,12 +725,12 @@ class ProcessLanes:
                     if self._episodes[lane] is not None and lane not in resetting
                 ]
                 if episodes:
-                    worker.conn.send(("replay", episodes))
+                    worker.request(("replay", episodes))
                     reply = worker.conn.recv()
                     if reply[0] == "error":
                         self._broken = f"replaying its episodes in {worker.describe()} failed"
                         raise self._env_error(worker, reply)
-                worker.conn.send(message)
+                worker.request(message)
                 return
             except (EOFError, OSError, _WorkerDied):
                 continue  # it died again: another restart, if any is left

@@ -42,6 +42,9 @@ from ...utils import env_label
 from ..base import declares_trial_index
 from .layout import SharedLayout
 
+BELL_CHECK_S = 0.5
+"""How often a worker waiting for its bell looks whether the driver is gone."""
+
 
 def build_env_factory(source: tuple[str, Any, Any]) -> Any:
     """The zero-argument env factory a worker calls once per lane, from what the driver sent:
@@ -52,8 +55,11 @@ def build_env_factory(source: tuple[str, Any, Any]) -> Any:
     return pickle.loads(payload)
 
 
-def serve(conn: Connection, source: tuple[str, Any, Any], lanes: list[int], worker: int) -> None:
-    """The worker's main function: build ``lanes``' envs from ``source``, then serve ``conn``."""
+def serve(
+    conn: Connection, bell: Any, source: tuple[str, Any, Any], lanes: list[int], worker: int
+) -> None:
+    """The worker's main function: build ``lanes``' envs from ``source``, then serve ``conn``,
+    reading a request once ``bell`` (a semaphore the driver releases per request) rings."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     envs: dict[int, gymnasium.Env[Any, Any]] = {}
     try:
@@ -84,7 +90,7 @@ def serve(conn: Connection, source: tuple[str, Any, Any], lanes: list[int], work
         _, memory_name, layout = message
         memory = shared_memory.SharedMemory(name=memory_name)
         try:
-            _Server(conn, envs, layout.views(memory.buf), layout, source).run()
+            _Server(conn, bell, envs, layout.views(memory.buf), layout, source).run()
         finally:
             with contextlib.suppress(BufferError):  # a view still referenced: it goes with us
                 memory.close()
@@ -143,12 +149,14 @@ class _Server:
     def __init__(
         self,
         conn: Connection,
+        bell: Any,
         envs: dict[int, gymnasium.Env[Any, Any]],
         views: Any,
         layout: SharedLayout,
         source: tuple[str, Any, Any],
     ) -> None:
         self.conn = conn
+        self.bell = bell
         self.envs = envs
         self.views = views
         self.layout = layout
@@ -165,6 +173,7 @@ class _Server:
             "rebuild": self.rebuild,
         }
         while True:
+            self._await_request()
             message = conn.recv()
             kind = message[0]
             if kind == "close":
@@ -186,6 +195,14 @@ class _Server:
                     )
                 )
             conn.send_bytes(data)
+
+    def _await_request(self) -> None:
+        """Wait for the bell; every ``BELL_CHECK_S`` look at the pipe, so that a driver that
+        died (its end closed) or a request whose ring is still on its way is not missed. The
+        pipe is the source of truth: a ring more or less only changes how the worker wakes."""
+        while not self.bell.acquire(timeout=BELL_CHECK_S):
+            if self.conn.poll():
+                return
 
     def step(self, lanes: list[int], actions: list[Any] | None) -> tuple[Any, ...]:
         views, envs = self.views, self.envs
