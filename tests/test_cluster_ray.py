@@ -90,15 +90,20 @@ def test_seeds_trials_and_indices_mean_what_they_mean_locally(core):
     assert result.episodes_requested == len(options["indices"])
 
 
-@pytest.mark.parametrize("core", CORES)
-def test_each_worker_may_step_its_lanes_in_local_worker_processes(core):
+@pytest.mark.parametrize(("core", "pipeline"), [("rust", False), ("python", False), ("rust", True)])
+def test_each_worker_may_step_its_lanes_in_local_worker_processes(core, pipeline):
     options = {"episodes": 12, "seed": 5, "num_envs": 2, "max_episode_steps": 40, "core": core}
     reference = rlmesh.run(workers.balance, "CartPole-v1", **options)
     result = rlmesh.run(
         workers.balance, "CartPole-v1", cluster="ray", workers=1, processes_per_worker=2,
-        **options,
+        pipeline=pipeline, **options,
     )  # fmt: skip
     assert episodes_of(result) == episodes_of(reference)
+
+
+def test_pipelining_on_a_cluster_needs_worker_processes_in_each_window():
+    with pytest.raises(ValueError, match=r"with cluster='ray', pass processes_per_worker=2"):
+        rlmesh.run(workers.balance, "CartPole-v1", episodes=2, cluster="ray", pipeline=True)
 
 
 # ---------------------------------------------------------------------------- faults

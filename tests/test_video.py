@@ -190,8 +190,13 @@ def check_videos(result, directory, links_from, recorded, prefix, frame_shape, f
     )
 
 
-@pytest.mark.parametrize(("num_envs", "workers"), [(1, 1), (4, 1), (4, 2)])
-def test_recording_changes_no_result_and_writes_each_video(core, tmp_path, num_envs, workers):
+@pytest.mark.parametrize(
+    ("num_envs", "workers", "pipeline"),
+    [(1, 1, False), (4, 1, False), (4, 2, False), (4, 2, True)],
+)
+def test_recording_changes_no_result_and_writes_each_video(
+    core, tmp_path, num_envs, workers, pipeline
+):
     plain = rlmesh.run(
         policy, make_rendered, episodes=10, num_envs=num_envs, workers=workers, core=core
     )
@@ -202,6 +207,7 @@ def test_recording_changes_no_result_and_writes_each_video(core, tmp_path, num_e
         episodes=10,
         num_envs=num_envs,
         workers=workers,
+        pipeline=pipeline,
         core=core,
         record_video=3,
         results_path=out,

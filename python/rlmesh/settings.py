@@ -209,6 +209,11 @@ def check_settings(
         )
     if not isinstance(pipeline, bool):
         raise ValueError(f"pipeline must be True or False, got {pipeline!r}")
+    if pipeline and cluster is not None and workers == 1:
+        raise ValueError(
+            "pipeline=True overlaps the model with a window's worker processes stepping: with "
+            "cluster='ray', pass processes_per_worker=2 or more"
+        )
     if on_error not in ON_ERRORS:
         raise ValueError(f"on_error must be one of {list(ON_ERRORS)}, got {on_error!r}")
     if max_retries is not None:
