@@ -9,6 +9,8 @@ from __future__ import annotations
 import functools
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import gymnasium as gym
@@ -267,6 +269,22 @@ def test_an_id_only_the_driver_registered_says_how_workers_find_it():
     finally:
         gym.registry.pop("RlmeshDriverOnly-v0", None)
     assert not leftovers()
+
+
+def test_a_script_without_a_main_guard_is_told_to_add_one(tmp_path):
+    # The workers import the script that started them: a run at its top level starts again
+    # there, and multiprocessing stops it in the worker.
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import rlmesh\n"
+        "rlmesh.run(lambda obs: 0, 'CartPole-v1', episodes=1, num_envs=2, workers=2)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert done.returncode != 0
+    assert "before it could build its envs" in done.stderr
+    assert 'under `if __name__ == "__main__":`' in done.stderr
 
 
 @pytest.mark.parametrize(

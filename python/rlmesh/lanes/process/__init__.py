@@ -358,7 +358,10 @@ class ProcessLanes:
                 f"{worker.describe()} did not {what} within {START_TIMEOUT_S:g} s (START_TIMEOUT_S)"
             )
         raise _WorkerDied(
-            f"{worker.describe()} {_exit_cause(worker.process)} before it could {what}"
+            f"{worker.describe()} {_exit_cause(worker.process)} before it could {what}; its "
+            f"error is on stderr above. A worker starts by importing the script that started "
+            f"the run: a script that runs rlmesh at its top level must do so under "
+            f'`if __name__ == "__main__":`'
         )
 
     def _check_spaces(self, spaces: list[tuple[int, Any, Any]]) -> None:
