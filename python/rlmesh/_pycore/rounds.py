@@ -461,14 +461,15 @@ class RoundRunner:
         """Set the open round aside under ``key`` while its lanes' envs step, so that another
         round can open over other lanes; ``resume_round(key)`` makes it the open round again.
 
-        Example (two groups of lanes stepping at once):
-            >>> running_a, _, payload_a = runner.begin_round([0, 1])
-            >>> actions_a = runner.take_actions(model(payload_a), predict_ns)
-            >>> runner.park_round(0)   # lanes 0 and 1 step elsewhere meanwhile
-            >>> running_b, _, payload_b = runner.begin_round([2, 3])
-            >>> ...
-            >>> runner.resume_round(0)
-            >>> ended, truncated = runner.end_round(rewards_a, terminated_a, truncated_a, ...)
+        Two groups of lanes stepping at once, as the pipelined driver runs them::
+
+            running_a, _, payload_a = runner.begin_round([0, 1])
+            actions_a = runner.take_actions(model(payload_a), predict_ns)
+            runner.park_round(0)  # lanes 0 and 1 step in their worker meanwhile
+            running_b, _, payload_b = runner.begin_round([2, 3])
+            ...
+            runner.resume_round(0)
+            ended, truncated = runner.end_round(rewards_a, terminated_a, truncated_a, ...)
 
         Raises:
             ValueError: a round is already parked under ``key``.
