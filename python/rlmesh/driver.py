@@ -125,6 +125,7 @@ async def arun(
     max_retries: int | None = None,
     window_episodes: int | None = None,
     processes_per_worker: int | None = None,
+    ray_mode: str | None = None,
     env_tags: Any = None,
     provenance: dict[str, Any] | None = None,
     record_video: int = 0,
@@ -202,6 +203,11 @@ async def arun(
             not yet dealt, shrinking toward the end so the workers finish together).
         processes_per_worker: each worker's local run steps its lanes in this many processes
             (its ``workers=``; needs process lanes); its task then takes as many CPUs.
+        ray_mode (with ``cluster="ray"``): how the workers run their windows. ``"tasks"``
+            (the default): each window is a Ray task whose run loads the model
+            (``Model.load``) and closes it. ``"actors"``: ``workers`` long-lived Ray actors
+            each load the model once, run every window dealt to them, and close it once at
+            the end; for a model that is expensive to load. RAY_MODE_RATIONALE
         env_tags: the env's ``rlmesh.adapters.EnvTags`` (or their v1 dict), for a model spec
             that pairs by role; default: the env's
             ``metadata["rlmesh.adapters.v1.env_io_spec"]``, if any.
@@ -278,6 +284,7 @@ async def arun(
         max_retries=settings.max_retries,
         window_episodes=window_episodes,
         processes_per_worker=processes_per_worker,
+        ray_mode=ray_mode,
     )
     stated = check_provenance(provenance)
     if results_path is not None:
