@@ -89,6 +89,45 @@ def test_a_model_that_fails_to_close_on_an_actor_fails_the_run_as_on_a_task():
             assert "closing its model" in "".join(failed.value.__notes__)
 
 
+# ---------------------------------------------------------------------------- results, videos
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_an_actor_mode_run_resumes_a_file_running_only_the_rest(core, tmp_path):
+    from rlmesh.cli import _EpisodeSink, _Progress
+
+    out = tmp_path / "results.jsonl"
+    options = {"episodes": 20, "seed": 5, "core": core, "max_episode_steps": 40}
+    rlmesh.run(workers.balance, "CartPole-v1", indices=range(8), results_path=out, **options)
+    progress = _Progress(20, enabled=False)
+    result = rlmesh.run(
+        workers.balance, "CartPole-v1", cluster="ray", workers=2, ray_mode="actors",
+        results_path=out, resume=True, hooks=_EpisodeSink(progress), **options,
+    )  # fmt: skip
+    assert sum(w.episodes for w in result.cluster.per_worker) == 20 - 8
+    assert len(progress.rewards) == 20  # the bar counts the file's 8 and the cluster's 12
+    reference = rlmesh.run(workers.balance, "CartPole-v1", **options)
+    assert episodes_of(result) == episodes_of(reference)
+    _, on_file = read_results(out)
+    assert [e.index for e in on_file] == list(range(20))
+
+
+def test_an_actor_mode_run_records_the_same_videos_as_a_local_run(tmp_path):
+    from helpers import comparable
+    from test_video import FRAME, check_videos, make_rendered, policy
+
+    options = {"episodes": 6, "seed": 4, "record_video": 3}
+    placements = {"local": {}, "actors": {"cluster": "ray", "workers": 2, "ray_mode": "actors"}}
+    results = {}
+    for name, placement in placements.items():
+        (tmp_path / name).mkdir()
+        path = tmp_path / name / "run.jsonl"
+        results[name] = rlmesh.run(policy, make_rendered, results_path=path, **options, **placement)
+        check_videos(results[name], tmp_path / name / "run_videos", tmp_path / name, 3,
+                     "RenderedEnv", FRAME)  # fmt: skip
+    assert comparable(results["actors"]) == comparable(results["local"])  # links included
+
+
 # ---------------------------------------------------------------------------- faults
 
 

@@ -23,7 +23,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import gymnasium as gym
@@ -94,17 +94,68 @@ def _portable(error: BaseException) -> BaseException | None:
     return copy if type(copy) is type(error) and str(copy) == str(error) else None
 
 
-def run_window(job: WindowJob, indices: list[int]) -> Iterator[Landed | WindowDone | WindowFailed]:
+def run_window(
+    job: WindowJob, indices: list[int], hold: Callable[[Any], None] | None = None
+) -> Iterator[Landed | WindowDone | WindowFailed]:
     """Run episodes ``indices`` of the job's run here; yield ``Landed`` batches as episodes
     start and complete, then one ``WindowDone`` (or ``WindowFailed``, after the episodes that
-    completed before the error)."""
+    completed before the error). ``hold`` is handed the model before the run (an actor's
+    ``WindowActor.hold``)."""
+    from ..driver import run
+
+    worker = worker_name()
     started = time.perf_counter()
     try:
         model, env, kwargs = _load(job)
     except Exception as exc:
-        yield WindowFailed(worker_name(), _portable(exc), f"loading the job failed: {exc!r}")
+        yield WindowFailed(worker, _portable(exc), f"loading the job failed: {exc!r}")
         return
-    yield from _run(model, env, kwargs, indices, started)
+    if hold is not None:
+        hold(model)
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    outcome: dict[str, Any] = {}
+
+    def evaluate() -> None:
+        try:
+            outcome["result"] = run(model, env, indices=indices, hooks=_Relay(events), **kwargs)
+        except BaseException as exc:  # handed to the coordinator, whatever it is
+            outcome["error"] = exc
+        finally:
+            events.put(_FINISHED)
+
+    thread = threading.Thread(target=evaluate, name="rlmesh-window", daemon=True)
+    thread.start()
+    finished = False
+    while not finished:
+        batch = [events.get()]  # wait for the next event, then take all that are queued
+        while True:
+            try:
+                batch.append(events.get_nowait())
+            except queue.Empty:
+                break
+        finished = batch[-1] is _FINISHED
+        landed = [event for event in batch if event is not _FINISHED]
+        if landed:
+            yield Landed(
+                worker=worker,
+                started=tuple(value for kind, value in landed if kind == "started"),
+                episodes=tuple(value for kind, value in landed if kind == "completed"),
+            )
+    thread.join()
+    if "error" in outcome:
+        error = outcome["error"]
+        where = f"window of episodes {indices[0]}..{indices[-1]} on {worker}"
+        yield WindowFailed(worker, _portable(error), f"{where}: {type(error).__name__}: {error}")
+        return
+    result = outcome["result"]
+    yield WindowDone(
+        worker=worker,
+        task_s=time.perf_counter() - started,
+        wasted_steps=result.wasted_steps,
+        observer_errors=result.observer_errors,
+        telemetry=result.telemetry,
+        success_rule=result.success_rule,
+    )
 
 
 class HeldModel:
@@ -172,72 +223,16 @@ class WindowActor:
         self.held: HeldModel | None = None
 
     def run_window(self, indices: list[int]) -> Iterator[Landed | WindowDone | WindowFailed]:
-        """As the task's ``run_window``, on the model this actor holds."""
-        started = time.perf_counter()
-        try:
-            model, env, kwargs = _load(self.job)
-        except Exception as exc:
-            yield WindowFailed(worker_name(), _portable(exc), f"loading the job failed: {exc!r}")
-            return
+        """The task's ``run_window``, on the model this actor holds."""
+        yield from run_window(self.job, indices, hold=self.hold)
+
+    def hold(self, model: Any) -> None:
+        """Hold the model of the first window dealt here (the job's, for every window)."""
         if self.held is None:
             self.held = HeldModel(model)
-        yield from _run(model, env, kwargs, indices, started)
 
     def close(self) -> None:
         """Close the held model (``Model.close``) if a window ran; the coordinator then ends
         the actor."""
         if self.held is not None:
             self.held.release()
-
-
-def _run(
-    model: Any, env: Any, kwargs: dict[str, Any], indices: list[int], started: float
-) -> Iterator[Landed | WindowDone | WindowFailed]:
-    """The local run of a window (begun at ``started``), its events yielded as they come."""
-    from ..driver import run
-
-    worker = worker_name()
-    events: queue.SimpleQueue = queue.SimpleQueue()
-    outcome: dict[str, Any] = {}
-
-    def evaluate() -> None:
-        try:
-            outcome["result"] = run(model, env, indices=indices, hooks=_Relay(events), **kwargs)
-        except BaseException as exc:  # handed to the coordinator, whatever it is
-            outcome["error"] = exc
-        finally:
-            events.put(_FINISHED)
-
-    thread = threading.Thread(target=evaluate, name="rlmesh-window", daemon=True)
-    thread.start()
-    finished = False
-    while not finished:
-        batch = [events.get()]  # wait for the next event, then take all that are queued
-        while True:
-            try:
-                batch.append(events.get_nowait())
-            except queue.Empty:
-                break
-        finished = batch[-1] is _FINISHED
-        landed = [event for event in batch if event is not _FINISHED]
-        if landed:
-            yield Landed(
-                worker=worker,
-                started=tuple(value for kind, value in landed if kind == "started"),
-                episodes=tuple(value for kind, value in landed if kind == "completed"),
-            )
-    thread.join()
-    if "error" in outcome:
-        error = outcome["error"]
-        where = f"window of episodes {indices[0]}..{indices[-1]} on {worker}"
-        yield WindowFailed(worker, _portable(error), f"{where}: {type(error).__name__}: {error}")
-        return
-    result = outcome["result"]
-    yield WindowDone(
-        worker=worker,
-        task_s=time.perf_counter() - started,
-        wasted_steps=result.wasted_steps,
-        observer_errors=result.observer_errors,
-        telemetry=result.telemetry,
-        success_rule=result.success_rule,
-    )
