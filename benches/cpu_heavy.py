@@ -13,10 +13,14 @@ process and on a Ray worker too).
 
 from __future__ import annotations
 
+import time
+
 import gymnasium as gym
 import numpy as np
+import rlmesh
 
 ENV_ID = "cpu_heavy:CpuHeavy-v0"
+LOAD_S = 0.5  # what SlowToLoad's load takes: loading weights, say
 WORK = 10_000  # integer operations a step: about 1 ms of CPU on the machine BENCHMARKS.md names
 SHORTEST, LONGEST = 100, 300  # steps an episode lasts, drawn from its seed
 
@@ -57,6 +61,17 @@ class CpuHeavyEnv(gym.Env):
 def policy(obs):
     """Push the first coordinate back toward zero."""
     return int(obs[0] < 0)
+
+
+class SlowToLoad(rlmesh.Model):
+    """``policy`` behind a ``load`` that takes ``LOAD_S`` seconds, as loading weights does: the
+    workload where a cluster run's actor mode (the model loaded once per actor) pays off."""
+
+    def load(self) -> None:
+        time.sleep(LOAD_S)
+
+    def predict(self, obs):
+        return policy(obs)
 
 
 def batched_policy(obs: np.ndarray) -> np.ndarray:

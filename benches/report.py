@@ -59,9 +59,13 @@ from test_bench_chunks import ChunkRound
 from test_bench_cluster_ray import (
     CLUSTER_EPISODES,
     CLUSTER_WORKERS,
+    LOAD_S,
+    LOADING_WINDOW_EPISODES,
+    LOADING_WINDOWS,
     per_episode,
     run_cluster,
     run_single,
+    run_slow_to_load,
 )
 from test_bench_driver import (
     NULL_EPISODES_PER_LANE,
@@ -149,6 +153,7 @@ class Settings:
     sim_episodes: int  # episodes of MuJoCo's Hopper-v5 (8 lanes)
     process_cartpole_episodes: int  # CartPole episodes over 16 process lanes
     cluster_episodes: int  # CPU-heavy episodes, one process vs a local Ray cluster
+    loading_windows: int  # windows of a model slow to load, Ray tasks vs actors
 
 
 FULL = Settings(
@@ -162,6 +167,7 @@ FULL = Settings(
     sim_episodes=48,
     process_cartpole_episodes=64,
     cluster_episodes=CLUSTER_EPISODES,
+    loading_windows=LOADING_WINDOWS,
 )
 QUICK = Settings(
     repeats=3,
@@ -174,6 +180,7 @@ QUICK = Settings(
     sim_episodes=8,
     process_cartpole_episodes=16,
     cluster_episodes=16,
+    loading_windows=8,
 )
 
 
@@ -923,7 +930,39 @@ def cluster_rows(settings: Settings) -> list[Row]:
             f"{report.coordinator_s_per_window * 1e3:.2f} ms, Ray dispatch "
             f"{report.dispatch_s_per_window * 1e3:.0f} ms, set-up in the task "
             f"{model['setup_s'] * 1e3:.0f} ms; {model['text']}"),
+        actor_mode_row(settings),
     ]  # fmt: skip
+
+
+def actor_mode_row(settings: Settings) -> Row:
+    """A model whose ``load`` takes ``LOAD_S``, on short windows: each window's Ray task loads
+    it (``ray_mode="tasks"``) against each of the actors loading it once
+    (``ray_mode="actors"``), one run a side on one local Ray instance started before both."""
+    import ray
+
+    windows = settings.loading_windows
+    episodes = windows * LOADING_WINDOW_EPISODES
+    ray.init(num_cpus=CLUSTER_WORKERS, include_dashboard=False, logging_level="WARNING")
+    try:
+        timed = {}
+        for mode in ("tasks", "actors"):
+            started = time.perf_counter()
+            timed[mode] = (run_slow_to_load(mode, windows), time.perf_counter() - started)
+    finally:
+        ray.shutdown()
+    (tasks, tasks_s), (actors, actors_s) = timed["tasks"], timed["actors"]
+    equal = "equal" if per_episode(actors) == per_episode(tasks) else "DIFFER"
+    return Row(
+        f"scale-out: a model slow to load, cluster='ray', workers={CLUSTER_WORKERS}, "
+        "ray_mode tasks vs actors",
+        f"load() of {LOAD_S} s, {episodes} CPU-heavy episodes in {windows} windows of "
+        f"{LOADING_WINDOW_EPISODES}",
+        "tasks", tasks.total_steps / tasks_s, "actors", actors.total_steps / actors_s,
+        "steps/s",
+        note=f"tasks {tasks_s:.1f} s (the model loaded {windows} times), actors "
+        f"{actors_s:.1f} s (loaded {len(actors.cluster.per_worker)} times); per-episode "
+        f"results {equal}",
+    )  # fmt: skip
 
 
 def extrapolation(single: rlmesh.RunResult, clustered: Any, cluster_s: float) -> dict:

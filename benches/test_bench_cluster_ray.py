@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import pytest
 import rlmesh
-from cpu_heavy import ENV_ID, policy
+from cpu_heavy import ENV_ID, LOAD_S, SlowToLoad, policy
 
 CLUSTER_EPISODES = 400
 SUITE_EPISODES = 8
 CLUSTER_WORKERS = 2
 SEED = 0
+LOADING_WINDOW_EPISODES = 2  # short windows, so loading the model per window costs
+LOADING_WINDOWS = 32
 
 
 def run_single(episodes: int = CLUSTER_EPISODES) -> rlmesh.RunResult:
@@ -33,6 +35,18 @@ def run_cluster(
 ) -> rlmesh.RunResult:
     """The same episodes on a local Ray instance this call starts and shuts down."""
     return rlmesh.run(policy, ENV_ID, episodes=episodes, seed=SEED, cluster="ray", workers=workers)
+
+
+def run_slow_to_load(
+    ray_mode: str, windows: int = LOADING_WINDOWS, workers: int = CLUSTER_WORKERS
+) -> rlmesh.RunResult:
+    """``SlowToLoad`` on ``windows`` windows of ``LOADING_WINDOW_EPISODES`` episodes, on the
+    Ray instance this process is connected to, its windows run as ``ray_mode`` says."""
+    return rlmesh.run(
+        SlowToLoad(), ENV_ID, episodes=windows * LOADING_WINDOW_EPISODES, seed=SEED,
+        cluster="ray", workers=workers, ray_mode=ray_mode,
+        window_episodes=LOADING_WINDOW_EPISODES,
+    )  # fmt: skip
 
 
 def per_episode(result: rlmesh.RunResult) -> list[tuple]:
@@ -54,3 +68,19 @@ def test_cluster_two_workers(benchmark):
     assert per_episode(result) == per_episode(run_single(SUITE_EPISODES))
     benchmark.extra_info["startup_s"] = result.cluster.startup_s
     benchmark.extra_info["coordinator_s_per_window"] = result.cluster.coordinator_s_per_window
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A local Ray instance for the actor-mode cases, shut down after them."""
+    ray = pytest.importorskip("ray", reason='Ray is not installed: pip install "rlmesh[ray]"')
+    ray.init(num_cpus=CLUSTER_WORKERS, include_dashboard=False, logging_level="WARNING")
+    yield
+    ray.shutdown()
+
+
+@pytest.mark.parametrize("ray_mode", ["tasks", "actors"])
+def test_a_model_slow_to_load(benchmark, local_ray, ray_mode):
+    benchmark.group = f"a model whose load takes {LOAD_S} s, ray_mode tasks vs actors"
+    result = benchmark.pedantic(run_slow_to_load, args=(ray_mode, 4), rounds=1)
+    assert len(result.cluster.windows) == 4

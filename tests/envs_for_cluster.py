@@ -88,3 +88,45 @@ class KillingFactory:
         return KillsItsWorker(
             gym.make(self.env_id), seed=self.seed, at_step=self.at_step, marker=self.marker
         )
+
+
+class CountsItsLifecycle(rlmesh.Model):
+    """``balance``, whose ``load`` and ``close`` each append a line to the file ``log``
+    (``load PID`` / ``close PID``): how often each worker process loaded and closed it."""
+
+    def __init__(self, log):
+        super().__init__()
+        self.log = log
+
+    def load(self):
+        self._note("load")
+
+    def close(self):
+        self._note("close")
+
+    def predict(self, obs):
+        return balance(obs)
+
+    def _note(self, what):
+        with open(self.log, "a") as log:
+            log.write(f"{what} {os.getpid()}\n")
+
+
+def lifecycle_of(log):
+    """What ``CountsItsLifecycle`` wrote to ``log``: each process's calls, in order."""
+    calls = {}
+    with open(log) as lines:
+        for line in lines:
+            what, pid = line.split()
+            calls.setdefault(int(pid), []).append(what)
+    return calls
+
+
+class FailsToClose(rlmesh.Model):
+    """``balance``, whose ``close`` raises."""
+
+    def predict(self, obs):
+        return balance(obs)
+
+    def close(self):
+        raise RuntimeError("the weights would not unload")

@@ -13,9 +13,11 @@ import textwrap
 
 import pytest
 import rlmesh
+from helpers import CORES, comparable
 from rlmesh.cluster import MergeIncompleteError, deal_windows
 from rlmesh.cluster.coordinator import missing_from_merge
 from rlmesh.cluster.windows import shuffled, window_sizes
+from rlmesh.cluster.worker import HeldModel
 from rlmesh.results import EpisodeResult, RunResult
 from rlmesh.settings import check_cluster_settings
 
@@ -41,6 +43,7 @@ def _placement(**given):
 def test_cluster_arguments_are_checked_once_with_their_defaults():
     placement = _placement(workers=3, ray_address="auto")
     assert (placement.workers, placement.ray_address, placement.max_retries) == (3, "auto", 3)
+    assert placement.ray_mode == "tasks" and _placement(ray_mode="actors").ray_mode == "actors"
     assert _placement(cluster=None) is None
 
 
@@ -56,6 +59,8 @@ def test_cluster_arguments_are_checked_once_with_their_defaults():
             {"cluster": None, "ray_address": "auto", "window_episodes": 1},
             "ray_address, window_episodes need a cluster",
         ),
+        ({"ray_mode": "threads"}, "ray_mode must be one of ['tasks', 'actors'] (a Ray task"),
+        ({"cluster": None, "ray_mode": "actors"}, "ray_mode needs a cluster: pass cluster='ray'"),
     ],
 )
 def test_bad_cluster_arguments_are_refused_saying_what_was_expected(given, message):
@@ -67,6 +72,49 @@ def test_bad_cluster_arguments_are_refused_saying_what_was_expected(given, messa
 def test_run_checks_the_cluster_arguments_before_anything_runs():
     with pytest.raises(ValueError, match="max_retries must be a non-negative integer"):
         rlmesh.run(lambda obs: 0, "CartPole-v1", episodes=2, cluster="ray", max_retries=-2)
+
+
+# ---------------------------------------------------------------------------- a held model
+
+
+@pytest.mark.parametrize("core", CORES)
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_a_held_model_is_loaded_by_the_first_run_and_closed_once_on_release(core, asynchronous):
+    calls = []
+
+    class Weights(rlmesh.Model):
+        def on_route(self, route):
+            calls.append("route")
+
+        def predict(self, obs):
+            return int(obs[2] > 0)
+
+    if asynchronous:
+
+        async def load(self):
+            calls.append("load")
+
+        async def close(self):
+            calls.append("close")
+    else:
+
+        def load(self):
+            calls.append("load")
+
+        def close(self):
+            calls.append("close")
+
+    Weights.load, Weights.close = load, close
+    model = Weights()
+    held = HeldModel(model)  # what an actor does with the model of its first window
+    options = {"episodes": 3, "num_envs": 2, "max_episode_steps": 30, "core": core}
+    runs = [rlmesh.run(model, "CartPole-v1", seed=seed, **options) for seed in range(3)]
+    assert calls == ["route", "load", "route", "route"]  # each run routes it; the first loads
+    held.release()
+    assert calls[-1] == "close" and calls.count("close") == 1
+    assert "load" not in vars(model) and "close" not in vars(model)  # its own methods again
+    fresh = [rlmesh.run(Weights(), "CartPole-v1", seed=seed, **options) for seed in range(3)]
+    assert [comparable(run) for run in runs] == [comparable(run) for run in fresh]
 
 
 # ---------------------------------------------------------------------------- windows
@@ -175,6 +223,7 @@ NEEDS_RAY = ("rlmesh.cluster.job", "rlmesh.cluster.coordinator")
         "rlmesh.cluster.windows",
         "rlmesh.cluster.report",
         "rlmesh.cluster.errors",
+        "rlmesh.cluster.worker",
         *NEEDS_RAY,
     ],
 )

@@ -76,7 +76,7 @@ from .results import (
     read_suite,
     read_suite_columns,
 )
-from .settings import ON_ERRORS, check_video_settings
+from .settings import ON_ERRORS, RAY_MODES, check_video_settings
 from .stats import format_suite_summary, format_summary, summarize, summarize_suite
 from .success import rule_for
 
@@ -497,6 +497,11 @@ def _cluster_arguments(args: argparse.Namespace) -> dict[str, Any]:
             "rlmesh eval: error: --max-retries needs --on-error retry (episodes whose env "
             "failed) or --ray [ADDRESS] (windows whose worker died)"
         )
+    if args.ray_mode is not None and args.ray is None:
+        raise UsageError(
+            f"rlmesh eval: error: --ray-mode {args.ray_mode} says how Ray workers run their "
+            "windows: it needs --ray [ADDRESS]"
+        )
     if args.ray is None:
         return {}
     from .cluster import require_ray
@@ -508,6 +513,7 @@ def _cluster_arguments(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "cluster": "ray",
         "ray_address": args.ray or None,  # a bare --ray: a local Ray instance
+        **({} if args.ray_mode is None else {"ray_mode": args.ray_mode}),
     }
 
 
@@ -994,6 +1000,13 @@ def _add_cluster_options(parser: argparse.ArgumentParser) -> None:
         "'ray://host:10001'), or without one start a local Ray instance with this machine's "
         "CPUs (needs the ray extra)",
     )
+    parser.add_argument(
+        "--ray-mode",
+        choices=RAY_MODES,
+        help="with --ray, how the workers run their windows: 'tasks', a Ray task a window whose "
+        "run loads the model (default), or 'actors', --workers long-lived Ray actors that load "
+        "the model once each (Model.load), for a model that is expensive to load",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1438,6 +1451,7 @@ def _demo_args(args: argparse.Namespace) -> argparse.Namespace:
         resume=False,
         allow_changed_policy=False,
         ray=None,
+        ray_mode=None,
         on_error="raise",
         max_retries=None,
         record_video=0,

@@ -126,6 +126,7 @@ async def arun(
     max_retries: int | None = None,
     window_episodes: int | None = None,
     processes_per_worker: int | None = None,
+    ray_mode: str | None = None,
     env_tags: Any = None,
     provenance: dict[str, Any] | None = None,
     record_video: int = 0,
@@ -210,6 +211,17 @@ async def arun(
             not yet dealt, shrinking toward the end so the workers finish together).
         processes_per_worker: each worker's local run steps its lanes in this many processes
             (its ``workers=``; needs process lanes); its task then takes as many CPUs.
+        ray_mode (with ``cluster="ray"``): how the workers run their windows. ``"tasks"``
+            (the default): each window is a Ray task whose run loads the model
+            (``Model.load``) and closes it. ``"actors"``: ``workers`` long-lived Ray actors
+            each load the model once (on_route, load, then every window dealt to it), and
+            close it once at the end; an actor that dies is replaced by a fresh one. Actors
+            pay off when loading the model costs more than starting an actor (a fresh
+            process, about a second): with a ``load`` of 0.5 s, on 16 windows of 2 episodes,
+            a run took 5.6 s on actors and 13.4 s on tasks (benches/test_bench_cluster_ray.py's
+            ``run_slow_to_load``). For a cheap model they gained nothing (48 episodes: 13.5 s
+            either way), and on 8 windows their start-up cost more than they saved (0.86x to
+            0.96x), while they hold their CPUs for the whole run: hence tasks by default.
         env_tags: the env's ``rlmesh.adapters.EnvTags`` (or their v1 dict), for a model spec
             that pairs by role; default: the env's
             ``metadata["rlmesh.adapters.v1.env_io_spec"]``, if any.
@@ -287,6 +299,7 @@ async def arun(
         max_retries=settings.max_retries,
         window_episodes=window_episodes,
         processes_per_worker=processes_per_worker,
+        ray_mode=ray_mode,
     )
     stated = check_provenance(provenance)
     if results_path is not None:

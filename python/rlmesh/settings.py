@@ -29,6 +29,10 @@ TIMEOUT_OPS = ("reset", "step", "predict")
 
 CLUSTERS = ("ray",)
 """What ``cluster=`` may name."""
+RAY_MODES = ("tasks", "actors")
+"""What ``ray_mode=`` may name: how a cluster run's workers run their windows."""
+DEFAULT_RAY_MODE = "tasks"
+"""``ray_mode`` when not given (``rlmesh.run``'s docstring says why)."""
 ON_ERRORS = ("raise", "record", "retry")
 """What ``on_error=`` may name: what a run does when an env's ``reset`` or ``step`` raises."""
 DEFAULT_MAX_RETRIES = 3
@@ -272,7 +276,9 @@ class ClusterSettings:
     CPU of the cluster); ``processes_per_worker`` is handed to each worker's local run as its
     ``workers=`` (process lanes); ``window_episodes`` is the episodes per window (None: the
     coordinator picks); ``max_retries`` is the run's (``RunSettings.max_retries``, checked
-    there): the times a window whose worker was lost is dealt again.
+    there): the times a window whose worker was lost is dealt again; ``ray_mode`` is how the
+    workers run their windows: ``"tasks"`` (a Ray task a window) or ``"actors"`` (``workers``
+    long-lived Ray actors, each holding the model for every window dealt to it).
     """
 
     cluster: str
@@ -281,6 +287,7 @@ class ClusterSettings:
     max_retries: int
     window_episodes: int | None
     processes_per_worker: int | None
+    ray_mode: str = DEFAULT_RAY_MODE
 
 
 def check_cluster_settings(
@@ -291,18 +298,22 @@ def check_cluster_settings(
     max_retries: int,
     window_episodes: int | None,
     processes_per_worker: int | None,
+    ray_mode: str | None = None,
 ) -> ClusterSettings | None:
     """The scale-out arguments checked: None for a run on this process alone; ValueError
     otherwise.
 
     With ``cluster="ray"``, ``workers`` counts Ray workers (windows in flight at once); the
     local process lanes of each worker are ``processes_per_worker``. ``max_retries`` comes
-    checked from ``check_settings`` (``RunSettings.max_retries``).
+    checked from ``check_settings`` (``RunSettings.max_retries``). ``ray_mode`` is one of
+    ``RAY_MODES`` (None: ``DEFAULT_RAY_MODE``).
 
     Example:
-        >>> check_cluster_settings(cluster="ray", workers=2, ray_address=None,
-        ...     max_retries=3, window_episodes=None, processes_per_worker=None).max_retries
-        3
+        >>> placement = check_cluster_settings(cluster="ray", workers=2, ray_address=None,
+        ...     max_retries=3, window_episodes=None, processes_per_worker=None,
+        ...     ray_mode="actors")
+        >>> placement.max_retries, placement.ray_mode
+        (3, 'actors')
     """
     if cluster is None:
         # Without a cluster, workers= is the run's process lanes (check_settings checks it).
@@ -310,6 +321,7 @@ def check_cluster_settings(
             "ray_address": ray_address,
             "window_episodes": window_episodes,
             "processes_per_worker": processes_per_worker,
+            "ray_mode": ray_mode,
         }
         named = [name for name, value in given.items() if value is not None]
         if named:
@@ -325,6 +337,12 @@ def check_cluster_settings(
             f"ray_address must be a Ray cluster's address such as 'auto', '10.0.0.5:6379' or "
             f"'ray://head:10001', or None to start a local Ray instance; got {ray_address!r}"
         )
+    if ray_mode is not None and ray_mode not in RAY_MODES:
+        raise ValueError(
+            f"ray_mode must be one of {list(RAY_MODES)} (a Ray task a window, or long-lived "
+            f"actors that load the model once each) or None for {DEFAULT_RAY_MODE!r}; got "
+            f"{ray_mode!r}"
+        )
     return ClusterSettings(
         cluster=cluster,
         workers=None if workers is None else positive_int("workers", workers),
@@ -338,4 +356,5 @@ def check_cluster_settings(
             if processes_per_worker is None
             else positive_int("processes_per_worker", processes_per_worker)
         ),
+        ray_mode=DEFAULT_RAY_MODE if ray_mode is None else ray_mode,
     )

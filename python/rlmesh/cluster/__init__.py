@@ -3,7 +3,8 @@
 ``rlmesh.run(model, env, episodes=M, seed=S, cluster="ray", workers=K)`` (or ``rlmesh eval
 ... --ray [ADDRESS] --workers K``) cuts the episode indices into windows in a seeded shuffle
 (``windows``), runs each window as a Ray task that drives the ordinary local driver with
-``indices=`` (``worker``), and merges the episodes by index as they arrive, into the one
+``indices=`` (``worker``), or with ``ray_mode="actors"`` on one of ``workers`` long-lived Ray
+actors that load the model once each, and merges the episodes by index as they arrive, into the one
 results file when there is one (``coordinator``). The per-episode results equal a run on one
 process, field for field but timings. A window whose worker dies runs again elsewhere with
 the same seeds, at most ``max_retries`` times; then ``WorkerLostError``, keeping what completed.

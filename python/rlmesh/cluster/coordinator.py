@@ -6,8 +6,10 @@ checked. The coordinator
 1. opens the results file as a local run would (the same header, so a run started on a
    cluster may be resumed on one process and back) and leaves out the episodes it holds;
 2. connects to Ray (or starts a local instance), cuts the rest into windows in a seeded
-   shuffle (``windows.deal_windows``) and keeps ``workers`` of them running, each a Ray task
-   running the local driver on its indices (``worker.run_window``);
+   shuffle (``windows.deal_windows``) and keeps ``workers`` of them running, each running the
+   local driver on its indices: as a Ray task (``worker.run_window``, ``ray_mode="tasks"``) or
+   on one of ``workers`` long-lived actors that hold the model (``worker.WindowActor``,
+   ``ray_mode="actors"``), which ``_Tasks`` and ``_Actors`` start and end;
 3. merges each episode as it arrives: by index, so an episode delivered twice is kept once,
    appended to the results file (flushed) before any hook hears of it;
 4. re-deals the missing indices of a window whose worker died, with the same seeds, at most
@@ -50,7 +52,7 @@ from .errors import ClusterError, MergeIncompleteError, WindowFailedError, Worke
 from .job import Landed, WindowDone, WindowJob, make_job
 from .report import ClusterReport, ClusterRunResult, WindowStats
 from .windows import deal_windows, window_sizes
-from .worker import run_window
+from .worker import WindowActor, run_window
 
 # How Ray says a task's worker went away (the process died, its node or raylet was lost, the
 # objects it held with it): the window is run again elsewhere. Anything else is the run's own
@@ -62,7 +64,11 @@ WORKER_LOST_ERRORS = (
     "ObjectLostError",
     "OwnerDiedError",
     "RaySystemError",
+    "RayActorError",  # an actor's process died, or Ray ended it
 )
+# How long the coordinator waits for its actors to close their models at the end of a run,
+# before it ends them anyway.
+ACTOR_CLOSE_S = 60.0
 # Hook methods that need the envs' steps, observations or actions: not on a cluster run.
 BESIDE_THE_ENVS = (
     (RunHooks, ("on_step",)),
@@ -189,6 +195,93 @@ class _Window:
     attempt: int = 0
     generator: Any = None  # the Ray task's stream of messages, while it runs
     submitted: float = 0.0  # when its task was submitted (perf_counter)
+    actor: Any = None  # the actor running it (ray_mode="actors")
+
+
+class _Tasks:
+    """``ray_mode="tasks"``: each window a Ray task of ``cpus`` CPUs, its own local run."""
+
+    def __init__(self, ray: ModuleType, job: Any, cpus: int) -> None:
+        self.ray, self.job = ray, job
+        self.task = ray.remote(run_window).options(num_cpus=cpus, max_retries=0)
+
+    def submit(self, window: _Window) -> None:
+        window.generator = self.task.remote(self.job, list(window.indices))
+
+    def ended(self, window: _Window, lost: BaseException | None) -> None:
+        """A task's worker is Ray's to reuse or replace."""
+
+    async def close(self, running: Iterable[_Window]) -> BaseException | None:
+        """Stop the tasks still ``running``; a task's run closed its model itself."""
+        for window in running:
+            # Forced: its local run is on a thread, which only its process's end stops. A
+            # task that already ended, or lost its worker, has nothing left to stop.
+            with contextlib.suppress(Exception):
+                self.ray.cancel(window.generator, force=True)
+        return None
+
+
+class _Actors:
+    """``ray_mode="actors"``: long-lived actors of ``cpus`` CPUs, each holding the model.
+
+    A window goes to an idle actor, or to a new one (as many as windows run at once). An actor
+    whose window lost it is ended; its window's re-run goes to another, or to a fresh actor,
+    which loads the model anew. At the end, idle actors close their models; busy ones (a run
+    that failed, or was interrupted) are ended where they are.
+    """
+
+    def __init__(self, ray: ModuleType, job: Any, cpus: int) -> None:
+        self.ray, self.job = ray, job
+        self.actor_class = ray.remote(WindowActor).options(
+            num_cpus=cpus, max_restarts=0, max_task_retries=0
+        )
+        self.live: list[Any] = []
+        self.idle: list[Any] = []
+
+    def submit(self, window: _Window) -> None:
+        if self.idle:
+            window.actor = self.idle.pop()
+        else:
+            window.actor = self.actor_class.remote(self.job)
+            self.live.append(window.actor)
+        window.generator = window.actor.run_window.remote(list(window.indices))
+
+    def ended(self, window: _Window, lost: BaseException | None) -> None:
+        if lost is None:
+            self.idle.append(window.actor)
+            return
+        self.live = [actor for actor in self.live if actor is not window.actor]
+        with contextlib.suppress(Exception):  # most likely dead already
+            self.ray.kill(window.actor)
+
+    async def close(self, running: Iterable[_Window]) -> BaseException | None:
+        """Close the models of the actors not in ``running``, end every actor; the first
+        error a model's close raised, if any."""
+        busy = [window.actor for window in running]
+        free = [actor for actor in self.live if not any(actor is other for other in busy)]
+        closing = [asyncio.ensure_future(_awaited(actor.close.remote())) for actor in free]
+        if closing:
+            _, late = await asyncio.wait(closing, timeout=ACTOR_CLOSE_S)
+            for future in late:
+                future.cancel()  # its actor is ended below
+            await asyncio.gather(*closing, return_exceptions=True)
+        for actor in self.live:
+            with contextlib.suppress(Exception):
+                self.ray.kill(actor)
+        self.live, self.idle = [], []
+        failed = [
+            future.exception()
+            for future in closing
+            if not future.cancelled() and future.exception() is not None
+        ]
+        return failed[0] if failed else None
+
+
+async def _awaited(reference: Any) -> Any:
+    return await reference
+
+
+WORKER_POOLS = {"tasks": _Tasks, "actors": _Actors}  # by ray_mode (settings.RAY_MODES)
 
 
 class _RayConnection:
@@ -360,6 +453,7 @@ class Coordinator:
             "cluster": placement.cluster,
             "workers": placement.workers,
             "ray_address": placement.ray_address,
+            "ray_mode": placement.ray_mode,
             "completed_episodes": () if self.results is None else self.results.episodes,
         }
 
@@ -376,8 +470,7 @@ class Coordinator:
             for number, indices in enumerate(deal_windows(to_run, sizes, self.settings.base_seed))
         )
         self.workers = min(workers, len(pending))
-        task = ray.remote(run_window).options(num_cpus=cpus, max_retries=0)
-        job = ray.put(self.job)
+        pool = WORKER_POOLS[placement.ray_mode](ray, ray.put(self.job), cpus)
         self.dealing_started = time.perf_counter()
         self.startup_s = self.dealing_started - started
         running: dict[asyncio.Future, _Window] = {}
@@ -386,7 +479,7 @@ class Coordinator:
                 while pending and len(running) < self.workers:
                     began = time.perf_counter_ns()
                     window = pending.popleft()
-                    window.generator = task.remote(job, list(window.indices))
+                    pool.submit(window)
                     window.submitted = time.perf_counter()
                     running[asyncio.ensure_future(self._follow(window))] = window
                     self.coordinator_ns += time.perf_counter_ns() - began
@@ -394,18 +487,19 @@ class Coordinator:
                 for future in finished:
                     window = running.pop(future)
                     lost = future.result()  # a window whose run failed raises here
+                    pool.ended(window, lost)
                     if lost is not None:
                         pending.extendleft(self._again(window, lost))
         finally:
-            for window in running.values():
-                # Forced: its local run is on a thread, which only its process's end stops. A
-                # task that already ended, or lost its worker, has nothing left to stop.
-                with contextlib.suppress(Exception):
-                    ray.cancel(window.generator, force=True)
+            failed_close = await pool.close(running.values())
             for future in running:
                 future.cancel()
             if running:
                 await asyncio.gather(*running, return_exceptions=True)
+        if failed_close is not None:  # every episode landed, but a model did not close well
+            if hasattr(failed_close, "add_note"):
+                failed_close.add_note("(raised on a Ray actor, closing its model: Model.close)")
+            raise failed_close
 
     def _again(self, window: _Window, lost: BaseException) -> list[_Window]:
         """The rest of a window whose worker was lost, to run again (none if every episode
@@ -556,6 +650,7 @@ class Coordinator:
             startup_s=self.startup_s,
             coordinator_s=self.coordinator_ns / 1e9,
             ray_address=self.placement.ray_address,
+            ray_mode=self.placement.ray_mode,
         )
 
 

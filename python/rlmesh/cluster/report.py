@@ -67,7 +67,8 @@ class ClusterReport:
     ``workers``: windows run at once; ``windows``: every attempt of every window, in the order
     they ended; ``startup_s``: connecting to (or starting) Ray until the first window was sent;
     ``coordinator_s``: the coordinator's own time (dealing windows, merging episodes into the
-    results file, the hooks); ``ray_address``: the cluster joined (None: a local instance).
+    results file, the hooks); ``ray_address``: the cluster joined (None: a local instance);
+    ``ray_mode``: the windows ran as Ray ``"tasks"`` or on ``"actors"``.
     """
 
     workers: int
@@ -75,6 +76,7 @@ class ClusterReport:
     startup_s: float = 0.0
     coordinator_s: float = 0.0
     ray_address: str | None = None
+    ray_mode: str = "tasks"
 
     @property
     def retries(self) -> int:
@@ -131,7 +133,7 @@ class ClusterReport:
             f"workers {self.workers}, windows {len(self.windows)} ({self.retries} re-run), "
             f"Ray start-up {self.startup_s:.2f} s, coordinator {self.coordinator_s:.3f} s "
             f"({self.coordinator_s_per_window * 1e3:.2f} ms a window), dispatch "
-            f"{self.dispatch_s_per_window * 1e3:.1f} ms a window"
+            f"{self.dispatch_s_per_window * 1e3:.1f} ms a window, on Ray {self.ray_mode}"
         ]
         lines += [
             f"  {worker.worker}: {worker.windows} windows, {worker.episodes} episodes, "

@@ -1,16 +1,21 @@
 """A window's run on a Ray worker: the ordinary local driver on ``indices=``, its episodes
 streamed back as they start and complete.
 
-``run_window`` is the body of the Ray task (a generator: Ray streams each value it yields to
-the coordinator as soon as it is yielded). The local run goes on a thread of the worker, its
-hooks feeding a queue the generator drains, so a window's episodes reach the coordinator (and
-its results file) as they complete, not when the window ends. A worker process keeps the last
-job's model, env and arguments, so consecutive windows of one run unpickle (or load) them
-once; each window is still its own local run (``Model.load`` / ``close`` once per window).
+``run_window`` is the body of a window's Ray task (``ray_mode="tasks"``), and
+``WindowActor.run_window`` of a window dealt to a long-lived actor (``ray_mode="actors"``);
+both are generators (Ray streams each value they yield to the coordinator as soon as it is
+yielded). The local run goes on a thread of the worker, its hooks feeding a queue the
+generator drains, so a window's episodes reach the coordinator (and its results file) as they
+complete, not when the window ends. A worker process keeps the last job's model, env and
+arguments, so consecutive windows of one run unpickle (or load) them once. A task's window is
+its own local run (``Model.load`` / ``close`` once per window); an actor holds the model
+(``HeldModel``): loaded by its first window's run, closed once when the actor is done.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import os
 import pickle
 import queue
@@ -18,14 +23,16 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import gymnasium as gym
 
 from ..hooks import RunHooks
+from ..model import Model, _resolved
 from .job import Landed, WindowDone, WindowFailed, WindowJob
 
+LIFECYCLE = ("load", "close")  # what HeldModel takes over from each local run
 _FINISHED = object()  # the local run's thread put its last event
 _loaded: tuple[str, Any, Any, dict[str, Any]] | None = None  # (job_id, model, env, kwargs)
 
@@ -87,10 +94,13 @@ def _portable(error: BaseException) -> BaseException | None:
     return copy if type(copy) is type(error) and str(copy) == str(error) else None
 
 
-def run_window(job: WindowJob, indices: list[int]) -> Iterator[Landed | WindowDone | WindowFailed]:
+def run_window(
+    job: WindowJob, indices: list[int], hold: Callable[[Any], None] | None = None
+) -> Iterator[Landed | WindowDone | WindowFailed]:
     """Run episodes ``indices`` of the job's run here; yield ``Landed`` batches as episodes
     start and complete, then one ``WindowDone`` (or ``WindowFailed``, after the episodes that
-    completed before the error)."""
+    completed before the error). ``hold`` is handed the model before the run (an actor's
+    ``WindowActor.hold``)."""
     from ..driver import run
 
     worker = worker_name()
@@ -100,6 +110,8 @@ def run_window(job: WindowJob, indices: list[int]) -> Iterator[Landed | WindowDo
     except Exception as exc:
         yield WindowFailed(worker, _portable(exc), f"loading the job failed: {exc!r}")
         return
+    if hold is not None:
+        hold(model)
     events: queue.SimpleQueue = queue.SimpleQueue()
     outcome: dict[str, Any] = {}
 
@@ -144,3 +156,83 @@ def run_window(job: WindowJob, indices: list[int]) -> Iterator[Landed | WindowDo
         telemetry=result.telemetry,
         success_rule=result.success_rule,
     )
+
+
+class HeldModel:
+    """A model held across the local runs of one process: the first run's ``load()`` loads
+    it, later runs' find it loaded, no run's ``close()`` closes it; ``release()`` does, once.
+
+    Each run calls the model's ``load`` and ``close`` as always; the instance attributes set
+    here shadow the class's methods, so the runs need not know. A plain callable has nothing
+    to hold: each run wraps it in a ``Model`` whose lifecycle does nothing.
+
+    Example:
+        >>> class Weights(Model):
+        ...     calls = []
+        ...     def load(self): self.calls.append("load")
+        ...     def close(self): self.calls.append("close")
+        ...     def predict(self, obs): return 0
+        >>> model = Weights()
+        >>> held = HeldModel(model)
+        >>> for _ in range(3):  # three runs' lifecycles
+        ...     model.load(); model.close()
+        >>> held.release(); model.calls
+        ['load', 'close']
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.model = model if isinstance(model, Model) else None
+        self.loaded = False
+        if self.model is not None:
+            self._load, self._close = self.model.load, self.model.close
+            self._own = {name: vars(model)[name] for name in LIFECYCLE if name in vars(model)}
+            self.model.load = self._load_once
+            self.model.close = _nothing
+
+    def _load_once(self) -> Any:
+        if self.loaded:
+            return None
+        self.loaded = True
+        return self._load()  # an async load's coroutine, which the run awaits
+
+    def release(self) -> None:
+        """Close the model (``Model.close``, awaited if ``async``), once, and give it back
+        its own ``load`` and ``close``."""
+        model, self.model = self.model, None
+        if model is None:
+            return
+        for name in LIFECYCLE:
+            delattr(model, name)
+            if name in self._own:
+                setattr(model, name, self._own[name])
+        closed = self._close()
+        if inspect.isawaitable(closed):
+            asyncio.run(_resolved(closed))
+
+
+def _nothing() -> None:
+    return None
+
+
+class WindowActor:
+    """A long-lived worker of ``ray_mode="actors"``: runs every window of one job dealt to it,
+    holding the job's model (``HeldModel``) from its first window to ``close``."""
+
+    def __init__(self, job: WindowJob) -> None:
+        self.job = job
+        self.held: HeldModel | None = None
+
+    def run_window(self, indices: list[int]) -> Iterator[Landed | WindowDone | WindowFailed]:
+        """The task's ``run_window``, on the model this actor holds."""
+        yield from run_window(self.job, indices, hold=self.hold)
+
+    def hold(self, model: Any) -> None:
+        """Hold the model of the first window dealt here (the job's, for every window)."""
+        if self.held is None:
+            self.held = HeldModel(model)
+
+    def close(self) -> None:
+        """Close the held model (``Model.close``) if a window ran; the coordinator then ends
+        the actor."""
+        if self.held is not None:
+            self.held.release()
