@@ -627,7 +627,7 @@ class ProcessLanes:
         for w, message in requests.items():
             self._in_flight.add(w)
             try:
-                self._workers[w].conn.send(message)
+                self._workers[w].conn.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
                 posted.append(self._workers[w])
             except OSError:  # it died since its last answer
                 self._recover(self._workers[w], message)
@@ -693,6 +693,11 @@ class ProcessLanes:
         """Keep each stepped lane's episode up to date: ended episodes are no longer in
         flight; with restarts, the others keep the action just taken, for a replay."""
         keep = self._restart_workers > 0
+        if not keep:  # only the ended lanes change
+            for lane in rows[ended].tolist():
+                self._trials[lane] = None
+                self._episodes[lane] = None
+            return
         views = self._views
         for k, (lane, done) in enumerate(zip(rows.tolist(), ended.tolist(), strict=True)):
             if done:

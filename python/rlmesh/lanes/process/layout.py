@@ -222,6 +222,11 @@ class SharedViews:
         lanes, so the next step cannot overwrite what the driver keeps."""
         batches = [None if view is None else view[lanes] for view in self.observations]
         space = self.layout.observation_space
+        whole = batches[0]
+        # Every observation in the buffer: its rows, as views (a 1-d batch's rows would be
+        # NumPy scalars, not the 0-d arrays an env's Discrete observation is read as).
+        if not (self._composite_observation or whole is None or whole.ndim < 2 or any(loose)):
+            return list(whole)
         out = []
         for k in range(len(lanes)):
             extra = loose[k]
