@@ -7,10 +7,12 @@
 //! is what is inherent (indexing the lane's action, calling its env's `step`, reading the
 //! step's result). Each lane's step count and clock live in the ledger alone.
 
+use std::cell::RefCell;
 use std::time::Instant;
 
 use numpy::{PyArray1, PyUntypedArray};
 use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
+use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyMapping, PySlice, PyString, PyTuple};
@@ -182,6 +184,51 @@ fn row_text<'a>(
     }
 }
 
+/// A one-item argument tuple that `run_rounds` calls a per-lane function with, round after
+/// round: under the stable ABI of Python 3.10 this crate builds for, `call1` makes (and frees)
+/// a new tuple on every call. A callee that keeps its argument tuple keeps that one; the next
+/// call gets a new tuple.
+struct OneArg<'py> {
+    tuple: RefCell<Bound<'py, PyTuple>>,
+}
+
+impl<'py> OneArg<'py> {
+    fn new(py: Python<'py>) -> PyResult<Self> {
+        Ok(OneArg {
+            tuple: RefCell::new(PyTuple::new(py, [py.None()])?),
+        })
+    }
+
+    /// `function(arg)`.
+    fn call(
+        &self,
+        function: &Bound<'py, PyAny>,
+        arg: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = function.py();
+        let tuple = {
+            let mut tuple = self.tuple.borrow_mut();
+            // SAFETY: the reference count of a live tuple, read under the GIL.
+            if unsafe { ffi::Py_REFCNT(tuple.as_ptr()) } != 1 {
+                *tuple = PyTuple::new(py, [py.None()])?;
+            }
+            // SAFETY: nobody else references the tuple (checked above), so it may be changed
+            // in place; PyTuple_SetItem takes the reference `into_ptr` hands over and releases
+            // the item it replaces.
+            if unsafe { ffi::PyTuple_SetItem(tuple.as_ptr(), 0, arg.clone().into_ptr()) } != 0 {
+                return Err(PyErr::fetch(py));
+            }
+            tuple.clone()
+        };
+        // SAFETY: PyObject_Call returns a new reference, or null with an exception set.
+        unsafe {
+            let result =
+                ffi::PyObject_Call(function.as_ptr(), tuple.as_ptr(), std::ptr::null_mut());
+            Bound::from_owned_ptr_or_err(py, result)
+        }
+    }
+}
+
 /// The run's model as `run_rounds` calls it: `rlmesh.model.ModelHandler`'s `predict_now`,
 /// `lane_corner`, `combine` and `failure`, looked up once per call of `run_rounds`.
 struct ModelCalls<'py> {
@@ -192,6 +239,8 @@ struct ModelCalls<'py> {
     calls_per_lane: bool,
     combine: Bound<'py, PyAny>,
     failure: Bound<'py, PyAny>,
+    /// What the per-lane corner is called with.
+    lane_arg: OneArg<'py>,
 }
 
 impl<'py> ModelCalls<'py> {
@@ -207,6 +256,7 @@ impl<'py> ModelCalls<'py> {
             },
             combine: model.getattr("combine")?,
             failure: model.getattr("failure")?,
+            lane_arg: OneArg::new(model.py())?,
         })
     }
 
@@ -268,7 +318,7 @@ impl<'py> ModelCalls<'py> {
         let count = rows.len();
         let outputs = rows
             .into_iter()
-            .map(|row| corner.call1((row,)))
+            .map(|row| self.lane_arg.call(corner, &row))
             .collect::<PyResult<Vec<_>>>()?;
         if outputs
             .iter()
@@ -806,7 +856,8 @@ impl RoundRunner {
             let raw = self.raw_observations(py, &predict_lanes);
             let ids = self.ledger.episode_ids_of(&predict_lanes);
             let lane_rows = match rows {
-                true => self.assembler.assemble_rows(py, &raw, &ids)?,
+                // Each raw observation is held by its lane's slot and by `raw`.
+                true => self.assembler.assemble_rows(py, &raw, &ids, 2)?,
                 false => None,
             };
             payload = Some(match lane_rows {
@@ -1388,6 +1439,7 @@ impl RoundRunner {
         let rows = model.lane_corner.is_some() && !model.wants_episode_ids;
         // Each lane's `step`, looked up once per call, when the lane first steps.
         let mut steps: Vec<Option<Bound<'py, PyAny>>> = vec![None; self.lane_count()];
+        let step_arg = OneArg::new(py)?;
         let (mut rounds, mut lane_steps) = (0, 0);
         let mut ended = Vec::new();
         let infos = PyList::empty(py);
@@ -1456,7 +1508,7 @@ impl RoundRunner {
                         *step = Some(env_steps.get_item(lane)?);
                     }
                     let step = step.as_ref().expect("looked up above");
-                    unpack_step(step.call1((actions.get(k)?,))?)
+                    unpack_step(step_arg.call(step, &actions.get(k)?)?)
                 })();
                 let [observation, reward, term, trunc, info] = match stepped {
                     Ok(result) => result,
