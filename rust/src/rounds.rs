@@ -620,44 +620,37 @@ fn numpy_scalars(py: Python<'_>) -> PyResult<&Bound<'_, PyTuple>> {
     Ok(types.bind(py))
 }
 
-/// One column of a round's step results on its way to a vector: read directly, or handed to
-/// `numpy.array(values, dtype)` as the Python core does when a value is not a plain scalar.
-enum Column<'py, T> {
-    Read(Vec<T>),
-    Array(Bound<'py, PyAny>),
-}
-
-impl<'py, T: numpy::Element + Copy> Column<'py, T> {
-    /// `read(value)` for each value, or numpy's array of all of them when `read` says None.
-    fn new(
-        values: &[Bound<'py, PyAny>],
-        dtype: &str,
-        read: impl Fn(&Bound<'py, PyAny>) -> PyResult<Option<T>>,
-    ) -> PyResult<Self> {
-        let mut read_values = Vec::with_capacity(values.len());
-        for value in values {
-            match read(value)? {
-                Some(x) => read_values.push(x),
-                None => {
-                    let py = value.py();
-                    let array = py
-                        .import("numpy")?
-                        .getattr("array")?
-                        .call1((PyList::new(py, values)?, dtype))?;
-                    return Ok(Column::Array(array));
-                }
+/// One column of a round's step results into `column` (cleared first): each value read
+/// directly, or, when `read` says None for one, all of them handed to `numpy.array(values,
+/// dtype)` and checked as `vector(array, dtype, name)`, as the Python core does.
+fn read_column<'py, T: numpy::Element + Copy>(
+    values: &[Bound<'py, PyAny>],
+    dtype: Dtype,
+    name: &str,
+    read: impl Fn(&Bound<'py, PyAny>) -> PyResult<Option<T>>,
+    column: &mut Vec<T>,
+) -> PyResult<()> {
+    column.clear();
+    for value in values {
+        match read(value)? {
+            Some(x) => column.push(x),
+            None => {
+                let py = value.py();
+                let dtype_name = match dtype {
+                    Dtype::Float64 => "float64",
+                    _ => "bool",
+                };
+                let array = py
+                    .import("numpy")?
+                    .getattr("array")?
+                    .call1((PyList::new(py, values)?, dtype_name))?;
+                column.clear();
+                column.extend_from_slice(vector::<T>(&array, dtype, name)?.as_slice()?);
+                return Ok(());
             }
         }
-        Ok(Column::Read(read_values))
     }
-
-    /// The values, the array checked as `vector(array, dtype, name)`.
-    fn into_vec(self, dtype: Dtype, name: &str) -> PyResult<Vec<T>> {
-        match self {
-            Column::Read(values) => Ok(values),
-            Column::Array(array) => Ok(vector::<T>(&array, dtype, name)?.as_slice()?.to_vec()),
-        }
-    }
+    Ok(())
 }
 
 /// A reward as `numpy.array(rewards, dtype=float64)` reads it, when it is a plain scalar.
@@ -783,6 +776,11 @@ pub struct RoundRunner {
     running: Vec<i64>,
     predict_lanes: Vec<i64>,
     predict_ns: Vec<i64>,
+    /// The round before's `running` and `predict_lanes`, for the next round to fill.
+    spare_running: Vec<i64>,
+    spare_predict_lanes: Vec<i64>,
+    /// The predict lanes' episode ids, kept for the next round to fill.
+    spare_ids: Vec<i64>,
     /// Scratch, all false between calls: which lanes a round predicts for.
     predicted: Vec<bool>,
     clock: Clock,
@@ -832,8 +830,11 @@ impl RoundRunner {
     /// predicts: each lane's own (`Input::Rows`) when `rows` asks for it and the plan allows
     /// it, else the payload.
     fn begin<'py>(&mut self, py: Python<'py>, rows: bool) -> PyResult<Option<Input<'py>>> {
-        let running = self.ledger.running();
-        let mut predict_lanes = running.clone();
+        // Filled into the previous round's vectors, which keep their allocations.
+        let mut running = std::mem::take(&mut self.spare_running);
+        self.ledger.running_into(&mut running);
+        let mut predict_lanes = std::mem::take(&mut self.spare_predict_lanes);
+        predict_lanes.clone_from(&running);
         if let Some(queues) = &mut self.queues {
             if !running.is_empty() {
                 predict_lanes = queues.needing_predict(&running)?;
@@ -854,7 +855,13 @@ impl RoundRunner {
         let mut payload = None;
         if !predict_lanes.is_empty() {
             let raw = self.raw_observations(py, &predict_lanes);
-            let ids = self.ledger.episode_ids_of(&predict_lanes);
+            let mut ids = std::mem::take(&mut self.spare_ids);
+            ids.clear();
+            ids.extend(
+                predict_lanes
+                    .iter()
+                    .map(|&lane| self.ledger.lane_episode_id(lane)),
+            );
             let lane_rows = match rows {
                 // Each raw observation is held by its lane's slot and by `raw`.
                 true => self.assembler.assemble_rows(py, &raw, &ids, 2)?,
@@ -864,12 +871,13 @@ impl RoundRunner {
                 Some(lane_rows) => Input::Rows(lane_rows),
                 None => Input::Batch(self.assembler.assemble_frames(py, &raw, &ids)?),
             });
+            self.spare_ids = ids;
         }
         // Until `take` says otherwise (it is not called when no lane runs), no lane predicted.
         self.predict_ns.clear();
         self.predict_ns.resize(running.len(), 0);
-        self.running = running;
-        self.predict_lanes = predict_lanes;
+        self.spare_running = std::mem::replace(&mut self.running, running);
+        self.spare_predict_lanes = std::mem::replace(&mut self.predict_lanes, predict_lanes);
         Ok(payload)
     }
 
@@ -954,15 +962,16 @@ impl RoundRunner {
     }
 
     /// Record the env step of the open round's running lanes and close the round;
-    /// `step_ns[k]` is the env time charged to running lane `k`.
+    /// `step_ns[k]` is the env time charged to running lane `k`. A cap reached sets the
+    /// lane's flag in `truncated`.
     fn end(
         &mut self,
         rewards: &[f64],
         terminated: &[bool],
-        mut truncated: Vec<bool>,
+        truncated: &mut [bool],
         step_ns: &[i64],
         now_ns: i64,
-    ) -> PyResult<(Vec<i64>, Vec<bool>)> {
+    ) -> PyResult<Vec<i64>> {
         let count = self.running.len();
         for (name, length) in [
             ("rewards", rewards.len()),
@@ -991,7 +1000,7 @@ impl RoundRunner {
             &self.running,
             rewards,
             terminated,
-            &truncated,
+            truncated,
             step_ns,
             &self.predict_ns,
         )?;
@@ -1000,7 +1009,7 @@ impl RoundRunner {
             self.ended_ns[lane as usize] = now_ns;
         }
         self.rounds += 1;
-        Ok((ended, truncated))
+        Ok(ended)
     }
 }
 
@@ -1066,6 +1075,9 @@ impl RoundRunner {
             rounds: 0,
             running: Vec::new(),
             predict_lanes: Vec::new(),
+            spare_running: Vec::new(),
+            spare_predict_lanes: Vec::new(),
+            spare_ids: Vec::new(),
             predict_ns: Vec::new(),
             predicted: vec![false; num_lanes],
             clock: Clock::new(py)?,
@@ -1395,10 +1407,11 @@ impl RoundRunner {
         let lane_ns: Vec<i64> = shares(step_ns as u64, self.running.len())
             .map(|share| share as i64)
             .collect();
-        let (ended, truncated) = self.end(
+        let mut truncated = truncated.as_slice()?.to_vec();
+        let ended = self.end(
             rewards.as_slice()?,
             terminated.as_slice()?,
-            truncated.as_slice()?.to_vec(),
+            &mut truncated,
             &lane_ns,
             now_ns,
         )?;
@@ -1448,6 +1461,8 @@ impl RoundRunner {
         let mut terminated = Vec::new();
         let mut truncated = Vec::new();
         let mut step_infos = Vec::new();
+        let (mut reward_values, mut terminated_flags, mut truncated_flags) =
+            (Vec::new(), Vec::new(), Vec::new());
         // Each lane's env step, timed on its own: `env.step` telemetry is per lane-step, and
         // each lane's episode is charged its own step.
         let mut lane_ns: Vec<i64> = Vec::new();
@@ -1554,18 +1569,34 @@ impl RoundRunner {
                 self.observations[lane as usize] = Some(observation.unbind());
             }
             // Read as the Python core's `np.array(..., dtype)` then `vector` read them.
-            let reward_column = Column::new(&rewards, "float64", read_reward)?;
-            let terminated_column = Column::new(&terminated, "bool", read_flag)?;
-            let truncated_column = Column::new(&truncated, "bool", read_flag)?;
-            let round_ended = self
-                .end(
-                    &reward_column.into_vec(Dtype::Float64, "rewards")?,
-                    &terminated_column.into_vec(Dtype::Bool, "terminated")?,
-                    truncated_column.into_vec(Dtype::Bool, "truncated")?,
-                    &lane_ns,
-                    self.clock.ns_at(now),
-                )?
-                .0;
+            read_column(
+                &rewards,
+                Dtype::Float64,
+                "rewards",
+                read_reward,
+                &mut reward_values,
+            )?;
+            read_column(
+                &terminated,
+                Dtype::Bool,
+                "terminated",
+                read_flag,
+                &mut terminated_flags,
+            )?;
+            read_column(
+                &truncated,
+                Dtype::Bool,
+                "truncated",
+                read_flag,
+                &mut truncated_flags,
+            )?;
+            let round_ended = self.end(
+                &reward_values,
+                &terminated_flags,
+                &mut truncated_flags,
+                &lane_ns,
+                self.clock.ns_at(now),
+            )?;
             let round_end = Instant::now();
             round_stats
                 .borrow_mut()
