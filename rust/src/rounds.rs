@@ -636,14 +636,10 @@ fn read_column<'py, T: numpy::Element + Copy>(
             Some(x) => column.push(x),
             None => {
                 let py = value.py();
-                let dtype_name = match dtype {
-                    Dtype::Float64 => "float64",
-                    _ => "bool",
-                };
                 let array = py
                     .import("numpy")?
                     .getattr("array")?
-                    .call1((PyList::new(py, values)?, dtype_name))?;
+                    .call1((PyList::new(py, values)?, dtype.numpy_name()))?;
                 column.clear();
                 column.extend_from_slice(vector::<T>(&array, dtype, name)?.as_slice()?);
                 return Ok(());
