@@ -13,6 +13,7 @@ use numpy::{
 };
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyMapping, PyString, PyTuple};
 
 use crate::args::{path_text, type_name, vector, ArgError, Dtype};
@@ -884,6 +885,29 @@ pub struct ActionApplier {
     // numpy's conversions, looked up once rather than on every call.
     asarray: Py<PyAny>,
     ascontiguousarray: Py<PyAny>,
+    /// The int64 scalar of each value of a small Discrete space, made on first use: a numpy
+    /// scalar is immutable, so every step may hand an env the same one.
+    scalars: PyOnceLock<Vec<Py<PyAny>>>,
+}
+
+/// The most values a Discrete space may have for `discrete_scalars` to keep their scalars.
+const CACHED_SCALARS: i64 = 1024;
+
+/// `value` as a new numpy int64 scalar.
+fn int64_scalar(py: Python<'_>, value: i64) -> PyResult<Bound<'_, PyAny>> {
+    let mut value = value;
+    let int64 = dtype::<i64>(py);
+    // SAFETY: numpy copies the 8 bytes of `value` into a new int64 scalar (no base object),
+    // reading the descriptor without taking its reference.
+    unsafe {
+        let scalar = PY_ARRAY_API.PyArray_Scalar(
+            py,
+            (&mut value as *mut i64).cast(),
+            int64.as_dtype_ptr(),
+            std::ptr::null_mut(),
+        );
+        Bound::from_owned_ptr_or_err(py, scalar)
+    }
 }
 
 impl ActionApplier {
@@ -928,23 +952,18 @@ impl ActionApplier {
         {
             return Ok(None);
         }
-        let int64 = dtype::<i64>(py);
+        if leaf.n <= CACHED_SCALARS {
+            let scalars = self.scalars.get_or_try_init(py, || {
+                (leaf.start..stop as i64)
+                    .map(|value| int64_scalar(py, value).map(Bound::unbind))
+                    .collect::<PyResult<Vec<_>>>()
+            })?;
+            let scalar = |value: i64| scalars[(value - leaf.start) as usize].bind(py).clone();
+            return Ok(Some(values.iter().map(|&value| scalar(value)).collect()));
+        }
         values
             .iter()
-            .map(|&value| {
-                let mut value = value;
-                // SAFETY: numpy copies the 8 bytes of `value` into a new int64 scalar (no base
-                // object), reading the descriptor without taking its reference.
-                unsafe {
-                    let scalar = PY_ARRAY_API.PyArray_Scalar(
-                        py,
-                        (&mut value as *mut i64).cast(),
-                        int64.as_dtype_ptr(),
-                        std::ptr::null_mut(),
-                    );
-                    Bound::from_owned_ptr_or_err(py, scalar)
-                }
-            })
+            .map(|&value| int64_scalar(py, value))
             .collect::<PyResult<_>>()
             .map(Some)
     }
@@ -1190,6 +1209,7 @@ impl ActionApplier {
             tree,
             asarray: numpy.getattr("asarray")?.unbind(),
             ascontiguousarray: numpy.getattr("ascontiguousarray")?.unbind(),
+            scalars: PyOnceLock::new(),
         })
     }
 

@@ -87,7 +87,7 @@ pub enum Dtype {
 }
 
 impl Dtype {
-    fn numpy_name(self) -> &'static str {
+    pub(crate) fn numpy_name(self) -> &'static str {
         match self {
             Dtype::Int64 => "int64",
             Dtype::Float64 => "float64",

@@ -9,6 +9,7 @@
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 
+use numpy::npyffi;
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyIndexError, PyKeyError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -66,6 +67,9 @@ struct Leaf {
     container_list: bool,
     /// A text leaf with no source: every lane gets this string.
     text_fill: Option<String>,
+    /// The leaf's value is the raw observation as it is: one array read whole at the root,
+    /// in the leaf's dtype and shape, with no transpose, scale, stack or conversion.
+    verbatim: bool,
 }
 
 /// The last `stack` frames of one episode, as one byte buffer of `stack` slots.
@@ -193,7 +197,21 @@ impl Leaf {
         };
         let container: String = plan.getattr("container")?.extract()?;
         let text_fill = plan.getattr("text_fill")?;
+        let stack: usize = plan.getattr("stack")?.extract()?;
+        let sources: Vec<Vec<String>> = plan
+            .getattr("sources")?
+            .try_iter()?
+            .map(|path| strings(&path?))
+            .collect::<PyResult<_>>()?;
+        let verbatim = kind == Kind::Array
+            && matches!(sources.as_slice(), [path] if path.is_empty())
+            && source_shapes.first() == Some(&frame_shape)
+            && transposes.is_none()
+            && matches!(affine, Affine::Identity)
+            && stack == 1
+            && func.is_none();
         Ok(Leaf {
+            verbatim,
             read_dtype: read_dtype.unbind(),
             role,
             container_list: container == "list",
@@ -204,17 +222,13 @@ impl Leaf {
             },
             slot: strings(&plan.getattr("slot")?)?,
             kind,
-            sources: plan
-                .getattr("sources")?
-                .try_iter()?
-                .map(|path| strings(&path?))
-                .collect::<PyResult<_>>()?,
+            sources,
             source_shapes,
             transposes,
             frame_bytes: frame_shape.iter().product::<usize>() * itemsize,
             dtype: dtype.unbind(),
             affine,
-            stack: plan.getattr("stack")?.extract()?,
+            stack,
             frame_shape,
             func: if func.is_none() {
                 None
@@ -1258,11 +1272,17 @@ impl ObservationAssembler {
     /// row `k` of that payload, without the `[K, ...]` array around the rows. None for any
     /// other plan. For a caller that hands each lane's input to a per-lane corner; the same
     /// frame windows advance, and the same errors are raised in the same order.
+    ///
+    /// A lane whose row would be a copy of its raw observation as it is (a verbatim leaf) gets
+    /// the observation itself when nothing but the caller's `holders` references hold it
+    /// (`lone_array`): nobody can change or see it while the model has it, so it is what a
+    /// fresh copy would be, without the copy.
     pub(crate) fn assemble_rows<'py>(
         &mut self,
         py: Python<'py>,
         raw: &[Bound<'py, PyAny>],
         ids: &[i64],
+        holders: isize,
     ) -> PyResult<Option<Vec<Bound<'py, PyAny>>>> {
         let [leaf] = self.leaves.as_slice() else {
             return Ok(None);
@@ -1271,8 +1291,13 @@ impl ObservationAssembler {
             return Ok(None);
         }
         let (dtype, row_shape) = (leaf.dtype.clone_ref(py), leaf.row_shape());
+        let verbatim = leaf.verbatim;
         let mut rows = Vec::with_capacity(raw.len());
         for (lane, (observation, &episode_id)) in raw.iter().zip(ids).enumerate() {
+            if verbatim && lone_array(observation, dtype.bind(py), &row_shape, holders) {
+                rows.push(observation.clone());
+                continue;
+            }
             let mut row = empty_array(py, dtype.bind(py), &row_shape)?;
             // SAFETY: `row` was just created, C-contiguous, seen by nobody else.
             let row_bytes = unsafe { array_bytes_mut(&mut row) };
@@ -1281,6 +1306,41 @@ impl ObservationAssembler {
         }
         Ok(Some(rows))
     }
+}
+
+/// Whether `value` is an array a model may have in place of a fresh copy of it: an `ndarray`
+/// itself (no subclass) of `dtype` and `shape`, C-contiguous, writeable and owning its data,
+/// referenced only by the caller's `holders` references (an env that keeps the array it
+/// returned, to fill it again, holds one more).
+fn lone_array(
+    value: &Bound<'_, PyAny>,
+    dtype: &Bound<'_, PyArrayDescr>,
+    shape: &[usize],
+    holders: isize,
+) -> bool {
+    let py = value.py();
+    // SAFETY: reads the reference count of a live object under the GIL.
+    if unsafe { pyo3::ffi::Py_REFCNT(value.as_ptr()) } != holders {
+        return false;
+    }
+    // SAFETY: the type object numpy's API table holds, compared by address only.
+    let ndarray = unsafe { npyffi::get_type_object(py, npyffi::NpyTypes::PyArray_Type) };
+    if value.get_type().as_ptr() != ndarray.cast() {
+        return false;
+    }
+    // SAFETY: `value`'s type is exactly ndarray, so it is a PyArrayObject.
+    let array = unsafe { value.cast_unchecked::<PyUntypedArray>() };
+    // SAFETY: a live PyArrayObject under the GIL; its flags and base are read, not changed.
+    let (flags, base) = unsafe {
+        let object = &(*array.as_array_ptr()).fields;
+        (object.flags, object.base)
+    };
+    let wanted =
+        npyffi::NPY_ARRAY_C_CONTIGUOUS | npyffi::NPY_ARRAY_WRITEABLE | npyffi::NPY_ARRAY_OWNDATA;
+    flags & wanted == wanted
+        && base.is_null()
+        && array.shape() == shape
+        && array.dtype().is_equiv_to(dtype)
 }
 
 fn text<'py>(

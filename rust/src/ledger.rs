@@ -596,12 +596,27 @@ impl RouteLedger {
         self.lanes_in(LaneState::Running)
     }
 
+    /// `running()` into `lanes` (cleared first), which keeps its allocation.
+    pub(crate) fn running_into(&self, lanes: &mut Vec<i64>) {
+        lanes.clear();
+        lanes.extend(
+            (0..self.num_lanes as i64)
+                .filter(|&lane| self.lanes[lane as usize].state == LaneState::Running),
+        );
+    }
+
     /// The episode each of `lanes` holds (-1 for none). The lanes must be in range.
     pub(crate) fn episode_ids_of(&self, lanes: &[i64]) -> Vec<i64> {
         lanes
             .iter()
             .map(|&lane| self.lanes[lane as usize].episode_id)
             .collect()
+    }
+
+    /// The episode `lane` (in range) holds, -1 for none.
+    #[inline]
+    pub(crate) fn lane_episode_id(&self, lane: i64) -> i64 {
+        self.lanes[lane as usize].episode_id
     }
 
     pub(crate) fn lane_count(&self) -> usize {

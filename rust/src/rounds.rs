@@ -7,11 +7,13 @@
 //! is what is inherent (indexing the lane's action, calling its env's `step`, reading the
 //! step's result). Each lane's step count and clock live in the ledger alone.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::time::Instant;
 
 use numpy::{PyArray1, PyUntypedArray};
 use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
+use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyMapping, PySlice, PyString, PyTuple};
@@ -183,6 +185,51 @@ fn row_text<'a>(
     }
 }
 
+/// A one-item argument tuple that `run_rounds` calls a per-lane function with, round after
+/// round: under the stable ABI of Python 3.10 this crate builds for, `call1` makes (and frees)
+/// a new tuple on every call. A callee that keeps its argument tuple keeps that one; the next
+/// call gets a new tuple.
+struct OneArg<'py> {
+    tuple: RefCell<Bound<'py, PyTuple>>,
+}
+
+impl<'py> OneArg<'py> {
+    fn new(py: Python<'py>) -> PyResult<Self> {
+        Ok(OneArg {
+            tuple: RefCell::new(PyTuple::new(py, [py.None()])?),
+        })
+    }
+
+    /// `function(arg)`.
+    fn call(
+        &self,
+        function: &Bound<'py, PyAny>,
+        arg: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = function.py();
+        let tuple = {
+            let mut tuple = self.tuple.borrow_mut();
+            // SAFETY: the reference count of a live tuple, read under the GIL.
+            if unsafe { ffi::Py_REFCNT(tuple.as_ptr()) } != 1 {
+                *tuple = PyTuple::new(py, [py.None()])?;
+            }
+            // SAFETY: nobody else references the tuple (checked above), so it may be changed
+            // in place; PyTuple_SetItem takes the reference `into_ptr` hands over and releases
+            // the item it replaces.
+            if unsafe { ffi::PyTuple_SetItem(tuple.as_ptr(), 0, arg.clone().into_ptr()) } != 0 {
+                return Err(PyErr::fetch(py));
+            }
+            tuple.clone()
+        };
+        // SAFETY: PyObject_Call returns a new reference, or null with an exception set.
+        unsafe {
+            let result =
+                ffi::PyObject_Call(function.as_ptr(), tuple.as_ptr(), std::ptr::null_mut());
+            Bound::from_owned_ptr_or_err(py, result)
+        }
+    }
+}
+
 /// The run's model as `run_rounds` calls it: `rlmesh.model.ModelHandler`'s `predict_now`,
 /// `lane_corner`, `combine` and `failure`, looked up once per call of `run_rounds`.
 struct ModelCalls<'py> {
@@ -193,6 +240,8 @@ struct ModelCalls<'py> {
     calls_per_lane: bool,
     combine: Bound<'py, PyAny>,
     failure: Bound<'py, PyAny>,
+    /// What the per-lane corner is called with.
+    lane_arg: OneArg<'py>,
 }
 
 impl<'py> ModelCalls<'py> {
@@ -208,6 +257,7 @@ impl<'py> ModelCalls<'py> {
             },
             combine: model.getattr("combine")?,
             failure: model.getattr("failure")?,
+            lane_arg: OneArg::new(model.py())?,
         })
     }
 
@@ -269,7 +319,7 @@ impl<'py> ModelCalls<'py> {
         let count = rows.len();
         let outputs = rows
             .into_iter()
-            .map(|row| corner.call1((row,)))
+            .map(|row| self.lane_arg.call(corner, &row))
             .collect::<PyResult<Vec<_>>>()?;
         if outputs
             .iter()
@@ -571,44 +621,33 @@ fn numpy_scalars(py: Python<'_>) -> PyResult<&Bound<'_, PyTuple>> {
     Ok(types.bind(py))
 }
 
-/// One column of a round's step results on its way to a vector: read directly, or handed to
-/// `numpy.array(values, dtype)` as the Python core does when a value is not a plain scalar.
-enum Column<'py, T> {
-    Read(Vec<T>),
-    Array(Bound<'py, PyAny>),
-}
-
-impl<'py, T: numpy::Element + Copy> Column<'py, T> {
-    /// `read(value)` for each value, or numpy's array of all of them when `read` says None.
-    fn new(
-        values: &[Bound<'py, PyAny>],
-        dtype: &str,
-        read: impl Fn(&Bound<'py, PyAny>) -> PyResult<Option<T>>,
-    ) -> PyResult<Self> {
-        let mut read_values = Vec::with_capacity(values.len());
-        for value in values {
-            match read(value)? {
-                Some(x) => read_values.push(x),
-                None => {
-                    let py = value.py();
-                    let array = py
-                        .import("numpy")?
-                        .getattr("array")?
-                        .call1((PyList::new(py, values)?, dtype))?;
-                    return Ok(Column::Array(array));
-                }
+/// One column of a round's step results into `column` (cleared first): each value read
+/// directly, or, when `read` says None for one, all of them handed to `numpy.array(values,
+/// dtype)` and checked as `vector(array, dtype, name)`, as the Python core does.
+fn read_column<'py, T: numpy::Element + Copy>(
+    values: &[Bound<'py, PyAny>],
+    dtype: Dtype,
+    name: &str,
+    read: impl Fn(&Bound<'py, PyAny>) -> PyResult<Option<T>>,
+    column: &mut Vec<T>,
+) -> PyResult<()> {
+    column.clear();
+    for value in values {
+        match read(value)? {
+            Some(x) => column.push(x),
+            None => {
+                let py = value.py();
+                let array = py
+                    .import("numpy")?
+                    .getattr("array")?
+                    .call1((PyList::new(py, values)?, dtype.numpy_name()))?;
+                column.clear();
+                column.extend_from_slice(vector::<T>(&array, dtype, name)?.as_slice()?);
+                return Ok(());
             }
         }
-        Ok(Column::Read(read_values))
     }
-
-    /// The values, the array checked as `vector(array, dtype, name)`.
-    fn into_vec(self, dtype: Dtype, name: &str) -> PyResult<Vec<T>> {
-        match self {
-            Column::Read(values) => Ok(values),
-            Column::Array(array) => Ok(vector::<T>(&array, dtype, name)?.as_slice()?.to_vec()),
-        }
-    }
+    Ok(())
 }
 
 /// A reward as `numpy.array(rewards, dtype=float64)` reads it, when it is a plain scalar.
@@ -738,6 +777,11 @@ pub struct RoundRunner {
     /// lane is in no other round until its round is resumed.
     parked: HashMap<i64, ParkedRound>,
     in_parked_round: Vec<bool>,
+    /// The round before's `running` and `predict_lanes`, for the next round to fill.
+    spare_running: Vec<i64>,
+    spare_predict_lanes: Vec<i64>,
+    /// The predict lanes' episode ids, kept for the next round to fill.
+    spare_ids: Vec<i64>,
     /// Scratch, all false between calls: which lanes a round predicts for.
     predicted: Vec<bool>,
     clock: Clock,
@@ -800,7 +844,9 @@ impl RoundRunner {
         rows: bool,
         only: Option<&[bool]>,
     ) -> PyResult<Option<Input<'py>>> {
-        let mut running = self.ledger.running();
+        // Filled into the previous round's vectors, which keep their allocations.
+        let mut running = std::mem::take(&mut self.spare_running);
+        self.ledger.running_into(&mut running);
         if only.is_some() || !self.parked.is_empty() {
             let parked = &self.in_parked_round;
             running.retain(|&lane| {
@@ -808,7 +854,8 @@ impl RoundRunner {
                 !parked[lane] && only.is_none_or(|only| only[lane])
             });
         }
-        let mut predict_lanes = running.clone();
+        let mut predict_lanes = std::mem::take(&mut self.spare_predict_lanes);
+        predict_lanes.clone_from(&running);
         if let Some(queues) = &mut self.queues {
             if !running.is_empty() {
                 predict_lanes = queues.needing_predict(&running)?;
@@ -829,21 +876,29 @@ impl RoundRunner {
         let mut payload = None;
         if !predict_lanes.is_empty() {
             let raw = self.raw_observations(py, &predict_lanes);
-            let ids = self.ledger.episode_ids_of(&predict_lanes);
+            let mut ids = std::mem::take(&mut self.spare_ids);
+            ids.clear();
+            ids.extend(
+                predict_lanes
+                    .iter()
+                    .map(|&lane| self.ledger.lane_episode_id(lane)),
+            );
             let lane_rows = match rows {
-                true => self.assembler.assemble_rows(py, &raw, &ids)?,
+                // Each raw observation is held by its lane's slot and by `raw`.
+                true => self.assembler.assemble_rows(py, &raw, &ids, 2)?,
                 false => None,
             };
             payload = Some(match lane_rows {
                 Some(lane_rows) => Input::Rows(lane_rows),
                 None => Input::Batch(self.assembler.assemble_frames(py, &raw, &ids)?),
             });
+            self.spare_ids = ids;
         }
         // Until `take` says otherwise (it is not called when no lane runs), no lane predicted.
         self.predict_ns.clear();
         self.predict_ns.resize(running.len(), 0);
-        self.running = running;
-        self.predict_lanes = predict_lanes;
+        self.spare_running = std::mem::replace(&mut self.running, running);
+        self.spare_predict_lanes = std::mem::replace(&mut self.predict_lanes, predict_lanes);
         Ok(payload)
     }
 
@@ -928,15 +983,16 @@ impl RoundRunner {
     }
 
     /// Record the env step of the open round's running lanes and close the round;
-    /// `step_ns[k]` is the env time charged to running lane `k`.
+    /// `step_ns[k]` is the env time charged to running lane `k`. A cap reached sets the
+    /// lane's flag in `truncated`.
     fn end(
         &mut self,
         rewards: &[f64],
         terminated: &[bool],
-        mut truncated: Vec<bool>,
+        truncated: &mut [bool],
         step_ns: &[i64],
         now_ns: i64,
-    ) -> PyResult<(Vec<i64>, Vec<bool>)> {
+    ) -> PyResult<Vec<i64>> {
         let count = self.running.len();
         for (name, length) in [
             ("rewards", rewards.len()),
@@ -965,7 +1021,7 @@ impl RoundRunner {
             &self.running,
             rewards,
             terminated,
-            &truncated,
+            truncated,
             step_ns,
             &self.predict_ns,
         )?;
@@ -974,7 +1030,7 @@ impl RoundRunner {
             self.ended_ns[lane as usize] = now_ns;
         }
         self.rounds += 1;
-        Ok((ended, truncated))
+        Ok(ended)
     }
 }
 
@@ -1040,6 +1096,9 @@ impl RoundRunner {
             rounds: 0,
             running: Vec::new(),
             predict_lanes: Vec::new(),
+            spare_running: Vec::new(),
+            spare_predict_lanes: Vec::new(),
+            spare_ids: Vec::new(),
             predict_ns: Vec::new(),
             parked: HashMap::new(),
             in_parked_round: vec![false; num_lanes],
@@ -1423,10 +1482,11 @@ impl RoundRunner {
         let lane_ns: Vec<i64> = shares(step_ns as u64, self.running.len())
             .map(|share| share as i64)
             .collect();
-        let (ended, truncated) = self.end(
+        let mut truncated = truncated.as_slice()?.to_vec();
+        let ended = self.end(
             rewards.as_slice()?,
             terminated.as_slice()?,
-            truncated.as_slice()?.to_vec(),
+            &mut truncated,
             &lane_ns,
             now_ns,
         )?;
@@ -1467,6 +1527,7 @@ impl RoundRunner {
         let rows = model.lane_corner.is_some() && !model.wants_episode_ids;
         // Each lane's `step`, looked up once per call, when the lane first steps.
         let mut steps: Vec<Option<Bound<'py, PyAny>>> = vec![None; self.lane_count()];
+        let step_arg = OneArg::new(py)?;
         let (mut rounds, mut lane_steps) = (0, 0);
         let mut ended = Vec::new();
         let infos = PyList::empty(py);
@@ -1475,6 +1536,8 @@ impl RoundRunner {
         let mut terminated = Vec::new();
         let mut truncated = Vec::new();
         let mut step_infos = Vec::new();
+        let (mut reward_values, mut terminated_flags, mut truncated_flags) =
+            (Vec::new(), Vec::new(), Vec::new());
         // Each lane's env step, timed on its own: `env.step` telemetry is per lane-step, and
         // each lane's episode is charged its own step.
         let mut lane_ns: Vec<i64> = Vec::new();
@@ -1535,7 +1598,7 @@ impl RoundRunner {
                         *step = Some(env_steps.get_item(lane)?);
                     }
                     let step = step.as_ref().expect("looked up above");
-                    unpack_step(step.call1((actions.get(k)?,))?)
+                    unpack_step(step_arg.call(step, &actions.get(k)?)?)
                 })();
                 let [observation, reward, term, trunc, info] = match stepped {
                     Ok(result) => result,
@@ -1581,18 +1644,34 @@ impl RoundRunner {
                 self.observations[lane as usize] = Some(observation.unbind());
             }
             // Read as the Python core's `np.array(..., dtype)` then `vector` read them.
-            let reward_column = Column::new(&rewards, "float64", read_reward)?;
-            let terminated_column = Column::new(&terminated, "bool", read_flag)?;
-            let truncated_column = Column::new(&truncated, "bool", read_flag)?;
-            let round_ended = self
-                .end(
-                    &reward_column.into_vec(Dtype::Float64, "rewards")?,
-                    &terminated_column.into_vec(Dtype::Bool, "terminated")?,
-                    truncated_column.into_vec(Dtype::Bool, "truncated")?,
-                    &lane_ns,
-                    self.clock.ns_at(now),
-                )?
-                .0;
+            read_column(
+                &rewards,
+                Dtype::Float64,
+                "rewards",
+                read_reward,
+                &mut reward_values,
+            )?;
+            read_column(
+                &terminated,
+                Dtype::Bool,
+                "terminated",
+                read_flag,
+                &mut terminated_flags,
+            )?;
+            read_column(
+                &truncated,
+                Dtype::Bool,
+                "truncated",
+                read_flag,
+                &mut truncated_flags,
+            )?;
+            let round_ended = self.end(
+                &reward_values,
+                &terminated_flags,
+                &mut truncated_flags,
+                &lane_ns,
+                self.clock.ns_at(now),
+            )?;
             let round_end = Instant::now();
             round_stats
                 .borrow_mut()

@@ -50,6 +50,8 @@ KIND_NAMES = {
     "multi_binary": "MultiBinary",
 }
 # The numpy dtype kinds a model's action may hold ("b" bool, "i" int, "u" uint, "f" float).
+# The most values a Discrete space may have for `_discrete_scalars` to keep their scalars.
+CACHED_SCALARS = 1024
 NUMERIC_KINDS = "biuf"
 INTEGRAL_KINDS = "biu"
 # How a message names the lane of row k of the model's output: "lane 3", or from the round
@@ -213,6 +215,9 @@ class ActionApplier:
     def __init__(self, action_leaves: Sequence[Any]) -> None:
         self._leaves = tuple(_Leaf(plan) for plan in action_leaves)
         self._tree = _build_tree(self._leaves)
+        # The int64 scalar of each value of a small Discrete space, made on first use: a numpy
+        # scalar is immutable, so every step may hand an env the same one.
+        self._scalars: list[np.int64] | None = None
 
     def apply_actions(self, batched_model_output: Any, lanes: Any) -> Any:
         """The model's action for ``K`` lanes, checked and converted into the action space.
@@ -262,7 +267,11 @@ class ActionApplier:
             return None
         if not all(leaf.start <= value < stop for value in values):
             return None
-        return [np.int64(value) for value in values]
+        if leaf.n > CACHED_SCALARS:
+            return [np.int64(value) for value in values]
+        if self._scalars is None:
+            self._scalars = [np.int64(value) for value in range(leaf.start, stop)]
+        return [self._scalars[value - leaf.start] for value in values]
 
     def _apply_node(
         self,

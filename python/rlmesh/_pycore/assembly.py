@@ -12,6 +12,7 @@ axis, as Gymnasium's ``FrameStackObservation(env, k, padding_type="reset")`` doe
 
 from __future__ import annotations
 
+import sys
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -80,6 +81,7 @@ class ObservationAssembler:
                             f"{leaf.leaf}: transpose {tuple(leaf.transpose)} is not a "
                             f"permutation of the source's {len(shape)} axes"
                         )
+        self._verbatim = [_verbatim(leaf) for leaf in self._leaves]
         # Per leaf: episode id -> the last `stack` frames, oldest first (stacked leaves only).
         self._windows: list[dict[int, deque[np.ndarray]]] = [{} for _ in self._leaves]
 
@@ -113,7 +115,7 @@ class ObservationAssembler:
         return payload
 
     def _assemble_rows(
-        self, raw_lane_observations: Sequence[Any], episode_ids: list[int]
+        self, raw_lane_observations: Sequence[Any], episode_ids: list[int], holders: int
     ) -> list[np.ndarray] | None:
         """Each lane's model input as an array of its own, when the plan is one array leaf at
         the payload's root (``assemble`` then returns one ``[K, ...]`` array): row ``k`` of
@@ -121,15 +123,30 @@ class ObservationAssembler:
 
         For a caller that hands each lane's input to a per-lane corner: the same frame windows
         advance, and the same errors are raised in the same order, as ``assemble``.
+
+        A lane whose row would be a copy of its raw observation as it is (a verbatim leaf) gets
+        the observation itself when nothing but the caller's ``holders`` references hold it
+        (``_lone_array``): nobody can change or see it while the model has it, so it is what a
+        fresh copy would be, without the copy.
         """
         if len(self._leaves) != 1:
             return None
         leaf = self._leaves[0]
         if leaf.kind != ARRAY or leaf.slot:
             return None
+        verbatim = self._verbatim[0]
+        lone = [
+            verbatim and _lone_array(raw_lane_observations, lane, leaf, holders)
+            for lane in range(len(episode_ids))
+        ]
+        if all(lone):
+            return list(raw_lane_observations)
         rows = self._assemble_leaf(0, leaf, raw_lane_observations, episode_ids)
         # Each row copied out: an array of its own, as the Rust core makes it.
-        return [row.copy() for row in rows]
+        return [
+            raw_lane_observations[lane] if lone[lane] else row.copy()
+            for lane, row in enumerate(rows)
+        ]
 
     def push(self, raw_lane_observations: Sequence[Any], episode_ids: Any) -> None:
         """Add each lane's frame to its episode's windows without building a payload.
@@ -188,6 +205,43 @@ class ObservationAssembler:
         else:
             window.append(frame)
         return window
+
+
+def _verbatim(leaf: Any) -> bool:
+    """Whether the leaf's value is the raw observation as it is: one array read whole at the
+    root, in the leaf's dtype and shape, with no transpose, scale, stack or conversion."""
+    return (
+        leaf.kind == ARRAY
+        and len(leaf.sources) == 1
+        and not leaf.sources[0]
+        and tuple(leaf.source_shapes[0]) == tuple(leaf.frame_shape)
+        and leaf.transpose is None
+        and (float(leaf.scale), float(leaf.offset)) == (1.0, 0.0)
+        and leaf.stack == 1
+        and leaf.fn is None
+    )
+
+
+def _lone_array(values: Sequence[Any], lane: int, leaf: Any, holders: int) -> bool:
+    """Whether ``values[lane]`` is an array a model may have in place of a fresh copy of it:
+    an ``ndarray`` itself (no subclass) of the leaf's dtype and frame shape, C-contiguous,
+    writeable and owning its data, referenced only by the caller's ``holders`` references (an
+    env that keeps the array it returned, to fill it again, holds one more)."""
+    # Counted before any name here refers to it; less the reference the argument holds.
+    if sys.getrefcount(values[lane]) - 1 != holders:
+        return False
+    value = values[lane]
+    if type(value) is not np.ndarray:
+        return False
+    flags = value.flags
+    return (
+        flags.c_contiguous
+        and flags.writeable
+        and flags.owndata
+        and value.base is None
+        and value.shape == tuple(leaf.frame_shape)
+        and value.dtype == np.dtype(leaf.dtype)
+    )
 
 
 def _read(raw_observation: Any, path: Sequence[str], shape: Sequence[int], lane: int) -> Any:

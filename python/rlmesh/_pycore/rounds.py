@@ -450,7 +450,8 @@ class RoundRunner:
             raw = [self._observations[lane] for lane in predict_lanes]
             ids = ledger.episode_ids(np.array(predict_lanes, dtype=np.int64))
             if rows:
-                lane_rows = self._assembler._assemble_rows(raw, ids.tolist())
+                # Each raw observation is held by its lane's slot and by `raw`.
+                lane_rows = self._assembler._assemble_rows(raw, ids.tolist(), 2)
             if lane_rows is None:
                 payload = self._assembler.assemble(raw, ids)
         self._running, self._predict_lanes = running, predict_lanes
@@ -708,29 +709,9 @@ class RoundRunner:
                 output = np.array(integers, dtype=np.int64)
             if actions is None:
                 actions = lane_actions(self._actions(output), count)
-            step_start = time.perf_counter_ns()
-            observations, rewards, terminated, truncated, step_infos = [], [], [], [], []
-            lane_ns, lane_start = [], step_start
-            failed = []
-            for k, lane in enumerate(self._running):
-                try:
-                    observation, reward, term, trunc, info = env_steps[lane](actions[k])
-                except Exception as err:
-                    if failures is None:
-                        raise env_failure(env_name, "step", err, lane) from err
-                    failures[lane] = f"{type(err).__name__}: {err}"
-                    failed.append(k)
-                    lane_start = time.perf_counter_ns()
-                    continue
-                lane_end = time.perf_counter_ns()
-                lane_ns.append(lane_end - lane_start)
-                lane_start = lane_end
-                observations.append(observation)
-                rewards.append(reward)
-                terminated.append(term)
-                truncated.append(trunc)
-                step_infos.append(info)
-            now = lane_start
+            rewards, terminated, truncated, step_infos, lane_ns, failed, now = self._step_lanes(
+                env_steps, actions, env_name, failures
+            )
             if failed:  # the failed lanes leave the round; the others' steps are recorded
                 gone = set(failed)
                 kept = [k for k in range(count) if k not in gone]
@@ -738,7 +719,6 @@ class RoundRunner:
                 self._predict_ns = [self._predict_ns[k] for k in kept]
                 running, count = self._running, len(kept)
             step_stats.record_many(np.array(lane_ns, dtype=np.int64))
-            self.set_observations(running, observations)
             # Each lane is charged its own step's time, as telemetry records it.
             ended, _ = self._end(
                 np.array(rewards, dtype=np.float64),
@@ -759,6 +739,46 @@ class RoundRunner:
                 break
             round_start = round_end
         return ended, infos, rounds, lane_steps
+
+    def _step_lanes(
+        self,
+        env_steps: Sequence[Callable[[Any], tuple]],
+        actions: Any,
+        env_name: str,
+        failures: dict[int, str] | None,
+    ) -> tuple[list[Any], list[Any], list[Any], list[dict[str, Any]], list[int], list[int], int]:
+        """Step each running lane's env with its action, timing each step on its own, and keep
+        each stepped lane's observation as its latest.
+
+        Returns ``(rewards, terminated, truncated, infos, lane_ns, failed, now)``: the stepped
+        lanes' results in lane order, the positions of the lanes whose step raised (their
+        errors put in ``failures``), and the clock when the last step returned. The
+        observations are held by the runner alone once this returns, as in the Rust core.
+        """
+        rewards, terminated, truncated, infos, lane_ns, failed = [], [], [], [], [], []
+        stepped = []
+        lane_start = time.perf_counter_ns()
+        for k, lane in enumerate(self._running):
+            try:
+                observation, reward, term, trunc, info = env_steps[lane](actions[k])
+            except Exception as err:
+                if failures is None:
+                    raise env_failure(env_name, "step", err, lane) from err
+                failures[lane] = f"{type(err).__name__}: {err}"
+                failed.append(k)
+                lane_start = time.perf_counter_ns()
+                continue
+            lane_end = time.perf_counter_ns()
+            lane_ns.append(lane_end - lane_start)
+            lane_start = lane_end
+            stepped.append((lane, observation))
+            rewards.append(reward)
+            terminated.append(term)
+            truncated.append(trunc)
+            infos.append(info)
+        for lane, observation in stepped:
+            self._observations[lane] = observation
+        return rewards, terminated, truncated, infos, lane_ns, failed, lane_start
 
     def _predict(
         self,
