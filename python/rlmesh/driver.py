@@ -217,11 +217,10 @@ async def arun(
             each load the model once (on_route, load, then every window dealt to it), and
             close it once at the end; an actor that dies is replaced by a fresh one. Actors
             pay off when loading the model costs more than starting an actor (a fresh
-            process, about a second): with a ``load`` of 0.5 s, on 16 windows of 2 episodes,
-            a run took 5.6 s on actors and 13.4 s on tasks (benches/test_bench_cluster_ray.py's
-            ``run_slow_to_load``). For a cheap model they gained nothing (48 episodes: 13.5 s
-            either way), and on 8 windows their start-up cost more than they saved (0.86x to
-            0.96x), while they hold their CPUs for the whole run: hence tasks by default.
+            process, about a second) over many windows: with a ``load`` of 0.5 s on 32
+            windows of 2 episodes, 11.3 s against 17.8 s on tasks (BENCHMARKS.md). For a
+            cheap model, or a few windows, they gain nothing or lose, and they hold their
+            CPUs for the whole run: hence tasks by default.
         env_tags: the env's ``rlmesh.adapters.EnvTags`` (or their v1 dict), for a model spec
             that pairs by role; default: the env's
             ``metadata["rlmesh.adapters.v1.env_io_spec"]``, if any.
