@@ -827,6 +827,18 @@ impl RoundRunner {
             .collect()
     }
 
+    /// Evict the frame windows and queued actions of episodes that are over; the model ends
+    /// they owe.
+    fn release(&mut self, episode_ids: &[i64]) -> Vec<i64> {
+        for &episode_id in episode_ids {
+            self.assembler.evict(episode_id);
+            if let Some(queues) = &mut self.queues {
+                queues.drop_episode(episode_id);
+            }
+        }
+        self.ledger.take_model_ends(episode_ids)
+    }
+
     /// Mark `lanes` in the `predicted` scratch (`true`), or clear them again (`false`).
     fn mark(&mut self, lanes: &[i64], value: bool) {
         for &lane in lanes {
@@ -1238,13 +1250,7 @@ impl RoundRunner {
                 ended_ns,
             )?);
         }
-        for &episode_id in &episode_ids {
-            self.assembler.evict(episode_id);
-            if let Some(queues) = &mut self.queues {
-                queues.drop_episode(episode_id);
-            }
-        }
-        let model_ends = self.ledger.take_model_ends(&episode_ids);
+        let model_ends = self.release(&episode_ids);
         Ok((
             completed,
             PyArray1::from_vec(py, episode_ids),
@@ -1296,13 +1302,7 @@ impl RoundRunner {
             self.running = kept.iter().map(|&k| self.running[k]).collect();
             self.predict_lanes.retain(|lane| !checked.contains(lane));
         }
-        for &episode_id in &episode_ids {
-            self.assembler.evict(episode_id);
-            if let Some(queues) = &mut self.queues {
-                queues.drop_episode(episode_id);
-            }
-        }
-        let model_ends = self.ledger.take_model_ends(&episode_ids);
+        let model_ends = self.release(&episode_ids);
         Ok((
             failed,
             PyArray1::from_vec(py, episode_ids),

@@ -289,11 +289,7 @@ class RoundRunner:
             completed += ledger.complete_episodes(
                 [lane], [episode_id], [outcome], now_ns=self._ended_ns[lane]
             )
-        for episode_id in episode_ids.tolist():
-            self._assembler.evict(episode_id)
-            if self._queues is not None:
-                self._queues.drop(episode_id)
-        return completed, episode_ids, ledger.take_model_ends(episode_ids)
+        return completed, episode_ids, self._release(episode_ids)
 
     def abandon(
         self, lanes: Any, errors: Sequence[str | None], *, now_ns: int
@@ -334,11 +330,16 @@ class RoundRunner:
             self._predict_ns = [self._predict_ns[k] for k in kept]
             self._running = [self._running[k] for k in kept]
             self._predict_lanes = [lane for lane in self._predict_lanes if lane not in gone]
+        return failed, episode_ids, self._release(episode_ids)
+
+    def _release(self, episode_ids: np.ndarray) -> np.ndarray:
+        """Evict the frame windows and queued actions of episodes that are over; the model
+        ends they owe."""
         for episode_id in episode_ids.tolist():
             self._assembler.evict(episode_id)
             if self._queues is not None:
                 self._queues.drop(episode_id)
-        return failed, episode_ids, ledger.take_model_ends(episode_ids)
+        return self._ledger.take_model_ends(episode_ids)
 
     def take_all_model_ends(self) -> np.ndarray:
         """At teardown: every episode the model predicted on and was not told the end of."""
