@@ -10,6 +10,7 @@ import pytest
 from helpers import CORES
 from rlmesh import adapters
 from rlmesh.core import load_core
+from rlmesh.errors import SpecError
 
 GRIPPER = adapters.Action(adapters.Actuator(adapters.ACTION_GRIPPER, dim=1))
 GRIPPER_SPACE = gym.spaces.Box(-1, 1, (1,), np.float32)
@@ -150,3 +151,97 @@ def test_frame_stacking_windows_hold_the_converted_frames_per_episode(core):
                 assert np.array_equal(payload[key][lane], wanted), (key, lane, ids)
     state = payload["state"][0, -1]
     assert state.shape == (14,) and np.array_equal(state[9:], np.zeros(5, np.float32))
+
+
+def _affine(values, source, target):
+    """``values`` mapped linearly from the range ``source`` onto ``target`` (the reference)."""
+    (lo, hi), (to_lo, to_hi) = source, target
+    return (np.asarray(values, np.float64) - lo) / (hi - lo) * (to_hi - to_lo) + to_lo
+
+
+STATE_SPACE = gym.spaces.Dict(
+    {
+        "joints": gym.spaces.Box(-2, 2, (5,), np.float32),
+        "grip": gym.spaces.Box(-np.inf, np.inf, (2,), np.float32),
+        "flat": gym.spaces.Box(
+            np.array([0, 0, 0, -1, -5], np.float32), np.array([4, 4, 4, 1, 5], np.float32)
+        ),
+    }
+)
+STATE_TAGS = adapters.EnvTags(
+    observation={
+        "joints": adapters.StateTag(adapters.JOINT_POS),
+        "grip": adapters.StateTag(adapters.GRIPPER_POS, range=(0, 0.08)),
+        "flat": adapters.Split(
+            adapters.Field(adapters.EEF_POS, dim=3),
+            adapters.Field(adapters.JOINT_VEL, dim=1),
+            adapters.Field(dim=1),
+        ),
+    },
+    action=GRIPPER,
+)
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_state_parts_map_ranges_select_and_reshape_as_the_reference_does(core):
+    model_input = {
+        "state": adapters.Concat(
+            adapters.State(adapters.JOINT_POS, dim=4, range=(-1, 1)),  # the space's bounds
+            adapters.State(adapters.GRIPPER_POS, index=0, range=(0, 1)),  # the tag's range
+            adapters.State(adapters.EEF_POS, range=(-1, 1)),  # a Split slice's bounds
+            adapters.State(adapters.JOINT_VEL, range=(0, 10)),
+            reshape=(3, 3),
+            dtype="float64",
+        ),
+        "listed": adapters.State(adapters.JOINT_POS, index=4, container="list"),
+    }
+    plan, assembler = _assembler(core, STATE_TAGS, STATE_SPACE, model_input)
+    assert "joints[:4] (range (-2.0, 2.0)->(-1.0, 1.0))" in plan.describe()
+    assert "grip[0] (range (0.0, 0.08)->(0.0, 1.0))" in plan.describe()
+    rng = np.random.default_rng(9)
+    lanes = [
+        {
+            "joints": rng.uniform(-2, 2, 5).astype(np.float32),
+            "grip": rng.uniform(0, 0.08, 2).astype(np.float32),
+            "flat": rng.uniform([0, 0, 0, -1, -5], [4, 4, 4, 1, 5]).astype(np.float32),
+        }
+        for _ in range(3)
+    ]
+    payload = assembler.assemble(lanes, [0, 1, 2])
+    for lane, raw in enumerate(lanes):
+        wanted = np.concatenate(
+            [
+                _affine(raw["joints"][:4], (-2, 2), (-1, 1)),
+                _affine(raw["grip"][:1], (0, 0.08), (0, 1)),
+                _affine(raw["flat"][:3], (0, 4), (-1, 1)),
+                _affine(raw["flat"][3:4], (-1, 1), (0, 10)),
+            ]
+        ).reshape(3, 3)
+        assert payload["state"].dtype == np.float64
+        np.testing.assert_allclose(payload["state"][lane], wanted, rtol=0, atol=1e-6)
+        assert payload["listed"][lane] == pytest.approx([float(raw["joints"][4])])
+
+
+@pytest.mark.parametrize(
+    ("tag", "message"),
+    [
+        (
+            adapters.StateTag(adapters.JOINT_POS, range=(-1, 1)),
+            r'state "joints" \("proprio/joint_pos"\) declares range \(-1\.0, 1\.0\), but its '
+            r"space bounds it to \(-2\.0, 2\.0\)",
+        ),
+        (
+            adapters.Split(adapters.Field(adapters.JOINT_POS, dim=5, range=(-2, 2.5))),
+            r'state "joints"\[0:5\] .* but its space bounds it to \(-2\.0, 2\.0\)',
+        ),
+    ],
+)
+def test_a_tag_range_the_space_bounds_contradict_is_refused(tag, message):
+    tags = adapters.EnvTags(observation={"joints": tag}, action=GRIPPER)
+    space = gym.spaces.Dict({"joints": STATE_SPACE["joints"]})
+    spec = adapters.ModelSpec(input=adapters.State(adapters.JOINT_POS), output=GRIPPER)
+    with pytest.raises(SpecError, match=message):
+        adapters.resolve(tags, space, GRIPPER_SPACE, spec)
+    # The same range where the space is unbounded is what the tag is for.
+    unbounded = gym.spaces.Dict({"joints": gym.spaces.Box(-np.inf, np.inf, (5,), np.float32)})
+    adapters.resolve(tags, unbounded, GRIPPER_SPACE, spec)
