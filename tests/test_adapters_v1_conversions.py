@@ -245,3 +245,34 @@ def test_a_tag_range_the_space_bounds_contradict_is_refused(tag, message):
     # The same range where the space is unbounded is what the tag is for.
     unbounded = gym.spaces.Dict({"joints": gym.spaces.Box(-np.inf, np.inf, (5,), np.float32)})
     adapters.resolve(tags, unbounded, GRIPPER_SPACE, spec)
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_an_optional_env_actuator_gets_its_fill_and_a_role_the_env_lacks_is_dropped(core):
+    env_action = adapters.Action(
+        adapters.Actuator(adapters.ACTION_DELTA_POS, dim=3),
+        adapters.Actuator(adapters.ACTION_GRIPPER_2, dim=1, optional=True, fill=-1.0),
+        adapters.Actuator(adapters.ACTION_GRIPPER, dim=1, range=(-1, 1)),
+    )
+    model_action = adapters.Action(
+        adapters.Actuator(adapters.ACTION_GRIPPER, dim=1, range=(0, 1)),
+        adapters.Actuator(adapters.ACTION_DELTA_ROT, dim=3, encoding="axis_angle"),
+        adapters.Actuator(adapters.ACTION_DELTA_POS, dim=3),
+    )
+    tags = adapters.EnvTags(
+        observation={"pos": adapters.StateTag(adapters.EEF_POS)}, action=env_action
+    )
+    spec = adapters.ModelSpec(input=adapters.State(adapters.EEF_POS), output=model_action)
+    space = gym.spaces.Dict({"pos": gym.spaces.Box(-1, 1, (3,), np.float32)})
+    plan = adapters.resolve(tags, space, gym.spaces.Box(-5, 5, (5,), np.float32), spec)
+    assert (
+        '"action/gripper_2" <- fill -1.0 (1d; model did not output this optional role)'
+        in plan.describe()
+    )
+    model = np.random.default_rng(2).uniform(-1, 1, (4, 7)).astype(np.float32)
+    action = load_core(core).ActionApplier(plan.action).apply_actions(model, np.arange(4))
+    wanted = np.concatenate(
+        [model[:, 4:7], np.full((4, 1), -1.0), _affine(model[:, :1], (0, 1), (-1, 1))], axis=1
+    )
+    assert action.dtype == np.float32 and action.shape == (4, 5)
+    np.testing.assert_allclose(action, wanted, rtol=0, atol=1e-6)
