@@ -55,6 +55,15 @@ def test_a_leaf_takes_a_role_in_place_of_a_key():
     assert gripper.range == (-1.0, 1.0)
 
 
+def test_a_state_component_that_sets_nothing_but_its_role_is_written_as_the_role():
+    state = adapters.Concat(adapters.EEF_POS, adapters.State(adapters.EEF_ROT, encoding="rot6d"))
+    components = state.to_dict()["components"]
+    assert components == ["proprio/eef_pos", {"role": "proprio/eef_rot", "encoding": "rot6d"}]
+    spec = {"input": {"type": "state", "components": [{"role": "proprio/eef_pos"}]}}
+    read = adapters.ModelSpec.from_dict(spec).to_dict()["input"]["components"]
+    assert read == ["proprio/eef_pos"]  # the one canonical form, as the peer writes it
+
+
 def test_a_key_based_leaf_refuses_role_only_options():
     with pytest.raises(SpecError) as err:
         adapters.Image("pixels", size=224)
