@@ -10,6 +10,10 @@ from __future__ import annotations
 import doctest
 import importlib
 import json
+import os
+import sys
+import tempfile
+import threading
 
 import gymnasium as gym
 import imageio.v2 as imageio
@@ -23,6 +27,7 @@ from rlmesh.errors import EnvError
 from rlmesh.lanes import LaneVector
 from rlmesh.results import read_columns, read_run
 from rlmesh.video import DEFAULT_FPS, PARTIAL_SUFFIX, VideoEncoder, VideoError, video_name
+from rlmesh.video.encoder import ENCODER_NICENESS, start_ffmpeg
 
 
 @pytest.fixture(params=CORES)
@@ -487,7 +492,7 @@ def test_a_crash_leaves_no_half_written_video(core, tmp_path):
 
 def test_the_encoder_waits_rather_than_drop_frames(tmp_path):
     """A queue of one frame: every frame still reaches the file, each as it was queued."""
-    encoder = VideoEncoder(queue_frames=1)
+    encoder = VideoEncoder(queue_bytes=1, batch_frames=1)
     frames = [np.full((16, 24), 6 * k, dtype=np.uint8) for k in range(40)]
     encoder.open("grey", tmp_path / "grey.mp4", fps=10)
     for frame in frames:
@@ -501,6 +506,56 @@ def test_the_encoder_waits_rather_than_drop_frames(tmp_path):
     # Each frame's grey level is its own (mp4 is lossy: within a level or two).
     assert all(abs(frame.mean() - 6 * k) < 2.5 for k, frame in enumerate(got))
     assert sorted(path.name for path in tmp_path.iterdir()) == ["grey.mp4"]
+
+
+def test_the_frames_queued_stay_within_the_byte_bound(tmp_path):
+    """Frames handed over faster than ffmpeg encodes them fill the queue up to its bound in
+    bytes and no further (the driver waits); batches, the last one short, keep their order."""
+    frames = [np.full((48, 64, 3), 5 * k, dtype=np.uint8) for k in range(45)]
+    batch_bytes = 4 * frames[0].nbytes
+    encoder = VideoEncoder(queue_bytes=3 * batch_bytes, batch_frames=4)
+    encoder.open(0, tmp_path / "levels.mp4", fps=10)
+    queued = []
+    for frame in frames:
+        encoder.frame(0, frame)
+        queued.append(encoder.queued_bytes)
+    encoder.finish(0)
+    encoder.close()
+    assert max(queued) <= 3 * batch_bytes
+    assert max(queued) >= 2 * batch_bytes  # it filled: the bound, not the pace, held it
+    assert encoder.queued_bytes == 0
+    got, _ = decoded(tmp_path / "levels.mp4")
+    assert len(got) == len(frames)
+    assert all(abs(frame.mean() - 5 * k) < 2.5 for k, frame in enumerate(got))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own niceness")
+def test_ffmpeg_starts_at_a_lower_priority_than_the_run():
+    """The encoder's processes yield the CPU to the run's lanes; the run's threads keep their
+    priority."""
+    ours = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    report = "import os, sys; sys.stderr.write(str(os.getpriority(os.PRIO_PROCESS, 0)))"
+    with tempfile.TemporaryFile() as said:
+        process = start_ffmpeg([sys.executable, "-c", report], said)
+        assert process.wait(timeout=60) == 0
+        said.seek(0)
+        assert int(said.read()) == min(19, ours + ENCODER_NICENESS)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == ours
+
+
+def test_an_ffmpeg_that_fails_fails_its_video_saying_what_it_said(tmp_path):
+    encoder = VideoEncoder()
+    encoder.open("lost", tmp_path / "no-such-dir" / "lost.mp4", fps=10)
+    encoder.frame("lost", np.zeros((16, 16, 3), dtype=np.uint8))
+    encoder.finish("lost")
+    encoder.open("kept", tmp_path / "kept.mp4", fps=10)
+    encoder.frame("kept", np.zeros((16, 16, 3), dtype=np.uint8))
+    encoder.finish("kept")
+    with pytest.raises(
+        VideoError, match=r"lost .*ffmpeg exited with status [1-9]\d*: .*no-such-dir"
+    ):
+        encoder.close()
+    assert [path.name for path in tmp_path.iterdir()] == ["kept.mp4"]
 
 
 def test_odd_sized_frames_are_padded_to_even(tmp_path):
