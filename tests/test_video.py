@@ -492,7 +492,7 @@ def test_a_crash_leaves_no_half_written_video(core, tmp_path):
 
 def test_the_encoder_waits_rather_than_drop_frames(tmp_path):
     """A queue of one frame: every frame still reaches the file, each as it was queued."""
-    encoder = VideoEncoder(queue_bytes=1, batch_frames=1)
+    encoder = VideoEncoder(queue_bytes=1, batch_bytes=1)
     frames = [np.full((16, 24), 6 * k, dtype=np.uint8) for k in range(40)]
     encoder.open("grey", tmp_path / "grey.mp4", fps=10)
     for frame in frames:
@@ -510,14 +510,17 @@ def test_the_encoder_waits_rather_than_drop_frames(tmp_path):
 
 def test_the_frames_queued_stay_within_the_byte_bound(tmp_path):
     """Frames handed over faster than ffmpeg encodes them fill the queue up to its bound in
-    bytes and no further (the driver waits); batches, the last one short, keep their order."""
-    frames = [np.full((48, 64, 3), 5 * k, dtype=np.uint8) for k in range(45)]
-    batch_bytes = 4 * frames[0].nbytes
-    encoder = VideoEncoder(queue_bytes=3 * batch_bytes, batch_frames=4)
+    bytes and no further (the driver waits); batches, the last one short, keep their order,
+    and each frame is copied as it was handed over (the caller draws the next into it)."""
+    levels = [5 * k for k in range(45)]
+    drawn = np.zeros((48, 64, 3), dtype=np.uint8)
+    batch_bytes = 4 * drawn.nbytes
+    encoder = VideoEncoder(queue_bytes=3 * batch_bytes, batch_bytes=batch_bytes)
     encoder.open(0, tmp_path / "levels.mp4", fps=10)
     queued = []
-    for frame in frames:
-        encoder.frame(0, frame)
+    for level in levels:
+        drawn[:] = level
+        encoder.frame(0, drawn)
         queued.append(encoder.queued_bytes)
     encoder.finish(0)
     encoder.close()
@@ -525,8 +528,8 @@ def test_the_frames_queued_stay_within_the_byte_bound(tmp_path):
     assert max(queued) >= 2 * batch_bytes  # it filled: the bound, not the pace, held it
     assert encoder.queued_bytes == 0
     got, _ = decoded(tmp_path / "levels.mp4")
-    assert len(got) == len(frames)
-    assert all(abs(frame.mean() - 5 * k) < 2.5 for k, frame in enumerate(got))
+    assert len(got) == len(levels)
+    assert all(abs(frame.mean() - level) < 2.5 for level, frame in zip(levels, got, strict=True))
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own niceness")

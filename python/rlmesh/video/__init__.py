@@ -10,7 +10,7 @@ results file's directory.
 
 from __future__ import annotations
 
-from .encoder import BATCH_FRAMES, PARTIAL_SUFFIX, QUEUE_BYTES, VideoEncoder, VideoError
+from .encoder import BATCH_BYTES, PARTIAL_SUFFIX, QUEUE_BYTES, VideoEncoder, VideoError
 from .recorder import (
     DEFAULT_FPS,
     WHOLE_OBSERVATION,
@@ -21,7 +21,7 @@ from .recorder import (
 )
 
 __all__ = [
-    "BATCH_FRAMES",
+    "BATCH_BYTES",
     "DEFAULT_FPS",
     "PARTIAL_SUFFIX",
     "QUEUE_BYTES",

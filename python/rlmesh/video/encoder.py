@@ -1,11 +1,12 @@
 """The mp4 encoder of a run: one background thread, fed frames in batches, bounded in bytes.
 
-The driver hands frames over (``frame``) and goes on: a video gathers ``batch_frames`` of
-them before they go to the thread together, so the driver's thread is woken once a batch, not
-once a frame. The thread writes the raw frames to an ``ffmpeg`` process (the binary
-``imageio-ffmpeg`` ships, the ``video`` extra) that encodes them to H.264 on one thread, at a
-lower scheduling priority than the run (on Linux): when the machine has no core to spare, the
-run's own work wins the CPU and the encoder catches up while the run waits at its end.
+The driver hands frames over (``frame``) and goes on: each is copied into its video's batch,
+one array of up to ``batch_bytes``, which goes to the thread once full, so the thread wakes
+(and takes the interpreter's lock) once a batch, not once a frame. The thread writes each
+batch whole to an ``ffmpeg`` process (the binary ``imageio-ffmpeg`` ships, the ``video``
+extra) that encodes it to H.264 on one thread, at a lower scheduling priority than the run (on
+Linux): when the machine has no core to spare, the run's own work wins the CPU and the encoder
+catches up later, at the latest while the run waits for it at its end.
 
 Memory is bounded: the batches handed over and not yet written hold at most ``queue_bytes``
 (plus one batch in progress per open video); when that is full the driver waits for the
@@ -53,8 +54,9 @@ QUEUE_BYTES = 64 * 2**20
 """Bytes of frames handed to the encoder and not yet written before the driver waits for it:
 about 1,100 frames of 120x160 RGB, 90 of 480x640. Enough that a run recording its first
 episodes rarely waits, and the encoder catches up while the run goes on."""
-BATCH_FRAMES = 8
-"""Frames a video gathers before they go to the encoder's thread together."""
+BATCH_BYTES = 2**20
+"""Bytes of frames a video gathers before they go to the encoder's thread together (18
+frames of 120x160 RGB; a frame larger than that goes alone)."""
 ENCODER_NICENESS = 10
 """How much lower than the run's the ffmpeg processes' scheduling priority is (Linux)."""
 PARTIAL_SUFFIX = ".partial.mp4"
@@ -158,26 +160,27 @@ class _Video:
         self.shape: tuple[Any, ...] | None = None
         self.frames = 0
 
-    def write(self, frames: list[np.ndarray]) -> None:
-        for frame in frames:
-            if self.process is None:
-                self.shape = (frame.shape, frame.dtype)
-                self.errors = tempfile.TemporaryFile()  # noqa: SIM115 (closed by finish or discard)
-                command = ffmpeg_command(partial_path(self.path), frame.shape, self.fps)
-                self.process = start_ffmpeg(command, self.errors)
-            elif (frame.shape, frame.dtype) != self.shape:
-                raise ValueError(
-                    f"frame {self.frames} has shape {frame.shape} dtype {frame.dtype}, but the "
-                    f"video's first frame had shape {self.shape[0]} dtype {self.shape[1]}: "
-                    f"every frame of a video must have one size and dtype"
-                )
-            assert self.process.stdin is not None
-            try:
-                self.process.stdin.write(np.ascontiguousarray(frame))
-            except OSError:  # ffmpeg stopped: what it said is the error
-                self._raise_if_failed(self.process.wait())
-                raise
-            self.frames += 1
+    def write(self, frames: np.ndarray) -> None:
+        """Write ``frames`` (``[n, *frame]``, C-contiguous: a batch) in one call."""
+        shape = (frames.shape[1:], frames.dtype)
+        if self.process is None:
+            self.shape = shape
+            self.errors = tempfile.TemporaryFile()  # noqa: SIM115 (closed by finish or discard)
+            command = ffmpeg_command(partial_path(self.path), frames.shape[1:], self.fps)
+            self.process = start_ffmpeg(command, self.errors)
+        elif shape != self.shape:
+            raise ValueError(
+                f"frame {self.frames} has shape {shape[0]} dtype {shape[1]}, but the video's "
+                f"first frame had shape {self.shape[0]} dtype {self.shape[1]}: every frame of "
+                f"a video must have one size and dtype"
+            )
+        assert self.process.stdin is not None
+        try:
+            self.process.stdin.write(frames)
+        except OSError:  # ffmpeg stopped: what it said is the error
+            self._raise_if_failed(self.process.wait())
+            raise
+        self.frames += len(frames)
 
     def finish(self) -> None:
         if self.process is None:
@@ -205,6 +208,21 @@ class _Video:
                 self.errors.close()
         with contextlib.suppress(FileNotFoundError):
             partial_path(self.path).unlink()
+
+
+class _Batch:
+    """Frames of one video gathered on the driver's thread: an array of ``[capacity, *frame]``
+    filled from the front."""
+
+    __slots__ = ("count", "frames")
+
+    def __init__(self, first: np.ndarray, batch_bytes: int) -> None:
+        capacity = max(1, batch_bytes // max(1, first.nbytes))
+        self.frames = np.empty((capacity, *first.shape), first.dtype)
+        self.count = 0
+
+    def takes(self, frame: np.ndarray) -> bool:
+        return frame.shape == self.frames.shape[1:] and frame.dtype == self.frames.dtype
 
 
 class _ByteQueue:
@@ -248,13 +266,14 @@ class VideoEncoder:
     Args:
         queue_bytes: bytes of frames handed over and not yet written at most before
             ``frame`` waits for the encoder (a batch larger than that is still taken, alone).
-        batch_frames: frames a video gathers before they are handed over together.
+        batch_bytes: bytes of frames a video gathers before they are handed over together
+            (at least one frame).
     """
 
-    def __init__(self, queue_bytes: int = QUEUE_BYTES, batch_frames: int = BATCH_FRAMES) -> None:
+    def __init__(self, queue_bytes: int = QUEUE_BYTES, batch_bytes: int = BATCH_BYTES) -> None:
         self._queue = _ByteQueue(queue_bytes)
-        self._batch_frames = batch_frames
-        self._batches: dict[Any, list[np.ndarray]] = {}  # the driver's: frames not yet sent
+        self._batch_bytes = batch_bytes
+        self._batches: dict[Any, _Batch | None] = {}  # the driver's: frames not yet sent
         self._videos: dict[Any, _Video] = {}  # the thread's own
         self._failures: dict[Any, str] = {}  # key -> what went wrong, first failure only
         self._paths: dict[Any, Path] = {}
@@ -267,15 +286,22 @@ class VideoEncoder:
         """Start the video ``key``, to be written to ``path`` (an ``.mp4``) at ``fps``."""
         path = Path(path)
         self._paths[key] = path
-        self._batches[key] = []
+        self._batches[key] = None
         self._put(("open", key, path, float(fps)))
 
     def frame(self, key: Any, frame: np.ndarray) -> None:
-        """Queue one frame (``[H, W, 3]`` or ``[H, W]`` uint8) of the video ``key``; waits
-        while the queue is full. The caller hands the array over: it must not change it."""
+        """Queue a copy of one frame (``[H, W, 3]`` or ``[H, W]`` uint8) of the video ``key``;
+        waits while the queue is full. The caller may change or reuse ``frame`` afterwards."""
+        frame = np.asarray(frame)
         batch = self._batches[key]
-        batch.append(frame)
-        if len(batch) >= self._batch_frames:
+        if batch is not None and not batch.takes(frame):
+            self._send(key)  # the thread fails the video: its frames change size
+            batch = None
+        if batch is None:
+            batch = self._batches[key] = _Batch(frame, self._batch_bytes)
+        batch.frames[batch.count] = frame
+        batch.count += 1
+        if batch.count == len(batch.frames):
             self._send(key)
 
     def finish(self, key: Any) -> None:
@@ -322,9 +348,10 @@ class VideoEncoder:
 
     def _send(self, key: Any) -> None:
         batch = self._batches[key]
-        if batch:
-            self._batches[key] = []
-            self._put(("frames", key, batch), sum(frame.nbytes for frame in batch))
+        if batch is not None:
+            self._batches[key] = None
+            frames = batch.frames[: batch.count]
+            self._put(("frames", key, frames), frames.nbytes)
 
     def _put(self, item: tuple[Any, ...] | None, size: int = 0) -> None:
         self._queue.put(item, size, self._thread.is_alive)

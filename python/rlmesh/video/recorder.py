@@ -204,14 +204,13 @@ class VideoRecorder:
             self._paths[index] = path
             self._links[index] = self._link(path)
             self._encoder.open(index, path, fps=self.fps)
-            self._encoder.frame(index, np.array(frame, copy=True))
+            self._encoder.frame(index, frame)  # copied: the env may draw into it again
             self._recording[lane] = index
             self.lanes.record(lane)
 
     def stepped(self, lane: int, observation: Any) -> None:
         """Lane ``lane``, which runs a recorded episode, stepped to ``observation``."""
-        frame = np.array(self._take(lane, observation), copy=True)
-        self._encoder.frame(self._recording[lane], frame)
+        self._encoder.frame(self._recording[lane], self._take(lane, observation))
 
     def finished(self, lanes: np.ndarray) -> None:
         """The episodes on ``lanes`` ended: those recorded complete their videos."""
