@@ -490,6 +490,48 @@ def test_a_crash_leaves_no_half_written_video(core, tmp_path):
         ) == (episode.steps + 1)
 
 
+def make_failing(render_mode=None):
+    """Lanes whose episode seeded 22 fails at its third step, on every attempt."""
+    return FailingEnv(render_mode, fail_seed=22)
+
+
+@pytest.mark.parametrize(
+    ("on_error", "workers", "pipeline", "record_video"),
+    [
+        ("record", 1, False, 2),
+        ("record", 1, False, 4),
+        ("retry", 1, False, 2),
+        ("retry", 1, False, 4),
+        ("retry", 2, False, 4),
+        ("record", 2, True, 4),
+    ],
+)
+def test_an_isolated_failure_of_a_recorded_episode_leaves_no_video_and_changes_no_result(
+    core, tmp_path, on_error, workers, pipeline, record_video
+):
+    """The env fails in recorded episode 1 (every attempt): its videos are dropped with each
+    attempt, the rebuilt lane's steps are the new env's (whether or not its next episode is
+    recorded), and every other recorded episode's video is its own, whole."""
+    seeds = [21, 22, 23, 24, 25, 26]
+    kwargs = {"seeds": seeds, "num_envs": 2 * workers, "workers": workers, "pipeline": pipeline}
+    kwargs["core"] = core
+    kwargs |= {"on_error": on_error} | ({"max_retries": 1} if on_error == "retry" else {})
+    plain = rlmesh.run(policy, make_failing, **kwargs)
+    assert plain.failed_indices == [1]
+    recorded = rlmesh.run(
+        policy, make_failing, record_video=record_video, video_dir=tmp_path, **kwargs
+    )
+    assert scored(recorded) == scored(plain)
+    assert recorded.episodes[1].video is None
+    whole = [k for k in range(record_video) if k != 1]
+    names = sorted(path.name for path in tmp_path.iterdir())
+    assert names == sorted(video_name("FailingEnv", k, seeds[k]) for k in whole)
+    for k in whole:
+        episode = recorded.episodes[k]
+        frames, _ = decoded(tmp_path / video_name("FailingEnv", k, seeds[k]))
+        assert len(frames) == episode.steps + 1
+
+
 def test_the_encoder_waits_rather_than_drop_frames(tmp_path):
     """A queue of one frame: every frame still reaches the file, each as it was queued."""
     encoder = VideoEncoder(queue_bytes=1, batch_bytes=1)

@@ -890,6 +890,7 @@ class EvaluationRun:
         summaries, episode_ids, model_ends = self.runner.abandon(
             lanes, outcomes, now_ns=time.perf_counter_ns()
         )
+        self.videos.abandoned(lanes)
         await self._guard(
             "episode_end",
             self.handler.end_episodes,

@@ -33,6 +33,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 
+from ..errors import LaneFailures
 from ..lanes.base import EnvStep, Lanes, RenderingLanes, StepBatch
 from ..results import EpisodeResult
 from ..settings import VideoSettings
@@ -95,6 +96,9 @@ class NoVideos:
         pass
 
     def finished(self, lanes: np.ndarray) -> None:
+        pass
+
+    def abandoned(self, lanes: np.ndarray) -> None:
         pass
 
     def linked(self, episode: EpisodeResult) -> EpisodeResult:
@@ -222,6 +226,16 @@ class VideoRecorder:
                 self.lanes.unrecord(lane)
                 self._encoder.finish(index)
 
+    def abandoned(self, lanes: np.ndarray) -> None:
+        """The episodes on ``lanes`` were abandoned (their env failed, ``on_error``): their
+        videos are dropped and never linked; an index run again is recorded afresh."""
+        for lane in lanes.tolist():
+            index = self._recording.pop(lane, None)
+            if index is not None:
+                self.lanes.unrecord(lane)
+                self._encoder.discard(index)
+                del self._links[index]
+
     def linked(self, episode: EpisodeResult) -> EpisodeResult:
         """``episode`` with its video's link, if it was recorded."""
         link = self._links.get(episode.index)
@@ -275,6 +289,7 @@ class RecordingLanes:
         self.lockstep = lanes.lockstep
         self.resets_itself = lanes.resets_itself
         self.spec = lanes.spec
+        self.rebuild = None if lanes.rebuild is None else self._rebuild
         self._env_steps = lanes.env_steps
         # The fast path's steps: the env's own, but for lanes running a recorded episode.
         self.env_steps: list[EnvStep] | None = (
@@ -304,17 +319,34 @@ class RecordingLanes:
         if self.env_steps is not None:
             self.env_steps[lane] = self._env_steps[lane]
 
+    def _rebuild(self, lanes: np.ndarray) -> None:
+        """The wrapped lanes' ``rebuild``; the fast path then steps the rebuilt lanes' new envs
+        (the abandoned episodes' lanes are no longer recorded)."""
+        self._lanes.rebuild(lanes)
+        if self.env_steps is not None:
+            for lane in np.asarray(lanes).tolist():
+                self.env_steps[lane] = self._env_steps[lane]
+
     def reset(
         self, lanes: np.ndarray, seeds: Sequence[int | None], trials: Sequence[int | None]
     ) -> tuple[list[Any], list[dict[str, Any]]]:
         return self._lanes.reset(lanes, seeds, trials)
 
     def step(self, lanes: np.ndarray, actions: Any) -> StepBatch:
-        return self._take_frames(lanes, self._lanes.step(lanes, actions))
+        try:
+            batch = self._lanes.step(lanes, actions)
+        except LaneFailures as failures:  # the lanes that stepped still take their frames
+            self._take_frames(failures.outcome.stepped, failures.outcome)
+            raise
+        return self._take_frames(lanes, batch)
 
     def receive_step(self) -> StepBatch:
         """A pipelined step's outcome (``PipelinedLanes``), its recorded lanes' frames taken."""
-        batch = self._lanes.receive_step()
+        try:
+            batch = self._lanes.receive_step()
+        except LaneFailures as failures:
+            self._take_frames(failures.outcome.stepped, failures.outcome)
+            raise
         return self._take_frames(batch.stepped, batch)
 
     def _take_frames(self, lanes: np.ndarray, batch: StepBatch) -> StepBatch:
