@@ -12,8 +12,10 @@ The recorder plugs into the ``Lanes`` seam: ``RecordingLanes`` wraps the run's l
 a lane that runs a recorded episode takes a frame after its steps. On the core's fast path
 that lane's ``env_steps`` entry is swapped for one that steps and then takes the frame, and
 put back when the episode ends, so the other lanes' steps are the env's own, untouched. The
-driver tells the recorder of episode starts and ends; recording never changes what the envs
-or the model see, so every result is the same with or without it.
+driver tells the recorder of episode starts and ends, and of episodes abandoned because their
+env failed (``on_error``: their videos are dropped, and an index run again is recorded
+afresh); recording never changes what the envs or the model see, so every result is the same
+with or without it.
 
 A ``VectorEnv`` with SAME_STEP autoreset restarts a lane inside the step that ended its
 episode, so ``render()`` after that step already draws the next episode: the last frame of
@@ -289,7 +291,7 @@ class RecordingLanes:
         self.lockstep = lanes.lockstep
         self.resets_itself = lanes.resets_itself
         self.spec = lanes.spec
-        self.rebuild = None if lanes.rebuild is None else self._rebuild
+        self.rebuild = None if getattr(lanes, "rebuild", None) is None else self._rebuild
         self._env_steps = lanes.env_steps
         # The fast path's steps: the env's own, but for lanes running a recorded episode.
         self.env_steps: list[EnvStep] | None = (
