@@ -353,6 +353,48 @@ def test_suite_tasks_name_their_files_by_prefix(tmp_path):
     assert all(name.startswith("pick_up_the_cube_ep0000") for name in names)
 
 
+def test_a_suite_records_the_first_k_indices_of_each_task_named_by_task(core, tmp_path):
+    """Each task's first K indices are recorded, named by the task, index and seed, and
+    linked from the suite's file; the suite's episodes are the same without recording."""
+    if "RlmeshVideoSuite-v0" not in gym.registry:
+        gym.register("RlmeshVideoSuite-v0", entry_point="test_video:RenderedEnv")
+    tasks = [
+        rlmesh.Task("near", "RlmeshVideoSuite-v0", episodes=4, seed=1),
+        # env_kwargs: the task's env is a factory of gymnasium.make, given render_mode too.
+        rlmesh.Task("far", "RlmeshVideoSuite-v0", env_kwargs={"resize_at": 99}, episodes=3),
+    ]
+    plain = rlmesh.run_suite(policy, tasks, num_envs=2, core=core)
+    out = tmp_path / "suite.jsonl"
+    recorded = rlmesh.run_suite(
+        policy, tasks, num_envs=2, core=core, record_video=2, results_path=out
+    )
+    directory = tmp_path / "suite_videos"
+    expected = []
+    for task in tasks:
+        assert scored(recorded[task.name]) == scored(plain[task.name])
+        for episode in recorded[task.name].episodes:
+            if episode.index >= 2:
+                assert episode.video is None
+                continue
+            name = video_name(task.name, episode.index, episode.seed)
+            expected.append(name)
+            assert episode.video == f"suite_videos/{name}"
+            assert len(decoded(directory / name)[0]) == episode.steps + 1
+    assert sorted(path.name for path in directory.iterdir()) == sorted(expected)
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    linked = sorted(r["video"] for r in records if r.get("video"))
+    assert linked == sorted(f"suite_videos/{name}" for name in expected)
+
+    # The command line: rlmesh eval --suite with --record-video.
+    (tmp_path / "s.toml").write_text(
+        '[[task]]\nname = "near"\nenv = "RlmeshVideoSuite-v0"\nepisodes = 3\n'
+    )
+    argv = ["eval", "random", "--suite", str(tmp_path / "s.toml"), "--record-video", "1"]
+    assert main([*argv, "--out", str(tmp_path / "s.jsonl"), "--no-progress"]) == 0
+    (video,) = (tmp_path / "s_videos").iterdir()
+    assert video.name.startswith("near_ep00000_seed")
+
+
 # ---------------------------------------------------------------------------- bad input
 
 
