@@ -630,6 +630,19 @@ def test_ffmpeg_starts_at_a_lower_priority_than_the_run():
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == ours
 
 
+def test_frames_that_are_not_images_fail_their_video_only(tmp_path):
+    encoder = VideoEncoder()
+    encoder.open("floats", tmp_path / "floats.mp4", fps=10)
+    encoder.frame("floats", np.zeros((16, 16, 3), dtype=np.float32))
+    encoder.finish("floats")
+    encoder.open("grey", tmp_path / "grey.mp4", fps=10)
+    encoder.frame("grey", np.zeros((16, 16), dtype=np.uint8))
+    encoder.finish("grey")
+    with pytest.raises(VideoError, match=r"floats .*dtype float32: a video's frames are"):
+        encoder.close()
+    assert [path.name for path in tmp_path.iterdir()] == ["grey.mp4"]
+
+
 def test_an_ffmpeg_that_fails_fails_its_video_saying_what_it_said(tmp_path):
     encoder = VideoEncoder()
     encoder.open("lost", tmp_path / "no-such-dir" / "lost.mp4", fps=10)

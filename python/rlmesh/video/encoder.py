@@ -164,6 +164,14 @@ class _Video:
         """Write ``frames`` (``[n, *frame]``, C-contiguous: a batch) in one call."""
         shape = (frames.shape[1:], frames.dtype)
         if self.process is None:
+            frame = frames.shape[1:]
+            if frames.dtype != np.uint8 or not (
+                len(frame) == 2 or (len(frame) == 3 and frame[2] == 3)
+            ):
+                raise ValueError(
+                    f"the first frame has shape {frame} dtype {frames.dtype}: a video's frames "
+                    f"are [H, W, 3] or [H, W] uint8 arrays"
+                )
             self.shape = shape
             self.errors = tempfile.TemporaryFile()  # noqa: SIM115 (closed by finish or discard)
             command = ffmpeg_command(partial_path(self.path), frames.shape[1:], self.fps)
@@ -226,8 +234,8 @@ class _Batch:
 
 
 class _ByteQueue:
-    """A FIFO between one producer and one consumer that holds at most ``limit`` bytes of
-    items taken and not yet ``done`` (one item more than that when it is empty)."""
+    """A FIFO between one producer and one consumer: at most ``limit`` bytes of items put and
+    not yet ``done`` (one item of any size when there are none)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
