@@ -115,6 +115,20 @@ class FailingEnv(RenderedEnv):
         return super().step(action)
 
 
+class ResetFailingEnv(RenderedEnv):
+    """Raises in the reset seeded 22; cannot render before a reset has succeeded."""
+
+    def reset(self, *, seed=None, options=None):
+        if seed == 22:
+            raise RuntimeError("the scene would not load")
+        return super().reset(seed=seed, options=options)
+
+    def render(self):
+        if not hasattr(self, "t"):
+            raise RuntimeError("render() before any reset")
+        return super().render()
+
+
 class ResizingEnv(RenderedEnv):
     """Draws a taller frame from step 3 of the episode seeded 12."""
 
@@ -572,6 +586,30 @@ def test_an_isolated_failure_of_a_recorded_episode_leaves_no_video_and_changes_n
         episode = recorded.episodes[k]
         frames, _ = decoded(tmp_path / video_name("FailingEnv", k, seeds[k]))
         assert len(frames) == episode.steps + 1
+
+
+def make_reset_failing(render_mode=None):
+    return ResetFailingEnv(render_mode)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_recorded_episode_whose_reset_fails_opens_no_video(core, tmp_path, workers):
+    """Episode 1's reset fails (on_error="record"): no frame is asked of its lane's failed
+    env, it has no video, and the other recorded episodes' videos are whole."""
+    seeds = [21, 22, 23, 24]
+    kwargs = {"seeds": seeds, "num_envs": 2 * workers, "workers": workers, "core": core}
+    plain = rlmesh.run(policy, make_reset_failing, on_error="record", **kwargs)
+    assert plain.failed_indices == [1]
+    recorded = rlmesh.run(
+        policy, make_reset_failing, on_error="record", record_video=3, video_dir=tmp_path, **kwargs
+    )
+    assert scored(recorded) == scored(plain)
+    assert [e.video is not None for e in recorded.episodes] == [True, False, True, False]
+    names = sorted(path.name for path in tmp_path.iterdir())
+    assert names == [video_name("ResetFailingEnv", k, seeds[k]) for k in (0, 2)]
+    for k in (0, 2):
+        frames, _ = decoded(tmp_path / names[k // 2])
+        assert len(frames) == recorded.episodes[k].steps + 1
 
 
 def test_the_encoder_waits_rather_than_drop_frames(tmp_path):

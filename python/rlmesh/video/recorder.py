@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -94,7 +94,13 @@ class NoVideos:
     def __init__(self, lanes: Lanes) -> None:
         self.lanes = lanes
 
-    def started(self, lanes: np.ndarray, indices: Sequence[int], seeds: Sequence[Any]) -> None:
+    def started(
+        self,
+        lanes: np.ndarray,
+        indices: Sequence[int],
+        seeds: Sequence[Any],
+        failed: Collection[int] = (),
+    ) -> None:
         pass
 
     def finished(self, lanes: np.ndarray) -> None:
@@ -189,10 +195,20 @@ class VideoRecorder:
 
     # ---------------------------------------------------------------- the driver's calls
 
-    def started(self, lanes: np.ndarray, indices: np.ndarray, seeds: Sequence[int | None]) -> None:
+    def started(
+        self,
+        lanes: np.ndarray,
+        indices: np.ndarray,
+        seeds: Sequence[int | None],
+        failed: Collection[int] = (),
+    ) -> None:
         """Episodes ``indices`` started on ``lanes`` (their first observations are the
-        runner's): those to record open their videos with their first frame."""
-        recorded = np.flatnonzero(indices < self.settings.episodes)
+        runner's): those to record open their videos with their first frame, but on the
+        ``failed`` lanes, whose reset failed (``on_error``: they are abandoned next)."""
+        wanted = indices < self.settings.episodes
+        if failed:
+            wanted &= ~np.isin(lanes, list(failed))
+        recorded = np.flatnonzero(wanted)
         if not len(recorded):
             return
         lane_list = lanes[recorded]
