@@ -454,6 +454,20 @@ def test_the_env_tags_reach_the_workers():
     assert comparable(clustered) == comparable(rlmesh.run(RoleModel(), UntaggedLibero, **options))
 
 
+def test_a_cluster_run_s_header_records_the_provenance_a_local_run_does(tmp_path):
+    from rlmesh.provenance import PROVENANCE_KEY
+
+    options = {"episodes": 4, "seed": 2, "max_episode_steps": 30}
+    records = {}
+    for name, placement in (("local", {}), ("ray", {"cluster": "ray", "workers": 2})):
+        path = tmp_path / f"{name}.jsonl"
+        rlmesh.run(workers.balance, "CartPole-v1", results_path=path, **options, **placement)
+        records[name] = read_results(path)[0][PROVENANCE_KEY]
+    assert records["ray"] == records["local"]
+    assert records["ray"]["policy"] == "envs_for_cluster:balance"
+    assert records["ray"]["env_package"]["name"] == "gymnasium"
+
+
 def test_a_cluster_run_records_the_same_videos_as_a_local_run(tmp_path):
     from helpers import comparable
     from test_video import FRAME, check_videos, make_rendered, policy

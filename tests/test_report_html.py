@@ -292,3 +292,54 @@ def test_a_real_suites_report_gives_its_overall_row_as_rlmesh_report_does(tmp_pa
         f"<td>{overall['mean_reward']:.3f} [{low:.3f}, {high:.3f}]</td><td></td></tr>"
     )
     assert row in text
+
+
+def table_rows(text: str, css: str) -> list[list[str]]:
+    """The cells of each body row of the page's ``<table class="css">``."""
+    table = re.search(rf'<table class="{css}">(.*?)</table>', text, re.S)
+    assert table is not None, css
+    rows = re.findall(r"<tr>((?:<td>.*?</td>)+)</tr>", table.group(1))
+    return [re.findall(r"<td>(.*?)</td>", row) for row in rows]
+
+
+def test_each_task_s_success_interval_is_wilson_s_as_scipy_computes_it(tmp_path):
+    from scipy.stats import binomtest
+
+    tasks = [
+        rlmesh.Task("short", "CartPole-v1", episodes=9, seed=5, max_episode_steps=60),
+        rlmesh.Task("long", "CartPole-v1", episodes=7, seed=6),
+    ]
+    path = tmp_path / "suite.jsonl"
+    # Pushing by the pole's angle alone balances it for 25 to 70 steps: some episodes clear
+    # the bar of 40, not all, so the intervals are neither end's.
+    rlmesh.run_suite(lambda obs: int(obs[2] > 0), tasks, results_path=path, success=40)
+    text = write_html(path, tmp_path / "report.html").read_text(encoding="utf-8")
+    rows = {row[0]: row for row in table_rows(text, "tasks")}
+    records = [json.loads(line) for line in path.read_text().splitlines()[1:]]
+    for task in tasks:
+        verdicts = [r["success"] for r in records if r.get("task") == task.name and "index" in r]
+        assert len(verdicts) == task.episodes
+        k, n = sum(verdicts), len(verdicts)
+        interval = binomtest(k, n).proportion_ci(0.95, method="wilson")
+        expected = f"{k / n:.1%} [{interval.low:.1%}, {interval.high:.1%}]"
+        assert 0 < k < n and rows[task.name][3] == expected, task.name
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_the_latency_table_is_the_run_s_telemetry(core, tmp_path):
+    path = tmp_path / "r.jsonl"
+    result = rlmesh.run(
+        cartpole_policy, "CartPole-v1", episodes=4, num_envs=2, core=core, results_path=path
+    )
+    text = write_html(path, tmp_path / "report.html").read_text(encoding="utf-8")
+    latency = [row for row in result.telemetry if row.metric == "latency"]
+    assert {row.op for row in latency} >= {"model.predict", "env.step", "env.reset"}
+    assert table_rows(text, "latency") == [
+        [row.op, str(row.count)]
+        + [f"{getattr(row, q):.3f}" for q in ("avg", "p50", "p95", "p99", "max")]
+        for row in latency
+    ]
+    rates = {row.metric: row for row in result.telemetry if row.metric != "latency"}
+    throughput = {row[0]: row for row in table_rows(text, "throughput")}
+    for metric, row in rates.items():
+        assert throughput[f"driver {metric}"][1:] == [str(row.count), f"{row.avg:,.0f} /s"]

@@ -10,6 +10,10 @@ from __future__ import annotations
 import doctest
 import importlib
 import json
+import os
+import sys
+import tempfile
+import threading
 
 import gymnasium as gym
 import imageio.v2 as imageio
@@ -23,6 +27,7 @@ from rlmesh.errors import EnvError
 from rlmesh.lanes import LaneVector
 from rlmesh.results import read_columns, read_run
 from rlmesh.video import DEFAULT_FPS, PARTIAL_SUFFIX, VideoEncoder, VideoError, video_name
+from rlmesh.video.encoder import ENCODER_NICENESS, start_ffmpeg
 
 
 @pytest.fixture(params=CORES)
@@ -108,6 +113,20 @@ class FailingEnv(RenderedEnv):
         if self.seed_now == self.fail_seed and self.t + 1 == self.fail_at:
             raise RuntimeError("the simulator crashed")
         return super().step(action)
+
+
+class ResetFailingEnv(RenderedEnv):
+    """Raises in the reset seeded 22; cannot render before a reset has succeeded."""
+
+    def reset(self, *, seed=None, options=None):
+        if seed == 22:
+            raise RuntimeError("the scene would not load")
+        return super().reset(seed=seed, options=options)
+
+    def render(self):
+        if not hasattr(self, "t"):
+            raise RuntimeError("render() before any reset")
+        return super().render()
 
 
 class ResizingEnv(RenderedEnv):
@@ -348,6 +367,48 @@ def test_suite_tasks_name_their_files_by_prefix(tmp_path):
     assert all(name.startswith("pick_up_the_cube_ep0000") for name in names)
 
 
+def test_a_suite_records_the_first_k_indices_of_each_task_named_by_task(core, tmp_path):
+    """Each task's first K indices are recorded, named by the task, index and seed, and
+    linked from the suite's file; the suite's episodes are the same without recording."""
+    if "RlmeshVideoSuite-v0" not in gym.registry:
+        gym.register("RlmeshVideoSuite-v0", entry_point="test_video:RenderedEnv")
+    tasks = [
+        rlmesh.Task("near", "RlmeshVideoSuite-v0", episodes=4, seed=1),
+        # env_kwargs: the task's env is a factory of gymnasium.make, given render_mode too.
+        rlmesh.Task("far", "RlmeshVideoSuite-v0", env_kwargs={"resize_at": 99}, episodes=3),
+    ]
+    plain = rlmesh.run_suite(policy, tasks, num_envs=2, core=core)
+    out = tmp_path / "suite.jsonl"
+    recorded = rlmesh.run_suite(
+        policy, tasks, num_envs=2, core=core, record_video=2, results_path=out
+    )
+    directory = tmp_path / "suite_videos"
+    expected = []
+    for task in tasks:
+        assert scored(recorded[task.name]) == scored(plain[task.name])
+        for episode in recorded[task.name].episodes:
+            if episode.index >= 2:
+                assert episode.video is None
+                continue
+            name = video_name(task.name, episode.index, episode.seed)
+            expected.append(name)
+            assert episode.video == f"suite_videos/{name}"
+            assert len(decoded(directory / name)[0]) == episode.steps + 1
+    assert sorted(path.name for path in directory.iterdir()) == sorted(expected)
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    linked = sorted(r["video"] for r in records if r.get("video"))
+    assert linked == sorted(f"suite_videos/{name}" for name in expected)
+
+    # The command line: rlmesh eval --suite with --record-video.
+    (tmp_path / "s.toml").write_text(
+        '[[task]]\nname = "near"\nenv = "RlmeshVideoSuite-v0"\nepisodes = 3\n'
+    )
+    argv = ["eval", "random", "--suite", str(tmp_path / "s.toml"), "--record-video", "1"]
+    assert main([*argv, "--out", str(tmp_path / "s.jsonl"), "--no-progress"]) == 0
+    (video,) = (tmp_path / "s_videos").iterdir()
+    assert video.name.startswith("near_ep00000_seed")
+
+
 # ---------------------------------------------------------------------------- bad input
 
 
@@ -485,9 +546,75 @@ def test_a_crash_leaves_no_half_written_video(core, tmp_path):
         ) == (episode.steps + 1)
 
 
+def make_failing(render_mode=None):
+    """Lanes whose episode seeded 22 fails at its third step, on every attempt."""
+    return FailingEnv(render_mode, fail_seed=22)
+
+
+@pytest.mark.parametrize(
+    ("on_error", "workers", "pipeline", "record_video"),
+    [
+        ("record", 1, False, 2),
+        ("record", 1, False, 4),
+        ("retry", 1, False, 2),
+        ("retry", 1, False, 4),
+        ("retry", 2, False, 4),
+        ("record", 2, True, 4),
+    ],
+)
+def test_an_isolated_failure_of_a_recorded_episode_leaves_no_video_and_changes_no_result(
+    core, tmp_path, on_error, workers, pipeline, record_video
+):
+    """The env fails in recorded episode 1 (every attempt): its videos are dropped with each
+    attempt, the rebuilt lane's steps are the new env's (whether or not its next episode is
+    recorded), and every other recorded episode's video is its own, whole."""
+    seeds = [21, 22, 23, 24, 25, 26]
+    kwargs = {"seeds": seeds, "num_envs": 2 * workers, "workers": workers, "pipeline": pipeline}
+    kwargs["core"] = core
+    kwargs |= {"on_error": on_error} | ({"max_retries": 1} if on_error == "retry" else {})
+    plain = rlmesh.run(policy, make_failing, **kwargs)
+    assert plain.failed_indices == [1]
+    recorded = rlmesh.run(
+        policy, make_failing, record_video=record_video, video_dir=tmp_path, **kwargs
+    )
+    assert scored(recorded) == scored(plain)
+    assert recorded.episodes[1].video is None
+    whole = [k for k in range(record_video) if k != 1]
+    names = sorted(path.name for path in tmp_path.iterdir())
+    assert names == sorted(video_name("FailingEnv", k, seeds[k]) for k in whole)
+    for k in whole:
+        episode = recorded.episodes[k]
+        frames, _ = decoded(tmp_path / video_name("FailingEnv", k, seeds[k]))
+        assert len(frames) == episode.steps + 1
+
+
+def make_reset_failing(render_mode=None):
+    return ResetFailingEnv(render_mode)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_recorded_episode_whose_reset_fails_opens_no_video(core, tmp_path, workers):
+    """Episode 1's reset fails (on_error="record"): no frame is asked of its lane's failed
+    env, it has no video, and the other recorded episodes' videos are whole."""
+    seeds = [21, 22, 23, 24]
+    kwargs = {"seeds": seeds, "num_envs": 2 * workers, "workers": workers, "core": core}
+    plain = rlmesh.run(policy, make_reset_failing, on_error="record", **kwargs)
+    assert plain.failed_indices == [1]
+    recorded = rlmesh.run(
+        policy, make_reset_failing, on_error="record", record_video=3, video_dir=tmp_path, **kwargs
+    )
+    assert scored(recorded) == scored(plain)
+    assert [e.video is not None for e in recorded.episodes] == [True, False, True, False]
+    names = sorted(path.name for path in tmp_path.iterdir())
+    assert names == [video_name("ResetFailingEnv", k, seeds[k]) for k in (0, 2)]
+    for k in (0, 2):
+        frames, _ = decoded(tmp_path / names[k // 2])
+        assert len(frames) == recorded.episodes[k].steps + 1
+
+
 def test_the_encoder_waits_rather_than_drop_frames(tmp_path):
     """A queue of one frame: every frame still reaches the file, each as it was queued."""
-    encoder = VideoEncoder(queue_frames=1)
+    encoder = VideoEncoder(queue_bytes=1, batch_bytes=1)
     frames = [np.full((16, 24), 6 * k, dtype=np.uint8) for k in range(40)]
     encoder.open("grey", tmp_path / "grey.mp4", fps=10)
     for frame in frames:
@@ -501,6 +628,72 @@ def test_the_encoder_waits_rather_than_drop_frames(tmp_path):
     # Each frame's grey level is its own (mp4 is lossy: within a level or two).
     assert all(abs(frame.mean() - 6 * k) < 2.5 for k, frame in enumerate(got))
     assert sorted(path.name for path in tmp_path.iterdir()) == ["grey.mp4"]
+
+
+def test_the_frames_queued_stay_within_the_byte_bound(tmp_path):
+    """Frames handed over faster than ffmpeg encodes them fill the queue up to its bound in
+    bytes and no further (the driver waits); batches, the last one short, keep their order,
+    and each frame is copied as it was handed over (the caller draws the next into it)."""
+    levels = [5 * k for k in range(45)]
+    drawn = np.zeros((48, 64, 3), dtype=np.uint8)
+    batch_bytes = 4 * drawn.nbytes
+    encoder = VideoEncoder(queue_bytes=3 * batch_bytes, batch_bytes=batch_bytes)
+    encoder.open(0, tmp_path / "levels.mp4", fps=10)
+    queued = []
+    for level in levels:
+        drawn[:] = level
+        encoder.frame(0, drawn)
+        queued.append(encoder.queued_bytes)
+    encoder.finish(0)
+    encoder.close()
+    assert max(queued) <= 3 * batch_bytes
+    assert max(queued) >= 2 * batch_bytes  # it filled: the bound, not the pace, held it
+    assert encoder.queued_bytes == 0
+    got, _ = decoded(tmp_path / "levels.mp4")
+    assert len(got) == len(levels)
+    assert all(abs(frame.mean() - level) < 2.5 for level, frame in zip(levels, got, strict=True))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own niceness")
+def test_ffmpeg_starts_at_a_lower_priority_than_the_run():
+    """The encoder's processes yield the CPU to the run's lanes; the run's threads keep their
+    priority."""
+    ours = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    report = "import os, sys; sys.stderr.write(str(os.getpriority(os.PRIO_PROCESS, 0)))"
+    with tempfile.TemporaryFile() as said:
+        process = start_ffmpeg([sys.executable, "-c", report], said)
+        assert process.wait(timeout=60) == 0
+        said.seek(0)
+        assert int(said.read()) == min(19, ours + ENCODER_NICENESS)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == ours
+
+
+def test_frames_that_are_not_images_fail_their_video_only(tmp_path):
+    encoder = VideoEncoder()
+    encoder.open("floats", tmp_path / "floats.mp4", fps=10)
+    encoder.frame("floats", np.zeros((16, 16, 3), dtype=np.float32))
+    encoder.finish("floats")
+    encoder.open("grey", tmp_path / "grey.mp4", fps=10)
+    encoder.frame("grey", np.zeros((16, 16), dtype=np.uint8))
+    encoder.finish("grey")
+    with pytest.raises(VideoError, match=r"floats .*dtype float32: a video's frames are"):
+        encoder.close()
+    assert [path.name for path in tmp_path.iterdir()] == ["grey.mp4"]
+
+
+def test_an_ffmpeg_that_fails_fails_its_video_saying_what_it_said(tmp_path):
+    encoder = VideoEncoder()
+    encoder.open("lost", tmp_path / "no-such-dir" / "lost.mp4", fps=10)
+    encoder.frame("lost", np.zeros((16, 16, 3), dtype=np.uint8))
+    encoder.finish("lost")
+    encoder.open("kept", tmp_path / "kept.mp4", fps=10)
+    encoder.frame("kept", np.zeros((16, 16, 3), dtype=np.uint8))
+    encoder.finish("kept")
+    with pytest.raises(
+        VideoError, match=r"lost .*ffmpeg exited with status [1-9]\d*: .*no-such-dir"
+    ):
+        encoder.close()
+    assert [path.name for path in tmp_path.iterdir()] == ["kept.mp4"]
 
 
 def test_odd_sized_frames_are_padded_to_even(tmp_path):

@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -865,7 +865,7 @@ class EvaluationRun:
                     errors = failures.errors
                 self.telemetry.record("env.reset", time.perf_counter_ns() - reset_start)
                 self.runner.set_observations(reset, observations)
-            await self._announce(starts)
+            await self._announce(starts, failed=errors)
             lanes_to_start = await self._abandon(errors)
 
     async def _abandon(self, errors: dict[int, str]) -> np.ndarray:
@@ -890,6 +890,7 @@ class EvaluationRun:
         summaries, episode_ids, model_ends = self.runner.abandon(
             lanes, outcomes, now_ns=time.perf_counter_ns()
         )
+        self.videos.abandoned(lanes)
         await self._guard(
             "episode_end",
             self.handler.end_episodes,
@@ -917,9 +918,10 @@ class EvaluationRun:
         elif len(ended):
             await self._start(ended)
 
-    async def _announce(self, starts: Any) -> None:
-        """Tell the model handler of every new episode, and the hooks of the scored ones."""
-        self.videos.started(starts.lanes, starts.indices, starts.seeds)
+    async def _announce(self, starts: Any, failed: Collection[int] = ()) -> None:
+        """Tell the model handler of every new episode, and the hooks of the scored ones; the
+        recorder of those but on the ``failed`` lanes, whose reset failed."""
+        self.videos.started(starts.lanes, starts.indices, starts.seeds, failed)
         surplus = len(starts.surplus_lanes)
         self.handler.start_episodes(
             [*starts.episode_ids.tolist(), *starts.surplus_episode_ids.tolist()],

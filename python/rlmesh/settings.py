@@ -96,7 +96,8 @@ def check_video_settings(
     """The video arguments checked: None when nothing is recorded; ValueError otherwise, and
     ImportError naming the ``video`` extra when imageio or imageio-ffmpeg is missing.
 
-    ``video_dir`` defaults to ``<results stem>_videos/`` beside the results file.
+    ``video_dir`` defaults to ``<results stem>_videos/`` beside the results file (a suite's
+    file, for its tasks).
 
     Example:
         >>> check_video_settings(record_video=2, video_dir=None, video_key=None,
@@ -122,6 +123,8 @@ def check_video_settings(
     for name, value in (("video_key", video_key), ("video_prefix", video_prefix)):
         if value is not None and (not isinstance(value, str) or not value):
             raise ValueError(f"{name} must be a non-empty str or None, got {value!r}")
+    # A suite's task runs into its part of the suite's file (results.TaskResults): its path.
+    results_path = getattr(results_path, "path", results_path)
     links_from = None if results_path is None else Path(results_path).parent
     if video_dir is not None:
         directory = Path(video_dir)

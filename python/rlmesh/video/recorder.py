@@ -12,8 +12,10 @@ The recorder plugs into the ``Lanes`` seam: ``RecordingLanes`` wraps the run's l
 a lane that runs a recorded episode takes a frame after its steps. On the core's fast path
 that lane's ``env_steps`` entry is swapped for one that steps and then takes the frame, and
 put back when the episode ends, so the other lanes' steps are the env's own, untouched. The
-driver tells the recorder of episode starts and ends; recording never changes what the envs
-or the model see, so every result is the same with or without it.
+driver tells the recorder of episode starts and ends, and of episodes abandoned because their
+env failed (``on_error``: their videos are dropped, and an index run again is recorded
+afresh); recording never changes what the envs or the model see, so every result is the same
+with or without it.
 
 A ``VectorEnv`` with SAME_STEP autoreset restarts a lane inside the step that ended its
 episode, so ``render()`` after that step already draws the next episode: the last frame of
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 
+from ..errors import LaneFailures
 from ..lanes.base import EnvStep, Lanes, RenderingLanes, StepBatch
 from ..results import EpisodeResult
 from ..settings import VideoSettings
@@ -91,10 +94,19 @@ class NoVideos:
     def __init__(self, lanes: Lanes) -> None:
         self.lanes = lanes
 
-    def started(self, lanes: np.ndarray, indices: Sequence[int], seeds: Sequence[Any]) -> None:
+    def started(
+        self,
+        lanes: np.ndarray,
+        indices: Sequence[int],
+        seeds: Sequence[Any],
+        failed: Collection[int] = (),
+    ) -> None:
         pass
 
     def finished(self, lanes: np.ndarray) -> None:
+        pass
+
+    def abandoned(self, lanes: np.ndarray) -> None:
         pass
 
     def linked(self, episode: EpisodeResult) -> EpisodeResult:
@@ -183,10 +195,20 @@ class VideoRecorder:
 
     # ---------------------------------------------------------------- the driver's calls
 
-    def started(self, lanes: np.ndarray, indices: np.ndarray, seeds: Sequence[int | None]) -> None:
+    def started(
+        self,
+        lanes: np.ndarray,
+        indices: np.ndarray,
+        seeds: Sequence[int | None],
+        failed: Collection[int] = (),
+    ) -> None:
         """Episodes ``indices`` started on ``lanes`` (their first observations are the
-        runner's): those to record open their videos with their first frame."""
-        recorded = np.flatnonzero(indices < self.settings.episodes)
+        runner's): those to record open their videos with their first frame, but on the
+        ``failed`` lanes, whose reset failed (``on_error``: they are abandoned next)."""
+        wanted = indices < self.settings.episodes
+        if failed:
+            wanted &= ~np.isin(lanes, list(failed))
+        recorded = np.flatnonzero(wanted)
         if not len(recorded):
             return
         lane_list = lanes[recorded]
@@ -204,14 +226,13 @@ class VideoRecorder:
             self._paths[index] = path
             self._links[index] = self._link(path)
             self._encoder.open(index, path, fps=self.fps)
-            self._encoder.frame(index, np.array(frame, copy=True))
+            self._encoder.frame(index, frame)  # copied: the env may draw into it again
             self._recording[lane] = index
             self.lanes.record(lane)
 
     def stepped(self, lane: int, observation: Any) -> None:
         """Lane ``lane``, which runs a recorded episode, stepped to ``observation``."""
-        frame = np.array(self._take(lane, observation), copy=True)
-        self._encoder.frame(self._recording[lane], frame)
+        self._encoder.frame(self._recording[lane], self._take(lane, observation))
 
     def finished(self, lanes: np.ndarray) -> None:
         """The episodes on ``lanes`` ended: those recorded complete their videos."""
@@ -222,6 +243,16 @@ class VideoRecorder:
             if index is not None:
                 self.lanes.unrecord(lane)
                 self._encoder.finish(index)
+
+    def abandoned(self, lanes: np.ndarray) -> None:
+        """The episodes on ``lanes`` were abandoned (their env failed, ``on_error``): their
+        videos are dropped and never linked; an index run again is recorded afresh."""
+        for lane in lanes.tolist():
+            index = self._recording.pop(lane, None)
+            if index is not None:
+                self.lanes.unrecord(lane)
+                self._encoder.discard(index)
+                del self._links[index]
 
     def linked(self, episode: EpisodeResult) -> EpisodeResult:
         """``episode`` with its video's link, if it was recorded."""
@@ -276,6 +307,7 @@ class RecordingLanes:
         self.lockstep = lanes.lockstep
         self.resets_itself = lanes.resets_itself
         self.spec = lanes.spec
+        self.rebuild = None if getattr(lanes, "rebuild", None) is None else self._rebuild
         self._env_steps = lanes.env_steps
         # The fast path's steps: the env's own, but for lanes running a recorded episode.
         self.env_steps: list[EnvStep] | None = (
@@ -305,17 +337,34 @@ class RecordingLanes:
         if self.env_steps is not None:
             self.env_steps[lane] = self._env_steps[lane]
 
+    def _rebuild(self, lanes: np.ndarray) -> None:
+        """The wrapped lanes' ``rebuild``; the fast path then steps the rebuilt lanes' new envs
+        (the abandoned episodes' lanes are no longer recorded)."""
+        self._lanes.rebuild(lanes)
+        if self.env_steps is not None:
+            for lane in np.asarray(lanes).tolist():
+                self.env_steps[lane] = self._env_steps[lane]
+
     def reset(
         self, lanes: np.ndarray, seeds: Sequence[int | None], trials: Sequence[int | None]
     ) -> tuple[list[Any], list[dict[str, Any]]]:
         return self._lanes.reset(lanes, seeds, trials)
 
     def step(self, lanes: np.ndarray, actions: Any) -> StepBatch:
-        return self._take_frames(lanes, self._lanes.step(lanes, actions))
+        try:
+            batch = self._lanes.step(lanes, actions)
+        except LaneFailures as failures:  # the lanes that stepped still take their frames
+            self._take_frames(failures.outcome.stepped, failures.outcome)
+            raise
+        return self._take_frames(lanes, batch)
 
     def receive_step(self) -> StepBatch:
         """A pipelined step's outcome (``PipelinedLanes``), its recorded lanes' frames taken."""
-        batch = self._lanes.receive_step()
+        try:
+            batch = self._lanes.receive_step()
+        except LaneFailures as failures:
+            self._take_frames(failures.outcome.stepped, failures.outcome)
+            raise
         return self._take_frames(batch.stepped, batch)
 
     def _take_frames(self, lanes: np.ndarray, batch: StepBatch) -> StepBatch:
