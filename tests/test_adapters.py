@@ -472,7 +472,7 @@ def test_every_leaf_round_trips_through_json(leaf):
     spec = ModelSpec(input={"slot": leaf})
     data = json.loads(json.dumps(spec.to_dict()))
     assert data["input"]["slot"]["type"] == type(leaf).__name__
-    restored = ModelSpec.from_dict(data)
+    restored = ModelSpec.from_dict(data, allow_custom=isinstance(leaf, Custom))
     assert restored == spec
     assert restored.input["slot"] is not leaf
 
@@ -538,7 +538,49 @@ def test_from_dict_accepts_keys_as_a_user_writes_them():
 )
 def test_from_dict_refuses_what_it_does_not_know_by_name(data, message):
     with pytest.raises(SpecError, match=message):
-        ModelSpec.from_dict(data)
+        ModelSpec.from_dict(data, allow_custom=True)
+
+
+MARKED_MODULE = """
+import os
+from pathlib import Path
+
+Path(os.environ["RLMESH_TEST_MARKS"], f"imported-{os.getpid()}").touch()
+
+
+def norm(observation):
+    return observation
+"""
+
+
+@pytest.fixture
+def marked_module(tmp_path, monkeypatch):
+    """An importable module that leaves a mark (one file per process) when it is imported."""
+    name = f"rlmesh_marked_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{name}.py").write_text(MARKED_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("RLMESH_TEST_MARKS", str(tmp_path))
+    yield name, tmp_path
+    import sys
+
+    sys.modules.pop(name, None)
+
+
+def test_reading_a_spec_runs_no_code_unless_custom_is_allowed(marked_module):
+    import os
+
+    name, marks = marked_module
+    text = json.dumps({"input": {"norm": {"type": "Custom", "fn": f"{name}:norm"}}})
+    for read in (
+        lambda: ModelSpec.from_json(text),
+        lambda: ModelSpec.from_dict(json.loads(text)),
+    ):
+        with pytest.raises(SpecError, match=r'input\["norm"\]: a Custom leaf names code'):
+            read()
+    assert not (marks / f"imported-{os.getpid()}").exists()
+    spec = ModelSpec.from_json(text, allow_custom=True)
+    assert (marks / f"imported-{os.getpid()}").exists()
+    assert spec.input["norm"].fn.__module__ == name
 
 
 # ----------------------------------------------------------------------------------------------

@@ -55,6 +55,15 @@ def test_a_leaf_takes_a_role_in_place_of_a_key():
     assert gripper.range == (-1.0, 1.0)
 
 
+def test_a_state_component_that_sets_nothing_but_its_role_is_written_as_the_role():
+    state = adapters.Concat(adapters.EEF_POS, adapters.State(adapters.EEF_ROT, encoding="rot6d"))
+    components = state.to_dict()["components"]
+    assert components == ["proprio/eef_pos", {"role": "proprio/eef_rot", "encoding": "rot6d"}]
+    spec = {"input": {"type": "state", "components": [{"role": "proprio/eef_pos"}]}}
+    read = adapters.ModelSpec.from_dict(spec).to_dict()["input"]["components"]
+    assert read == ["proprio/eef_pos"]  # the one canonical form, as the peer writes it
+
+
 def test_a_key_based_leaf_refuses_role_only_options():
     with pytest.raises(SpecError) as err:
         adapters.Image("pixels", size=224)
@@ -123,9 +132,11 @@ class _TaggedEnv(gym.Env):
 
     def __init__(self, tags=None):
         self.metadata = {} if tags is None else {adapters.ENV_TAGS_METADATA_KEY: tags}
+        self.resets = 0
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
+        self.resets += 1
         return {"pos": np.zeros(3, np.float32)}, {}
 
     def step(self, action):
@@ -146,11 +157,13 @@ def _role_model():
 
 @pytest.mark.parametrize("core", CORES)
 def test_a_role_spec_without_tags_fails_at_configure_time_naming_the_roles(core):
+    env = _TaggedEnv()
     with pytest.raises(SpecError) as err:
-        rlmesh.run(_role_model(), _TaggedEnv(), episodes=1, core=core)
+        rlmesh.run(_role_model(), env, episodes=1, core=core)
     message = str(err.value)
     assert "the env has no tags" in message
     assert '"proprio/eef_pos", "proprio/gripper", "action/gripper"' in message
+    assert env.resets == 0  # configure time: before the first episode starts
 
 
 @pytest.mark.parametrize("core", CORES)
@@ -223,10 +236,12 @@ def test_apply_case(path, core):
     payload = module.ObservationAssembler(plan.observation).assemble([observation], [0])
     _assert_value(_lane_zero(payload, expect["payload"]), expect["payload"], atol, "payload")
     model_output = _value(case["model_output"])
+    model_before = copy.deepcopy(model_output)
     action = module.ActionApplier(plan.action).apply_actions(model_output[None], [0])[0]
     _assert_value(action, expect["action"], atol, "action")
-    # The env's observation is read, never written (a copy is taken where it is converted).
-    assert _equal(observation, before)
+    # Inputs are read, never written (a copy is taken where one is converted): the vectors ask
+    # it of some cases ("preserve_inputs"), and it holds for all of them.
+    assert _equal(observation, before) and _equal(model_output, model_before)
 
 
 def _equal(a, b) -> bool:

@@ -177,3 +177,71 @@ def test_rlmesh_describe_names_the_roles_an_untagged_env_lacks(capsys):
     status = cli.main(["describe", "--env", "CartPole-v1", "--model", f"{__file__}:RoleModel"])
     assert status == 1
     assert "the env has no tags" in capsys.readouterr().err
+
+
+class NeverStepped(LiberoLike):
+    """LiberoLike whose episodes cannot start: describing it must not try."""
+
+    def reset(self, *, seed=None, options=None):
+        raise AssertionError("rlmesh describe reset the env")
+
+    def step(self, action):
+        raise AssertionError("rlmesh describe stepped the env")
+
+
+class SecondArmModel(RoleModel):
+    """Reads a second arm's position too, which the one-armed env lacks: zero-filled."""
+
+    spec = adapters.ModelSpec(
+        input={
+            **SPEC.input,
+            "state_2": adapters.Concat(adapters.State(adapters.EEF_POS_2, dim=3, optional=True)),
+        },
+        output=SPEC.output,
+    )
+
+
+def test_rlmesh_describe_prints_the_advisories_and_starts_no_episode(capsys):
+    plan = adapters.resolve(
+        TAGS, LiberoLike.observation_space, LiberoLike.action_space, SecondArmModel.spec
+    )
+    assert plan.advisories()  # the zero-filled second arm
+    argv = [
+        "describe",
+        "--env",
+        f"{__file__}:NeverStepped",
+        "--model",
+        f"{__file__}:SecondArmModel",
+    ]
+    status = cli.main(argv)
+    lines = [plan.describe(), *(f"advisory: {advisory}" for advisory in plan.advisories())]
+    assert (status, capsys.readouterr().out) == (0, "\n".join(lines) + "\n")
+
+
+class Untagged(LiberoLike):
+    """LiberoLike without tags in its metadata."""
+
+    def __init__(self):
+        self.metadata = {}
+
+
+class TaggedWithoutInstruction(LiberoLike):
+    """LiberoLike whose own tags miss the instruction the model reads."""
+
+    def __init__(self):
+        tags = TAGS.to_dict()
+        tags["observation"].pop("instruction")
+        self.metadata = {adapters.ENV_TAGS_METADATA_KEY: tags}
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_tags_passed_to_run_pair_as_the_envs_own_tags_do(core):
+    run = {"episodes": 3, "num_envs": 2, "seed": 3, "max_episode_steps": 12, "core": core}
+    own = rlmesh.run(RoleModel(), LiberoLike, **run)
+    passed = rlmesh.run(RoleModel(), Untagged, env_tags=TAGS, **run)
+    assert comparable(passed) == comparable(own)
+    # As JSON text too; and the run's tags are used over the env's own.
+    with pytest.raises(rlmesh.errors.SpecError, match='needs text role "text/instruction"'):
+        rlmesh.run(RoleModel(), TaggedWithoutInstruction, **run)
+    instead = rlmesh.run(RoleModel(), TaggedWithoutInstruction, env_tags=TAGS.to_json(), **run)
+    assert comparable(instead) == comparable(own)

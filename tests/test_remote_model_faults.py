@@ -4,6 +4,9 @@ that hangs or raises. Real servers on loopback; every wait bounded."""
 from __future__ import annotations
 
 import functools
+import importlib
+import os
+import sys
 import threading
 import time
 
@@ -327,6 +330,39 @@ def test_the_model_needs_a_run_to_know_its_spaces(serve_model):
         with pytest.raises(RemoteError, match=r"rlmesh\.run"):
             model.predict_batch(cartpole_obs(1), context=[])
         model.close()
+
+
+MARKED_MODULE = """
+import os
+from pathlib import Path
+
+Path(os.environ["RLMESH_TEST_MARKS"], f"imported-{os.getpid()}").touch()
+
+
+def pole(observation):
+    return observation[2:3]
+"""
+
+
+def test_a_served_spec_naming_code_is_refused_before_anything_is_imported(tmp_path, monkeypatch):
+    name = f"rlmesh_marked_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{name}.py").write_text(MARKED_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("RLMESH_TEST_MARKS", str(tmp_path))
+    mark = tmp_path / f"imported-{os.getpid()}"
+    module = importlib.import_module(name)
+    model = Counted()
+    model.spec = rlmesh.ModelSpec(input={"pole": rlmesh.Custom(module.pole)})
+    try:
+        with rlmesh.serve_model(model) as server:
+            # The server has sent its spec's "module:function"; the client must not import it.
+            sys.modules.pop(name)
+            mark.unlink()
+            with pytest.raises(RemoteError, match=r'input\["pole"\]: a Custom leaf names code'):
+                rlmesh.RemoteModel(server.address)
+            assert not mark.exists() and name not in sys.modules
+    finally:
+        sys.modules.pop(name, None)
 
 
 def test_shutdown_is_accepted_only_when_enabled(serve_model):

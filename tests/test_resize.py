@@ -104,3 +104,29 @@ def test_both_cores_resize_to_the_same_bits(resample, source, target):
     python, rust = (_resized(core, floats, target, resample, **options) for core in CORES[::-1])
     assert python.shape == (2, 3, *target)  # [stack, C, H, W]
     assert np.array_equal(python, rust)
+
+
+@pytest.mark.parametrize("core", CORES)
+@pytest.mark.parametrize(("source", "target"), SIZES)
+def test_a_float_image_resizes_as_the_references_do(core, source, target):
+    rng = np.random.default_rng(sum(source) * 13 + sum(target))
+    image = rng.random((*source, 3)).astype(np.float32)
+    options = {"dtype": "float32"}
+    ours = _resized(core, image, target, "bilinear", **options)
+    assert ours.dtype == np.float32
+    reference = _bilinear_reference(image.astype(np.float64), *target)
+    np.testing.assert_allclose(ours, reference, rtol=0, atol=1e-6)
+    # bilinear_aa against Pillow on float32 ("F") images, one channel at a time.
+    ours = _resized(core, image, target, "bilinear_aa", **options)
+    pillow = np.stack(
+        [
+            np.asarray(
+                PILImage.fromarray(image[:, :, channel]).resize(
+                    (target[1], target[0]), PILImage.Resampling.BILINEAR
+                )
+            )
+            for channel in range(3)
+        ],
+        axis=-1,
+    )
+    np.testing.assert_allclose(ours, pillow, rtol=0, atol=1e-5)

@@ -121,3 +121,31 @@ def test_the_action_path_converts_a_model_rot6d_into_the_envs_axis_angle(core):
     np.testing.assert_allclose(action, wanted, atol=2e-5)  # float32 throughout
     other = load_core("python" if core == "rust" else "rust").ActionApplier(plan.action)
     assert np.array_equal(action, other.apply_actions(model, np.arange(len(model))))
+
+
+# Pitch at and a rounding step or a hair away from +-pi/2, where roll and yaw are coupled.
+GIMBAL_EULERS = [
+    (roll, sign * np.pi / 2 + delta, yaw)
+    for sign in (1, -1)
+    for delta in (0.0, 1e-12, -1e-12, 1e-8, -1e-8, 1e-5)
+    for roll, yaw in ((0.3, 0.7), (-2.5, 1.9))
+]
+
+
+@pytest.mark.parametrize("core", CORES)
+@pytest.mark.parametrize("source", ["matrix", "quat_xyzw", "rot6d"])
+def test_euler_angles_near_gimbal_lock_still_rebuild_the_rotation(core, source):
+    to_euler = _state_converter(core, source, "euler_xyz")
+    for angles in GIMBAL_EULERS:
+        rotation = Rotation.from_euler("xyz", angles)
+        ours = to_euler(_encode(rotation, source))
+        assert -np.pi / 2 <= ours[1] <= np.pi / 2
+        np.testing.assert_allclose(_decode(ours, "euler_xyz"), rotation.as_matrix(), atol=1e-9)
+    # At the lock itself yaw is taken as 0, and roll and pitch are then scipy's.
+    for pitch in (np.pi / 2, -np.pi / 2):
+        locked = Rotation.from_euler("xyz", (0.3, pitch, 0.7))
+        ours = to_euler(_encode(locked, source))
+        with pytest.warns(UserWarning, match="Gimbal lock"):
+            wanted = locked.as_euler("xyz")
+        assert ours[2] == 0.0
+        np.testing.assert_allclose(ours, wanted, atol=1e-7)

@@ -24,10 +24,11 @@ class SpecError(RlmeshError, ValueError):
 
     Raised when a leaf or ``Action`` is constructed with an invalid argument (an unknown
     layout or dtype, ``stack`` out of 1..64), when ``ModelSpec.from_dict`` meets an unknown
-    type or field, when ``to_dict`` cannot name a ``Custom`` function, and when compiling a
-    spec against the observation and action spaces finds a key the observation lacks, a leaf
-    of the wrong kind, or a rescale the action space cannot take. The message names the leaf,
-    the key and what the space holds.
+    type or field (or a ``Custom`` leaf it was not allowed to import), when ``to_dict``
+    cannot name a ``Custom`` function, and when compiling a spec against the observation and
+    action spaces finds a key the observation lacks, a leaf of the wrong kind, or a rescale
+    the action space cannot take. The message names the leaf, the key and what the space
+    holds.
     """
 
 

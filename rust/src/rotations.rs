@@ -134,6 +134,27 @@ pub fn to_matrix(v: &[f64], encoding: Encoding) -> Matrix {
     }
 }
 
+/// (roll, pitch, yaw) of a rotation matrix, pitch in [-pi/2, pi/2].
+///
+/// Near pitch = +-pi/2 (gimbal lock) the entries roll and yaw are usually read from shrink to
+/// rounding noise, so yaw is read first, then roll from entries that stay of size one given
+/// that yaw: the angles always rebuild the matrix. At the lock itself yaw is taken as 0, as
+/// scipy does.
+fn matrix_euler_xyz(m: &Matrix) -> [f64; 3] {
+    let [[m00, m01, m02], [m10, m11, m12], [m20, _, _]] = *m;
+    let cos_pitch = (m00 * m00 + m10 * m10).sqrt();
+    let pitch = (-m20).atan2(cos_pitch);
+    let yaw = if cos_pitch > 1e-9 {
+        m10.atan2(m00)
+    } else {
+        0.0
+    };
+    let (sin_yaw, cos_yaw) = (yaw.sin(), yaw.cos());
+    // Rz(yaw)^T R = Ry(pitch) Rx(roll), whose middle row is (0, cos roll, -sin roll).
+    let roll = (sin_yaw * m02 - cos_yaw * m12).atan2(cos_yaw * m11 - sin_yaw * m01);
+    [roll, pitch, yaw]
+}
+
 /// (x, y, z, w) of a rotation matrix, with w >= 0 (Shepperd's method).
 fn matrix_quat(m: &Matrix) -> [f64; 4] {
     let [[m00, m01, m02], [m10, m11, m12], [m20, m21, m22]] = *m;
@@ -176,16 +197,7 @@ pub fn from_matrix(m: &Matrix, encoding: Encoding) -> Vec<f64> {
             let factor = 2.0 * sin_half.atan2(w) / sin_half;
             vec![x * factor, y * factor, z * factor]
         }
-        Encoding::EulerXyz => {
-            let sin_pitch = (-m[2][0]).clamp(-1.0, 1.0);
-            let pitch = sin_pitch.asin();
-            if (1.0 - sin_pitch * sin_pitch).max(0.0).sqrt() > 1e-9 {
-                vec![m[2][1].atan2(m[2][2]), pitch, m[1][0].atan2(m[0][0])]
-            } else {
-                // Gimbal lock: only roll - yaw (or roll + yaw) is defined; yaw is taken as 0.
-                vec![(sin_pitch * m[0][1]).atan2(m[1][1]), pitch, 0.0]
-            }
-        }
+        Encoding::EulerXyz => matrix_euler_xyz(m).to_vec(),
         Encoding::Rot6d => vec![m[0][0], m[1][0], m[2][0], m[0][1], m[1][1], m[2][1]],
         Encoding::Rot6dRowMajor => vec![m[0][0], m[0][1], m[1][0], m[1][1], m[2][0], m[2][1]],
         Encoding::Matrix => m.iter().flatten().copied().collect(),

@@ -132,6 +132,26 @@ def _matrix_quat(m: np.ndarray) -> tuple[float, float, float, float]:
     return x / norm, y / norm, z / norm, w / norm
 
 
+def _matrix_euler_xyz(m: np.ndarray) -> tuple[float, float, float]:
+    """(roll, pitch, yaw) of a rotation matrix, pitch in ``[-pi/2, pi/2]``.
+
+    Near pitch = +-pi/2 (gimbal lock) the entries roll and yaw are usually read from shrink to
+    rounding noise, so yaw is read first, then roll from entries that stay of size one given
+    that yaw: the angles always rebuild the matrix. At the lock itself yaw is taken as 0, as
+    scipy does.
+    """
+    m00, m01, m02 = (float(item) for item in m[0])
+    m10, m11, m12 = (float(item) for item in m[1])
+    m20 = float(m[2, 0])
+    cos_pitch = math.sqrt(m00 * m00 + m10 * m10)
+    pitch = math.atan2(-m20, cos_pitch)
+    yaw = math.atan2(m10, m00) if cos_pitch > 1e-9 else 0.0
+    sin_yaw, cos_yaw = math.sin(yaw), math.cos(yaw)
+    # Rz(yaw)^T R = Ry(pitch) Rx(roll), whose middle row is (0, cos roll, -sin roll).
+    roll = math.atan2(sin_yaw * m02 - cos_yaw * m12, cos_yaw * m11 - sin_yaw * m01)
+    return roll, pitch, yaw
+
+
 def from_matrix(m: np.ndarray, encoding: str) -> np.ndarray:
     """A rotation matrix written in ``encoding``."""
     if encoding in ("quat_xyzw", "quat_wxyz"):
@@ -145,15 +165,7 @@ def from_matrix(m: np.ndarray, encoding: str) -> np.ndarray:
         angle = 2 * math.atan2(sin_half, w)
         return np.array([x, y, z]) * (angle / sin_half)
     if encoding == "euler_xyz":
-        sin_pitch = min(1.0, max(-1.0, -float(m[2, 0])))
-        pitch = math.asin(sin_pitch)
-        if math.sqrt(max(0.0, 1 - sin_pitch * sin_pitch)) > 1e-9:
-            roll = math.atan2(float(m[2, 1]), float(m[2, 2]))
-            yaw = math.atan2(float(m[1, 0]), float(m[0, 0]))
-        else:  # gimbal lock: only roll - yaw (or roll + yaw) is defined; yaw is taken as 0
-            roll = math.atan2(sin_pitch * float(m[0, 1]), float(m[1, 1]))
-            yaw = 0.0
-        return np.array([roll, pitch, yaw])
+        return np.array(_matrix_euler_xyz(m))
     if encoding == "rot6d":
         return np.concatenate([m[:, 0], m[:, 1]]).astype(np.float64)
     if encoding == "rot6d_rowmajor":

@@ -204,15 +204,44 @@ def _subspace(space: spaces.Space, path: tuple) -> spaces.Space:
     return space
 
 
-def _box_range(space: spaces.Space) -> tuple[float, float] | None:
-    """A Box's bounds when they are finite and the same for every element."""
+def _box_range(space: spaces.Space, start: int = 0, stop: int | None = None):
+    """A Box's bounds (of its flat elements ``start:stop``) when they are finite and the same
+    for every element, else None."""
     if not isinstance(space, spaces.Box) or space.low.size == 0:
         return None
-    low, high = float(space.low.flat[0]), float(space.high.flat[0])
-    uniform = np.all(space.low == low) and np.all(space.high == high)
+    lows, highs = space.low.reshape(-1)[start:stop], space.high.reshape(-1)[start:stop]
+    low, high = float(lows[0]), float(highs[0])
+    uniform = np.all(lows == low) and np.all(highs == high)
     if uniform and math.isfinite(low) and math.isfinite(high) and low < high:
         return low, high
     return None
+
+
+def _feature_range(
+    name: str,
+    role: str,
+    space: spaces.Space,
+    declared: tuple[float, float] | None,
+    start: int = 0,
+    stop: int | None = None,
+) -> tuple[float, float] | None:
+    """The range a state feature's values span: the tag's ``range`` where the space is
+    unbounded, else the space's own bounds; a tag range the space's bounds contradict is a
+    SpecError rather than silently one of the two."""
+    bounds = _box_range(space, start, stop)
+    if declared is None:
+        return bounds
+    if isinstance(space, spaces.Box):
+        lows, highs = space.low.reshape(-1)[start:stop], space.high.reshape(-1)[start:stop]
+        finite = np.all(np.isfinite(lows)) and np.all(np.isfinite(highs))
+        if finite and bounds != (float(declared[0]), float(declared[1])):
+            held = "element by element" if bounds is None else f"to {_range_text(bounds)}"
+            raise SpecError(
+                f"env tags: state {name} ({_quoted(role)}) declares range "
+                f"{_range_text(declared)}, but its space bounds it {held}; a tag's range is "
+                f"for values the space leaves unbounded: drop it, or fix the space's bounds"
+            )
+    return declared
 
 
 def _features(env_tags: EnvTags | None, observation_space: spaces.Space) -> dict[str, _Feature]:
@@ -249,7 +278,7 @@ def _features(env_tags: EnvTags | None, observation_space: spaces.Space) -> dict
                         tag,
                         width=width,
                         encoding=tag.encoding,
-                        range=tag.range or _box_range(space),
+                        range=_feature_range(name, tag.role, space, tag.range),
                     )
                 )
             else:
@@ -299,7 +328,14 @@ def _split_features(
                     offset=offset,
                     width=field.dim,
                     encoding=field.encoding,
-                    range=field.range,
+                    range=_feature_range(
+                        f"{name}[{offset}:{offset + field.dim}]",
+                        field.role,
+                        space,
+                        field.range,
+                        offset,
+                        offset + field.dim,
+                    ),
                 )
             )
         offset += field.dim

@@ -3,7 +3,9 @@
 A model may declare ``spec = ModelSpec(input=..., output=...)``. The input is one leaf, or a
 dict of leaves (each key a slot of the payload the model receives); each leaf names the
 observation key it reads. The output says how the model's action is mapped into the action
-space. A spec is pure data: it round-trips through ``to_dict()`` / ``from_dict()`` and JSON.
+space. A spec is pure data: it round-trips through ``to_dict()`` / ``from_dict()`` and JSON,
+and reading one runs no code (a ``Custom`` leaf, which names a function to import, is read
+only when allowed).
 
 Once per route, ``compile_spec`` checks the spec against the environment's observation and
 action spaces and turns it into a ``Plan``: pure data from which the cores assemble each lane's
@@ -778,7 +780,8 @@ class Custom(_SpecNode):
 
     The only leaf that runs user code. To save the spec (``to_dict``), ``fn`` must be importable
     by its name: a function defined with ``def`` at the top level of a module, stored as
-    ``"module:qualname"``.
+    ``"module:qualname"``. Reading it back imports that module, so ``from_dict`` /
+    ``from_json`` refuse it unless told ``allow_custom=True``.
 
     Example:
         >>> import gymnasium as gym
@@ -1044,9 +1047,25 @@ class ModelSpec:
         return {"input": _tree_to_dict(self.input), "output": self.output.to_dict()}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ModelSpec:
+    def from_dict(cls, data: Mapping[str, Any], *, allow_custom: bool = False) -> ModelSpec:
         """The spec ``to_dict`` produced (also after JSON, and any adapters-v1 model spec); a
-        SpecError naming what is unknown."""
+        SpecError naming what is unknown.
+
+        Reading a spec runs no code: a ``Custom`` leaf names a function by import path, and
+        importing it runs its module, so such a leaf is refused unless ``allow_custom=True``
+        (for a spec from a source as trusted as the code it names).
+
+        Example:
+            >>> ModelSpec.from_dict({"input": {"type": "Custom", "fn": "builtins:abs"}})
+            Traceback (most recent call last):
+            ...
+            rlmesh.errors.SpecError: input: a Custom leaf names code ("builtins:abs") ...
+            >>> spec = ModelSpec.from_dict(
+            ...     {"input": {"type": "Custom", "fn": "builtins:abs"}}, allow_custom=True
+            ... )
+            >>> spec.input.fn is abs
+            True
+        """
         if not isinstance(data, Mapping):
             raise SpecError(f"ModelSpec.from_dict: expected a dict, got {data!r}")
         unknown = sorted(set(data) - {"input", "output"})
@@ -1061,16 +1080,17 @@ class ModelSpec:
             action = action_from_v1(output, "output")
         else:
             action = _node_from_dict(output, {"Action": Action})
-        return cls(input=_tree_from_dict(data.get("input"), ()), output=action)
+        return cls(input=_tree_from_dict(data.get("input"), (), allow_custom), output=action)
 
     def to_json(self) -> str:
         """``json.dumps(self.to_dict())``: a spec file's content."""
         return json.dumps(self.to_dict())
 
     @classmethod
-    def from_json(cls, text: str) -> ModelSpec:
-        """The spec a ``to_json`` text (a spec file) holds; pure data, nothing is run."""
-        return cls.from_dict(json.loads(text))
+    def from_json(cls, text: str, *, allow_custom: bool = False) -> ModelSpec:
+        """The spec a ``to_json`` text (a spec file) holds; pure data, nothing is run (a
+        ``Custom`` leaf only with ``allow_custom=True``, as for ``from_dict``)."""
+        return cls.from_dict(json.loads(text), allow_custom=allow_custom)
 
     def compile(self, observation_space: spaces.Space, action_space: spaces.Space) -> Plan:
         """``compile_spec(self, observation_space, action_space)``."""
@@ -1083,7 +1103,7 @@ def _tree_to_dict(tree: InputTree | None) -> Any:
     return None if tree is None else tree.to_dict()
 
 
-def _tree_from_dict(data: Any, slot: KeyPath) -> Any:
+def _tree_from_dict(data: Any, slot: KeyPath, allow_custom: bool) -> Any:
     """An input tree from its dict form: a dict whose "type" is a str is a leaf, else slots."""
     if data is None:
         return None
@@ -1091,10 +1111,20 @@ def _tree_from_dict(data: Any, slot: KeyPath) -> Any:
         from .v1 import leaf_from_v1
 
         return leaf_from_v1(data, _path_text(slot, "input"))
+    if isinstance(data, Mapping) and data.get("type") == "Custom" and not allow_custom:
+        raise SpecError(
+            f"{_path_text(slot, 'input')}: a Custom leaf names code "
+            f"({json.dumps(data.get('fn'))}) and reading it would import that module; a spec "
+            f"read from data runs no code: pass allow_custom=True to from_dict / from_json "
+            f"only for a spec as trusted as that code"
+        )
     if isinstance(data, Mapping) and isinstance(data.get("type"), str):
         return _node_from_dict(data, _LEAF_TYPES)
     if isinstance(data, Mapping):
-        return {name: _tree_from_dict(subtree, (*slot, name)) for name, subtree in data.items()}
+        return {
+            name: _tree_from_dict(subtree, (*slot, name), allow_custom)
+            for name, subtree in data.items()
+        }
     raise SpecError(
         f"ModelSpec.from_dict: {_path_text(slot, 'input')} must be a leaf dict with a "
         f'"type" or a dict of them, got {data!r}'

@@ -147,7 +147,9 @@ class StateTag:
     Args:
         role: the state role, e.g. ``EEF_POS``.
         encoding: the rotation encoding when the leaf is a rotation (``"quat_xyzw"``, ...).
-        range: ``(low, high)`` of the values, where the space leaves them unbounded.
+        range: ``(low, high)`` of the values, where the space leaves them unbounded (a
+            bounded space's own bounds are the range; a tag range they contradict is refused
+            at resolve time).
     """
 
     role: str
@@ -190,6 +192,9 @@ class TextTag:
 @dataclass(frozen=True)
 class Field:
     """One slice of a flat vector tagged by ``Split``; ``role=None`` skips ``dim`` elements.
+
+    ``range`` is as ``StateTag``'s, for the slice: the slice's own bounds when the space has
+    them, else the declared range.
 
     Example:
         >>> Field("proprio/eef_pos", 3), Field(dim=10).role

@@ -83,12 +83,13 @@ def node_to_v1(node: Any) -> dict[str, Any]:
     return {**data, **node.extensions}
 
 
-def _part_to_v1(part: State) -> dict[str, Any]:
+def _part_to_v1(part: State) -> dict[str, Any] | str:
+    """A state component: the bare role when it sets nothing else (the canonical form)."""
     data: dict[str, Any] = {"role": part.role}
     for name, default in _PART_OPTIONS.items():
         if getattr(part, name) != default:
             data[name] = _json(getattr(part, name))
-    return data
+    return part.role if len(data) == 1 else data
 
 
 def leaf_from_v1(data: Mapping[str, Any], where: str) -> Image | State | Concat | Text:
