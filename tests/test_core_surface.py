@@ -45,7 +45,7 @@ def stubbed() -> dict[str, set[str]]:
     return names
 
 
-# The transport's classes, which the Rust core gains in a later step of this change.
+# The raw-bytes gRPC transport's classes.
 TRANSPORT = {
     "WireStatusError",
     "WireChannel",
@@ -56,16 +56,9 @@ TRANSPORT = {
 }
 
 
-def shared_names() -> list[str]:
-    """What both cores export (the transport once the Rust core has it)."""
-    rust = load_core("rust")
-    built = hasattr(rust, "WireServer")
-    return [name for name in _pycore.__all__ if built or name not in TRANSPORT]
-
-
 def test_both_cores_have_the_same_classes_with_the_same_methods():
     rust, python = load_core("rust"), load_core("python")
-    for name in shared_names():
+    for name in _pycore.__all__:
         assert hasattr(rust, name), f"the Rust core lacks {name}"
         python_object, rust_object = getattr(python, name), getattr(rust, name)
         if isinstance(python_object, type):
@@ -75,7 +68,7 @@ def test_both_cores_have_the_same_classes_with_the_same_methods():
 def test_the_stubs_declare_what_the_rust_core_has():
     rust = load_core("rust")
     stubs = stubbed()
-    for name in shared_names():
+    for name in _pycore.__all__:
         assert name in stubs, f"_core.pyi does not declare {name}"
         rust_object = getattr(rust, name)
         if isinstance(rust_object, type) and not issubclass(rust_object, BaseException):
@@ -96,8 +89,6 @@ def test_both_cores_status_errors_carry_code_and_details():
     assert stubbed()["WireStatusError"] == {"code", "details"}
     for name in CORE_NAMES:
         core = load_core(name)
-        if not hasattr(core, "WireChannel"):
-            continue  # the Rust core's transport comes in a later step
         with pytest.raises(core.WireStatusError) as caught:
             core.WireChannel("127.0.0.1:1", max_message_bytes=1024, connect_timeout=0.1)
         assert issubclass(core.WireStatusError, Exception)

@@ -9,6 +9,8 @@ import json
 import os
 import queue
 import socket
+import subprocess
+import sys
 import threading
 import time
 import weakref
@@ -91,7 +93,7 @@ def test_echo_over_a_unix_socket(core, tmp_path):
 @pytest.mark.parametrize("client_core", CORE_NAMES)
 @pytest.mark.parametrize("server_core", CORE_NAMES)
 def test_each_core_s_client_talks_to_each_core_s_server(client_core, server_core):
-    client, server_module = built(load_core(client_core)), built(load_core(server_core))
+    client, server_module = load_core(client_core), load_core(server_core)
     with (
         serving(server_module) as server,
         dialling(client, f"127.0.0.1:{server.port}") as channel,
@@ -206,6 +208,47 @@ def test_a_dispatch_that_raises_gives_unknown_and_the_server_keeps_serving(core)
             with pytest.raises(core.WireStatusError, match="UNKNOWN: ValueError"):
                 stream.receive(timeout=WAIT)
             assert channel.unary("/test.Fragile/Say", b"still serving") == b"still serving"
+
+
+def test_wrong_arguments_are_refused_naming_what_was_wrong(core):
+    with connected(core) as (server, channel):
+        with pytest.raises(ValueError, match="method must be a path"):
+            channel.unary("test.Echo/Say", b"")
+        with pytest.raises(ValueError, match="method must be a path"):
+            channel.stream("Say")
+        with pytest.raises(ValueError, match="timeout must be a non-negative"):
+            channel.unary("/test.Echo/Say", b"", timeout=-1.0)
+        with pytest.raises(ValueError, match="timeout must be a non-negative"):
+            channel.stream("/test.Echo/Talk").receive(timeout=float("nan"))
+        with pytest.raises(ValueError, match="max_message_bytes must be positive"):
+            core.WireChannel(f"127.0.0.1:{server.port}", max_message_bytes=0, connect_timeout=1)
+    with pytest.raises(TypeError, match="dispatch must be callable"):
+        core.WireServer("127.0.0.1:0", "echo", max_message_bytes=MAX)
+
+    def bad_status(method, metadata, requests, call):
+        call.set_status(17, "no such code")
+        yield b""
+
+    with connected(core, bad_status) as (_, channel):
+        with pytest.raises(core.WireStatusError) as caught:
+            channel.unary("/test.Bad/Say", b"")
+        assert caught.value.code == "UNKNOWN"
+        assert "code must be a gRPC status code 0..16, got 17" in caught.value.details
+
+
+def test_a_stream_refuses_sends_once_it_is_over(core):
+    with connected(core) as (_, channel):
+        stream = channel.stream("/test.Echo/Talk")
+        stream.close_send()
+        with pytest.raises(core.WireStatusError) as caught:
+            stream.send(b"after close_send")
+        assert caught.value.code == "FAILED_PRECONDITION"
+        assert stream.receive(timeout=WAIT) is None
+        stream = channel.stream("/test.Echo/Talk")
+        stream.cancel()
+        with pytest.raises(core.WireStatusError) as caught:
+            stream.send(b"after cancel")
+        assert caught.value.code == "CANCELLED"
 
 
 def _unused_port() -> int:
@@ -379,6 +422,30 @@ def test_closing_the_server_ends_open_streams_and_releases_the_port(core):
         assert again.port == port
 
 
+def test_a_call_may_close_its_own_server(core):
+    closing: list = []
+
+    def admin(method, metadata, requests, call):
+        for message in requests:
+            if method.endswith("/Shutdown"):
+                closing[0].close(grace=0.2)
+            yield message
+
+    server = core.WireServer("127.0.0.1:0", admin, max_message_bytes=MAX)
+    closing.append(server)
+    try:
+        with dialling(core, f"127.0.0.1:{server.port}") as channel:
+            assert channel.unary("/test.Admin/Ping", b"ping", timeout=WAIT) == b"ping"
+            started = time.monotonic()
+            with contextlib.suppress(core.WireStatusError):  # its own call may be cut short
+                channel.unary("/test.Admin/Shutdown", b"bye", timeout=WAIT)
+            assert time.monotonic() - started < WAIT
+    finally:
+        server.close()
+    with pytest.raises(core.WireStatusError):
+        core.WireChannel(f"127.0.0.1:{server.port}", max_message_bytes=MAX, connect_timeout=0.3)
+
+
 def test_closing_the_channel_ends_its_streams(core):
     with serving(core) as server:
         channel = core.WireChannel(
@@ -475,14 +542,36 @@ def test_nothing_of_a_call_outlives_the_closed_server(core):
     assert not [thread.name for thread in threading.enumerate() if "rlmesh-wire" in thread.name]
 
 
-def built(core: ModuleType) -> ModuleType:
-    """The core, if it has its transport (the Rust core's is built in a later step)."""
-    if not hasattr(core, "WireServer"):
-        pytest.skip("this build of the Rust core has no transport yet")
-    return core
+SERVE_ECHO = """
+import sys, time
+from rlmesh.core import load_core
+core = load_core(sys.argv[1])
+def echo(method, metadata, requests, call):
+    yield from requests
+server = core.WireServer("127.0.0.1:0", echo, max_message_bytes=1 << 20)
+print(server.port, flush=True)
+time.sleep(60)
+"""
 
 
-@pytest.fixture
-def core(core):
-    """Both cores, through tests/conftest.py's fixture."""
-    return built(core)
+def test_a_server_that_dies_mid_stream_is_unavailable(core):
+    name = "rust" if core.__name__ == "rlmesh._core" else "python"
+    process = subprocess.Popen(
+        [sys.executable, "-c", SERVE_ECHO, name], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        port = int(process.stdout.readline())
+        with dialling(core, f"127.0.0.1:{port}") as channel:
+            stream = channel.stream("/test.Echo/Talk")
+            stream.send(b"one")
+            assert stream.receive(timeout=WAIT) == b"one"
+            process.kill()
+            process.wait(timeout=WAIT)
+            with pytest.raises(core.WireStatusError) as caught:
+                stream.send(b"two")  # may already know
+                stream.receive(timeout=WAIT)
+            assert caught.value.code == "UNAVAILABLE", caught.value.details
+    finally:
+        process.kill()
+        process.wait(timeout=WAIT)
+        process.stdout.close()

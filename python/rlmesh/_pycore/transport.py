@@ -26,6 +26,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -63,6 +64,18 @@ def _status_error(err: Any) -> WireStatusError:
     return WireStatusError(code.name if code is not None else "UNKNOWN", details or "")
 
 
+def _check_method(method: str) -> str:
+    if not isinstance(method, str) or not method.startswith("/"):
+        raise ValueError(f'method must be a path like "/pkg.Service/Method", got {method!r}')
+    return method
+
+
+def _check_seconds(value: float | None, what: str) -> float | None:
+    if value is not None and not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{what} must be a non-negative number of seconds or None, got {value!r}")
+    return value
+
+
 def _message_options(max_message_bytes: int) -> list[tuple[str, int]]:
     return [
         ("grpc.max_send_message_length", max_message_bytes),
@@ -87,6 +100,9 @@ class WireChannel:
     def __init__(self, target: str, *, max_message_bytes: int, connect_timeout: float) -> None:
         import grpc
 
+        _check_seconds(connect_timeout, "connect_timeout")
+        if max_message_bytes <= 0:
+            raise ValueError(f"max_message_bytes must be positive, got {max_message_bytes!r}")
         self._target = target
         self._channel = grpc.insecure_channel(target, options=_message_options(max_message_bytes))
         try:
@@ -114,9 +130,10 @@ class WireChannel:
         """
         import grpc
 
+        _check_seconds(timeout, "timeout")
         call = self._unary.get(method)
         if call is None:
-            call = self._unary[method] = self._channel.unary_unary(method)
+            call = self._unary[method] = self._channel.unary_unary(_check_method(method))
         try:
             return call(request, metadata=tuple(metadata), timeout=timeout)
         except grpc.RpcError as err:
@@ -126,7 +143,7 @@ class WireChannel:
         """Open a bidirectional stream on ``method``."""
         call = self._streams.get(method)
         if call is None:
-            call = self._streams[method] = self._channel.stream_stream(method)
+            call = self._streams[method] = self._channel.stream_stream(_check_method(method))
         return WireStream(call, tuple(metadata))
 
     def close(self) -> None:
@@ -168,6 +185,7 @@ class WireStream:
             WireStatusError: the server finished with another status, or the connection broke.
             TimeoutError: nothing came within ``timeout`` seconds (the stream stays usable).
         """
+        _check_seconds(timeout, "timeout")
         if self._pending is None:
             if timeout is None:
                 return self._next()
@@ -292,9 +310,16 @@ class WireServer:
     def __init__(self, target: str, dispatch: Dispatch, *, max_message_bytes: int) -> None:
         import grpc
 
+        if not callable(dispatch):
+            raise TypeError(
+                "dispatch must be callable as dispatch(method, metadata, requests, call)"
+            )
+        if max_message_bytes <= 0:
+            raise ValueError(f"max_message_bytes must be positive, got {max_message_bytes!r}")
         self._target = target
+        self._thread_prefix = f"rlmesh-wire-{id(self):x}"
         self._executor = futures.ThreadPoolExecutor(
-            max_workers=_SERVER_THREADS, thread_name_prefix="rlmesh-wire"
+            max_workers=_SERVER_THREADS, thread_name_prefix=self._thread_prefix
         )
         self._server = grpc.server(
             self._executor,
@@ -325,12 +350,15 @@ class WireServer:
     def close(self, grace: float = 1.0) -> None:
         """Stop accepting calls; open calls get ``grace`` seconds, then are cancelled. Returns
         once every call's thread is done. Closing again does nothing."""
+        _check_seconds(grace, "grace")
         with self._close_lock:
             if self._closed:
                 return
             self._closed = True
             self._server.stop(grace).wait()
-            self._executor.shutdown(wait=True)
+            # a call may close its own server (a Shutdown method): it cannot wait for itself
+            own_call = threading.current_thread().name.startswith(self._thread_prefix)
+            self._executor.shutdown(wait=not own_call)
 
     def __repr__(self) -> str:
         return f"WireServer({self._target}, port={self.port})"
