@@ -104,7 +104,12 @@ class WireChannel:
         if max_message_bytes <= 0:
             raise ValueError(f"max_message_bytes must be positive, got {max_message_bytes!r}")
         self._target = target
-        self._channel = grpc.insecure_channel(target, options=_message_options(max_message_bytes))
+        options = _message_options(max_message_bytes)
+        if target.startswith("unix:"):
+            # grpcio's default :authority for a socket is its path, which HTTP/2 servers
+            # other than grpcio's (tonic: the Rust core's, rlmesh 0.1.0's) refuse.
+            options.append(("grpc.default_authority", "localhost"))
+        self._channel = grpc.insecure_channel(target, options=options)
         try:
             grpc.channel_ready_future(self._channel).result(timeout=connect_timeout)
         except grpc.FutureTimeoutError:
