@@ -356,14 +356,18 @@ def test_an_oversize_response_is_resource_exhausted(core):
 
 def _watched(ended: queue.SimpleQueue):
     """An echo that reports, once its requests end, whether its call is still active (given
-    up to WAIT s to notice, as grpcio may end the requests a moment before it does)."""
+    up to WAIT s to notice, as grpcio may end the requests a moment before it does). A call
+    that ended while a response was on its way is not iterated again but closed (at its
+    ``yield``), hence the ``finally``."""
 
     def dispatch(method, metadata, requests, call):
-        yield from requests
-        deadline = time.monotonic() + WAIT
-        while call.is_active() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        ended.put(call.is_active())
+        try:
+            yield from requests
+        finally:
+            deadline = time.monotonic() + WAIT
+            while call.is_active() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            ended.put(call.is_active())
 
     return dispatch
 
@@ -381,6 +385,19 @@ def test_a_client_cancel_ends_the_server_s_requests(core):
         assert caught.value.code == "CANCELLED"
         with pytest.raises(core.WireStatusError):
             stream.send(b"after cancel")
+
+
+@pytest.mark.parametrize("timed", [False, True], ids=["receive", "receive(timeout)"])
+def test_a_stream_dropped_unfinished_is_cancelled(core, timed):
+    ended: queue.SimpleQueue[bool] = queue.SimpleQueue()
+    with connected(core, _watched(ended)) as (_, channel):
+        stream = channel.stream("/test.Echo/Talk")
+        stream.send(b"one")
+        assert stream.receive(timeout=WAIT if timed else None) == b"one"
+        del stream
+        gc.collect()
+        assert ended.get(timeout=WAIT) is False
+        assert channel.unary("/test.Echo/Say", b"still open") == b"still open"
 
 
 def test_close_send_ends_the_server_s_request_iterator(core):

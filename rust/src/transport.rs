@@ -698,6 +698,17 @@ impl WireStream {
     }
 }
 
+impl Drop for WireStream {
+    /// A stream dropped unfinished is cancelled, so the server's call ends too (as grpcio
+    /// cancels a call it garbage-collects).
+    fn drop(&mut self) {
+        if self.core.finished().is_none() {
+            self.core.cancel();
+            self.channel.flush();
+        }
+    }
+}
+
 // ------------------------------------------------------------------------------ the server
 
 /// One server call's state, shared by its HTTP/2 side and its Python thread.
