@@ -77,8 +77,13 @@ def test_unary_and_bidi_echo_keep_every_byte(core):
         assert stream.receive(timeout=WAIT) is None
 
 
-def test_echo_over_a_unix_socket(core, tmp_path):
-    target = f"unix://{tmp_path / 'wire.sock'}"
+@pytest.mark.parametrize("form", ["unix:///absolute", "unix:relative"])
+def test_echo_over_a_unix_socket(core, tmp_path, monkeypatch, form):
+    if form == "unix:relative":
+        monkeypatch.chdir(tmp_path)
+        target = "unix:wire.sock"
+    else:
+        target = f"unix://{tmp_path / 'wire.sock'}"
     with serving(core, target=target) as server, dialling(core, target) as channel:
         assert server.port == 0
         assert channel.unary("/test.Echo/Say", b"over unix") == b"over unix"
@@ -107,8 +112,16 @@ def test_each_core_s_client_talks_to_each_core_s_server(client_core, server_core
         assert stream.receive(timeout=WAIT) is None
 
 
+def refusing_missing(method, metadata, requests, call):
+    """An echo, but ``/Missing`` methods end with NOT_FOUND before any message."""
+    if method.endswith("/Missing"):
+        call.set_status(5, "no such thing here")
+        return
+    yield from requests
+
+
 def test_a_plain_grpcio_client_talks_to_the_core_s_server(core):
-    with serving(core) as server:
+    with serving(core, refusing_missing) as server:
         channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
         try:
             say = channel.unary_unary("/test.Echo/Say")
@@ -124,15 +137,24 @@ def test_a_plain_grpcio_client_talks_to_the_core_s_server(core):
             requests.put(end)
             assert next(responses, None) is None
             assert responses.code() == grpc.StatusCode.OK
+            with pytest.raises(grpc.RpcError) as caught:
+                channel.unary_unary("/test.Echo/Missing")(b"", timeout=WAIT)
+            assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+            assert caught.value.details() == "no such thing here"
         finally:
             channel.close()
 
 
 class _PlainEcho(grpc.GenericRpcHandler):
-    """A grpcio server's handler written against grpcio alone: every method echoes."""
+    """A grpcio server's handler written against grpcio alone: every method echoes, but
+    ``/Missing`` methods, which end with NOT_FOUND before any message."""
 
     def service(self, handler_call_details):
+        missing = handler_call_details.method.endswith("/Missing")
+
         def serve(request_iterator, context):
+            if missing:
+                context.abort(grpc.StatusCode.NOT_FOUND, "no such thing here")
             yield from request_iterator
 
         return grpc.stream_stream_rpc_method_handler(serve)
@@ -152,6 +174,13 @@ def test_the_core_s_client_talks_to_a_plain_grpcio_server(core):
                 assert stream.receive(timeout=WAIT) == message
             stream.close_send()
             assert stream.receive(timeout=WAIT) is None
+            with pytest.raises(core.WireStatusError) as caught:
+                channel.unary("/test.Echo/Missing", b"")
+            assert (caught.value.code, caught.value.details) == ("NOT_FOUND", "no such thing here")
+            stream = channel.stream("/test.Echo/Missing")
+            with pytest.raises(core.WireStatusError) as caught:
+                stream.receive(timeout=WAIT)
+            assert (caught.value.code, caught.value.details) == ("NOT_FOUND", "no such thing here")
     finally:
         server.stop(0).wait()
         executor.shutdown(wait=True)
