@@ -494,9 +494,10 @@ def test_a_call_may_close_its_own_server(core):
 
 def test_closing_the_channel_ends_its_streams(core):
     with serving(core) as server:
-        channel = core.WireChannel(
-            f"127.0.0.1:{server.port}", max_message_bytes=MAX, connect_timeout=WAIT
-        )
+        target = f"127.0.0.1:{server.port}"
+        assert repr(server) == f"WireServer(127.0.0.1:0, port={server.port}, serving)"
+        channel = core.WireChannel(target, max_message_bytes=MAX, connect_timeout=WAIT)
+        assert repr(channel) == f"WireChannel({target}, open)"
         try:
             stream = channel.stream("/test.Echo/Talk")
             stream.send(b"one")
@@ -507,6 +508,15 @@ def test_closing_the_channel_ends_its_streams(core):
             stream.receive(timeout=WAIT)
         assert caught.value.code == "CANCELLED"
         channel.close()  # again: nothing to do
+        assert repr(channel) == f"WireChannel({target}, closed)"
+        for call in (lambda: channel.unary("/test.Echo/Say", b""), lambda: channel.stream("/t/T")):
+            with pytest.raises(core.WireStatusError) as caught:
+                call()
+            assert (caught.value.code, caught.value.details) == (
+                "CANCELLED",
+                "the channel is closed",
+            )
+    assert repr(server).endswith(", closed)")
 
 
 def test_unary_calls_from_four_threads_run_beside_an_open_stream(core):

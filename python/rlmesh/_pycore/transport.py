@@ -112,6 +112,7 @@ class WireChannel:
             raise WireStatusError(
                 "UNAVAILABLE", f"no server answered at {target} within {connect_timeout:g} s"
             ) from None
+        self._closed = False
         self._unary: dict[str, Any] = {}
         self._streams: dict[str, Any] = {}
 
@@ -131,6 +132,7 @@ class WireChannel:
         import grpc
 
         _check_seconds(timeout, "timeout")
+        self._check_open()
         call = self._unary.get(method)
         if call is None:
             call = self._unary[method] = self._channel.unary_unary(_check_method(method))
@@ -141,6 +143,7 @@ class WireChannel:
 
     def stream(self, method: str, *, metadata: Sequence[tuple[str, str]] = ()) -> WireStream:
         """Open a bidirectional stream on ``method``."""
+        self._check_open()
         call = self._streams.get(method)
         if call is None:
             call = self._streams[method] = self._channel.stream_stream(_check_method(method))
@@ -149,10 +152,15 @@ class WireChannel:
     def close(self) -> None:
         """Close the channel; its open streams end (their ``receive`` raises ``CANCELLED``).
         Closing again does nothing."""
+        self._closed = True
         self._channel.close()
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise WireStatusError("CANCELLED", "the channel is closed")
+
     def __repr__(self) -> str:
-        return f"WireChannel({self._target})"
+        return f"WireChannel({self._target}, {'closed' if self._closed else 'open'})"
 
 
 class WireStream:
@@ -385,7 +393,8 @@ class WireServer:
             self._executor.shutdown(wait=not own_call)
 
     def __repr__(self) -> str:
-        return f"WireServer({self._target}, port={self.port})"
+        state = "closed" if self._closed else "serving"
+        return f"WireServer({self._target}, port={self.port}, {state})"
 
 
 def _handler(dispatch: Dispatch) -> Any:
