@@ -77,8 +77,13 @@ def test_unary_and_bidi_echo_keep_every_byte(core):
         assert stream.receive(timeout=WAIT) is None
 
 
-def test_echo_over_a_unix_socket(core, tmp_path):
-    target = f"unix://{tmp_path / 'wire.sock'}"
+@pytest.mark.parametrize("form", ["unix:///absolute", "unix:relative"])
+def test_echo_over_a_unix_socket(core, tmp_path, monkeypatch, form):
+    if form == "unix:relative":
+        monkeypatch.chdir(tmp_path)
+        target = "unix:wire.sock"
+    else:
+        target = f"unix://{tmp_path / 'wire.sock'}"
     with serving(core, target=target) as server, dialling(core, target) as channel:
         assert server.port == 0
         assert channel.unary("/test.Echo/Say", b"over unix") == b"over unix"
@@ -107,8 +112,16 @@ def test_each_core_s_client_talks_to_each_core_s_server(client_core, server_core
         assert stream.receive(timeout=WAIT) is None
 
 
+def refusing_missing(method, metadata, requests, call):
+    """An echo, but ``/Missing`` methods end with NOT_FOUND before any message."""
+    if method.endswith("/Missing"):
+        call.set_status(5, "no such thing here")
+        return
+    yield from requests
+
+
 def test_a_plain_grpcio_client_talks_to_the_core_s_server(core):
-    with serving(core) as server:
+    with serving(core, refusing_missing) as server:
         channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
         try:
             say = channel.unary_unary("/test.Echo/Say")
@@ -124,15 +137,24 @@ def test_a_plain_grpcio_client_talks_to_the_core_s_server(core):
             requests.put(end)
             assert next(responses, None) is None
             assert responses.code() == grpc.StatusCode.OK
+            with pytest.raises(grpc.RpcError) as caught:
+                channel.unary_unary("/test.Echo/Missing")(b"", timeout=WAIT)
+            assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+            assert caught.value.details() == "no such thing here"
         finally:
             channel.close()
 
 
 class _PlainEcho(grpc.GenericRpcHandler):
-    """A grpcio server's handler written against grpcio alone: every method echoes."""
+    """A grpcio server's handler written against grpcio alone: every method echoes, but
+    ``/Missing`` methods, which end with NOT_FOUND before any message."""
 
     def service(self, handler_call_details):
+        missing = handler_call_details.method.endswith("/Missing")
+
         def serve(request_iterator, context):
+            if missing:
+                context.abort(grpc.StatusCode.NOT_FOUND, "no such thing here")
             yield from request_iterator
 
         return grpc.stream_stream_rpc_method_handler(serve)
@@ -152,6 +174,13 @@ def test_the_core_s_client_talks_to_a_plain_grpcio_server(core):
                 assert stream.receive(timeout=WAIT) == message
             stream.close_send()
             assert stream.receive(timeout=WAIT) is None
+            with pytest.raises(core.WireStatusError) as caught:
+                channel.unary("/test.Echo/Missing", b"")
+            assert (caught.value.code, caught.value.details) == ("NOT_FOUND", "no such thing here")
+            stream = channel.stream("/test.Echo/Missing")
+            with pytest.raises(core.WireStatusError) as caught:
+                stream.receive(timeout=WAIT)
+            assert (caught.value.code, caught.value.details) == ("NOT_FOUND", "no such thing here")
     finally:
         server.stop(0).wait()
         executor.shutdown(wait=True)
@@ -356,14 +385,18 @@ def test_an_oversize_response_is_resource_exhausted(core):
 
 def _watched(ended: queue.SimpleQueue):
     """An echo that reports, once its requests end, whether its call is still active (given
-    up to WAIT s to notice, as grpcio may end the requests a moment before it does)."""
+    up to WAIT s to notice, as grpcio may end the requests a moment before it does). A call
+    that ended while a response was on its way is not iterated again but closed (at its
+    ``yield``), hence the ``finally``."""
 
     def dispatch(method, metadata, requests, call):
-        yield from requests
-        deadline = time.monotonic() + WAIT
-        while call.is_active() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        ended.put(call.is_active())
+        try:
+            yield from requests
+        finally:
+            deadline = time.monotonic() + WAIT
+            while call.is_active() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            ended.put(call.is_active())
 
     return dispatch
 
@@ -381,6 +414,19 @@ def test_a_client_cancel_ends_the_server_s_requests(core):
         assert caught.value.code == "CANCELLED"
         with pytest.raises(core.WireStatusError):
             stream.send(b"after cancel")
+
+
+@pytest.mark.parametrize("timed", [False, True], ids=["receive", "receive(timeout)"])
+def test_a_stream_dropped_unfinished_is_cancelled(core, timed):
+    ended: queue.SimpleQueue[bool] = queue.SimpleQueue()
+    with connected(core, _watched(ended)) as (_, channel):
+        stream = channel.stream("/test.Echo/Talk")
+        stream.send(b"one")
+        assert stream.receive(timeout=WAIT if timed else None) == b"one"
+        del stream
+        gc.collect()
+        assert ended.get(timeout=WAIT) is False
+        assert channel.unary("/test.Echo/Say", b"still open") == b"still open"
 
 
 def test_close_send_ends_the_server_s_request_iterator(core):
@@ -448,9 +494,10 @@ def test_a_call_may_close_its_own_server(core):
 
 def test_closing_the_channel_ends_its_streams(core):
     with serving(core) as server:
-        channel = core.WireChannel(
-            f"127.0.0.1:{server.port}", max_message_bytes=MAX, connect_timeout=WAIT
-        )
+        target = f"127.0.0.1:{server.port}"
+        assert repr(server) == f"WireServer(127.0.0.1:0, port={server.port}, serving)"
+        channel = core.WireChannel(target, max_message_bytes=MAX, connect_timeout=WAIT)
+        assert repr(channel) == f"WireChannel({target}, open)"
         try:
             stream = channel.stream("/test.Echo/Talk")
             stream.send(b"one")
@@ -461,6 +508,15 @@ def test_closing_the_channel_ends_its_streams(core):
             stream.receive(timeout=WAIT)
         assert caught.value.code == "CANCELLED"
         channel.close()  # again: nothing to do
+        assert repr(channel) == f"WireChannel({target}, closed)"
+        for call in (lambda: channel.unary("/test.Echo/Say", b""), lambda: channel.stream("/t/T")):
+            with pytest.raises(core.WireStatusError) as caught:
+                call()
+            assert (caught.value.code, caught.value.details) == (
+                "CANCELLED",
+                "the channel is closed",
+            )
+    assert repr(server).endswith(", closed)")
 
 
 def test_unary_calls_from_four_threads_run_beside_an_open_stream(core):

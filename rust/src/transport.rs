@@ -251,6 +251,7 @@ impl Target {
 // ------------------------------------------------------------------------------ the client
 
 struct ChannelCore {
+    target: String,
     runtime: Runtime,
     max_message_bytes: usize,
     channel: Mutex<Option<Channel>>,
@@ -401,6 +402,7 @@ impl WireChannel {
             )
         })?;
         let core = ChannelCore {
+            target: target.to_owned(),
             runtime,
             max_message_bytes,
             channel: Mutex::new(Some(channel)),
@@ -537,7 +539,7 @@ impl WireChannel {
         } else {
             "closed"
         };
-        format!("WireChannel({state})")
+        format!("WireChannel({}, {state})", self.core.target)
     }
 }
 
@@ -695,6 +697,17 @@ impl WireStream {
             core.cancel();
             channel.flush();
         });
+    }
+}
+
+impl Drop for WireStream {
+    /// A stream dropped unfinished is cancelled, so the server's call ends too (as grpcio
+    /// cancels a call it garbage-collects).
+    fn drop(&mut self) {
+        if self.core.finished().is_none() {
+            self.core.cancel();
+            self.channel.flush();
+        }
     }
 }
 
@@ -1145,6 +1158,7 @@ pub struct WireServer {
     /// The bound TCP port (the one picked for port 0); 0 on a unix socket.
     #[pyo3(get)]
     port: u16,
+    target: String,
     shared: Arc<ServerShared>,
     serving: Mutex<Option<Serving>>,
 }
@@ -1252,6 +1266,7 @@ impl WireServer {
         };
         Ok(WireServer {
             port,
+            target: target.to_owned(),
             shared,
             serving: Mutex::new(Some(serving)),
         })
@@ -1303,7 +1318,7 @@ impl WireServer {
         } else {
             "closed"
         };
-        format!("WireServer(port={}, {state})", self.port)
+        format!("WireServer({}, port={}, {state})", self.target, self.port)
     }
 }
 

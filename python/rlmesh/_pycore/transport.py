@@ -117,6 +117,7 @@ class WireChannel:
             raise WireStatusError(
                 "UNAVAILABLE", f"no server answered at {target} within {connect_timeout:g} s"
             ) from None
+        self._closed = False
         self._unary: dict[str, Any] = {}
         self._streams: dict[str, Any] = {}
 
@@ -136,6 +137,7 @@ class WireChannel:
         import grpc
 
         _check_seconds(timeout, "timeout")
+        self._check_open()
         call = self._unary.get(method)
         if call is None:
             call = self._unary[method] = self._channel.unary_unary(_check_method(method))
@@ -146,6 +148,7 @@ class WireChannel:
 
     def stream(self, method: str, *, metadata: Sequence[tuple[str, str]] = ()) -> WireStream:
         """Open a bidirectional stream on ``method``."""
+        self._check_open()
         call = self._streams.get(method)
         if call is None:
             call = self._streams[method] = self._channel.stream_stream(_check_method(method))
@@ -154,10 +157,15 @@ class WireChannel:
     def close(self) -> None:
         """Close the channel; its open streams end (their ``receive`` raises ``CANCELLED``).
         Closing again does nothing."""
+        self._closed = True
         self._channel.close()
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise WireStatusError("CANCELLED", "the channel is closed")
+
     def __repr__(self) -> str:
-        return f"WireChannel({self._target})"
+        return f"WireChannel({self._target}, {'closed' if self._closed else 'open'})"
 
 
 class WireStream:
@@ -169,7 +177,10 @@ class WireStream:
     def __init__(self, call: Any, metadata: tuple[tuple[str, str], ...]) -> None:
         self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._responses = call(iter(self._requests.get, _END), metadata=metadata)
-        self._pending: futures.Future[Any] | None = None  # a receive that timed out
+        # grpcio's next() takes no timeout: from the first receive that has one, a reader
+        # thread moves the answers here, until the stream ends
+        self._inbox: queue.SimpleQueue[Any] | None = None
+        self._last: Any = _END  # the stream's final outcome (None or an error), once read
         self._half_closed = False
 
     def send(self, message: bytes) -> None:
@@ -191,35 +202,27 @@ class WireStream:
             TimeoutError: nothing came within ``timeout`` seconds (the stream stays usable).
         """
         _check_seconds(timeout, "timeout")
-        if self._pending is None:
-            if timeout is None:
-                return self._next()
-            self._pending = futures.Future()
-            threading.Thread(target=self._fill, args=(self._pending,), daemon=True).start()
-        try:
-            outcome = self._pending.result(timeout)
-        except futures.TimeoutError:
-            raise TimeoutError(f"no message within {timeout:g} s") from None
-        self._pending = None
+        if self._last is not _END:
+            outcome = self._last
+        elif self._inbox is None and timeout is None:
+            outcome = _next_outcome(self._responses)
+        else:
+            if self._inbox is None:
+                self._inbox = queue.SimpleQueue()
+                # the reader holds the call, not this stream, so dropping the stream cancels it
+                reader = threading.Thread(
+                    target=_read, args=(self._responses, self._inbox), daemon=True
+                )
+                reader.start()
+            try:
+                outcome = self._inbox.get(timeout=timeout)
+            except queue.Empty:
+                raise TimeoutError(f"no message within {timeout:g} s") from None
+        if outcome is None or isinstance(outcome, WireStatusError):
+            self._last = outcome
         if isinstance(outcome, WireStatusError):
             raise outcome
         return outcome
-
-    def _next(self) -> bytes | None:
-        import grpc
-
-        try:
-            return next(self._responses)
-        except StopIteration:
-            return None
-        except grpc.RpcError as err:
-            raise _status_error(err) from None
-
-    def _fill(self, pending: futures.Future[Any]) -> None:
-        try:
-            pending.set_result(self._next())
-        except WireStatusError as err:
-            pending.set_result(err)
 
     def close_send(self) -> None:
         """Half-close: the server's request iterator ends; answers may still come."""
@@ -231,6 +234,33 @@ class WireStream:
         """End the call now (the server sees it cancelled); a later ``receive`` raises
         ``WireStatusError("CANCELLED")``."""
         self._responses.cancel()
+
+    def __del__(self) -> None:
+        # a stream dropped unfinished is cancelled, so the server's call ends too
+        responses = getattr(self, "_responses", None)
+        if responses is not None:
+            responses.cancel()
+
+
+def _next_outcome(responses: Any) -> bytes | WireStatusError | None:
+    """A call's next message; None once it finished with OK; its error once it failed."""
+    import grpc
+
+    try:
+        return next(responses)
+    except StopIteration:
+        return None
+    except grpc.RpcError as err:
+        return _status_error(err)
+
+
+def _read(responses: Any, inbox: queue.SimpleQueue[Any]) -> None:
+    """Move a call's outcomes into ``inbox`` until it ends."""
+    while True:
+        outcome = _next_outcome(responses)
+        inbox.put(outcome)
+        if outcome is None or isinstance(outcome, WireStatusError):
+            return
 
 
 class ServerRequests:
@@ -299,7 +329,9 @@ class WireServer:
 
     ``dispatch(method, metadata, requests, call)`` returns the call's responses (bytes); when
     they end, the call ends with the status ``call.set_status`` set (OK by default); if it
-    raises, with ``UNKNOWN`` and ``"TypeName: message"``. ``target`` is ``"host:port"`` (port
+    raises, with ``UNKNOWN`` and ``"TypeName: message"``. A call that ends (the client
+    cancelled or went away) while its responses are being sent is not iterated again: its
+    iterator is closed (a generator's ``finally`` runs). ``target`` is ``"host:port"`` (port
     0 picks one: see ``port``) or ``"unix:..."``.
 
     Raises:
@@ -366,7 +398,8 @@ class WireServer:
             self._executor.shutdown(wait=not own_call)
 
     def __repr__(self) -> str:
-        return f"WireServer({self._target}, port={self.port})"
+        state = "closed" if self._closed else "serving"
+        return f"WireServer({self._target}, port={self.port}, {state})"
 
 
 def _handler(dispatch: Dispatch) -> Any:
