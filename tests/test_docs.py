@@ -49,6 +49,7 @@ DOCUMENTED_MODULES = (
     "rlmesh.remote.codec",
     "rlmesh.remote.address",
     "rlmesh.remote.connection",
+    "rlmesh.remote.hosting",
 )
 
 
