@@ -18,7 +18,8 @@ pixel episodes to video against encoding their frames alone, a CPU-heavy env in 
 processes against the same env in this process and a hand-written ``AsyncVectorEnv`` loop,
 group pipelining against plain rounds with a model as slow as the env, the same env on one
 process vs a local Ray cluster (``cluster="ray"``, one run a side, Ray's start-up included), a
-served env over loopback against the same run in-process, and with ``--peer`` the
+served env over loopback against the same run in-process (and the cores' bare bidi echo:
+grpcio against tonic), and with ``--peer`` the
 published ``rlmesh==0.1.0`` (run in its own virtual environment, see ``peer.py``). Each row
 gives its workload, both figures, the ratio (how many times better rlmesh's side is) and the
 target from the issues, and says MISSED where the ratio falls short. Targets are reported,
@@ -123,6 +124,7 @@ from test_bench_report_html import suite_file as html_suite_file
 from test_bench_suite_summary import TASKS as SUITE_TASKS
 from test_bench_suite_summary import suite_file, suite_summary_in_subprocess
 from test_bench_summary import REPORT_EPISODES, results_file, summary_in_subprocess
+from test_bench_transport import ROUND_TRIPS, round_trip_us
 from test_bench_video import (
     RECORDED_EPISODES,
     VIDEO_EPISODES,
@@ -1132,7 +1134,28 @@ def remote_rows(settings: Settings, with_peer: bool) -> list[Row]:
         if with_peer:
             rows.append(_peer_remote_row(section, workload, width, steps / times["remote"],
                                          settings, len(seeds), episodes))  # fmt: skip
+    rows.append(transport_row(section, settings))
     return rows
+
+
+def transport_row(section: str, settings: Settings) -> Row:
+    """The cores' own transport (``WireChannel`` / ``WireServer``): a bidi echo of 64 bytes,
+    the server in its own process, grpcio (Python core) vs tonic (Rust core)."""
+    count = ROUND_TRIPS // 4 if settings is QUICK else ROUND_TRIPS
+    seconds = interleaved_values(
+        {name: lambda name=name: round_trip_us(name, count) * 1e-6 for name in ("python", "rust")},
+        settings.repeats,
+    )
+    return Row(
+        section,
+        "bare bidi echo round trip, 64 bytes, the cores' transport",
+        "python",
+        seconds["python"],
+        "rust",
+        seconds["rust"],
+        "s",
+        note=f"{count} round trips a sample, client and server each on that core's transport",
+    )
 
 
 def _peer_remote_row(

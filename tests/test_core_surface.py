@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 import rlmesh
 from rlmesh import _pycore
-from rlmesh.core import load_core
+from rlmesh.core import CORE_NAMES, load_core
 
 STUBS = Path(rlmesh.__file__).with_name("_core.pyi")
 
@@ -42,6 +45,17 @@ def stubbed() -> dict[str, set[str]]:
     return names
 
 
+# The raw-bytes gRPC transport's classes.
+TRANSPORT = {
+    "WireStatusError",
+    "WireChannel",
+    "WireStream",
+    "WireServer",
+    "ServerRequests",
+    "ServerCall",
+}
+
+
 def test_both_cores_have_the_same_classes_with_the_same_methods():
     rust, python = load_core("rust"), load_core("python")
     for name in _pycore.__all__:
@@ -57,5 +71,38 @@ def test_the_stubs_declare_what_the_rust_core_has():
     for name in _pycore.__all__:
         assert name in stubs, f"_core.pyi does not declare {name}"
         rust_object = getattr(rust, name)
-        if isinstance(rust_object, type):
+        if isinstance(rust_object, type) and not issubclass(rust_object, BaseException):
             assert stubs[name] == public(rust_object), name
+
+
+def test_the_stubs_declare_the_python_core_s_transport():
+    stubs = stubbed()
+    for name in TRANSPORT:
+        python_object = getattr(_pycore, name)
+        if not issubclass(python_object, BaseException):
+            assert stubs[name] == public(python_object), name
+
+
+def test_both_cores_status_errors_carry_code_and_details():
+    """An exception's attributes live on its instances: the stub declares them, and each
+    core's error has them."""
+    assert stubbed()["WireStatusError"] == {"code", "details"}
+    for name in CORE_NAMES:
+        core = load_core(name)
+        with pytest.raises(core.WireStatusError) as caught:
+            core.WireChannel("127.0.0.1:1", max_message_bytes=1024, connect_timeout=0.1)
+        assert issubclass(core.WireStatusError, Exception)
+        assert caught.value.code == "UNAVAILABLE"
+        assert str(caught.value) == f"UNAVAILABLE: {caught.value.details}"
+
+
+def test_importing_rlmesh_and_either_core_imports_no_grpc():
+    """grpcio is an optional extra: only using the transport imports it."""
+    code = (
+        "import sys, rlmesh, rlmesh._pycore, rlmesh.core; rlmesh.core.load_core('rust'); "
+        "print('grpc' in sys.modules)"
+    )
+    shown = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert shown.stdout.strip() == "False"

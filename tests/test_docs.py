@@ -18,6 +18,7 @@ DOCUMENTED_MODULES = (
     "rlmesh._pycore.actions",
     "rlmesh._pycore.telemetry",
     "rlmesh._pycore.rounds",
+    "rlmesh._pycore.transport",
     "rlmesh.adapters",
     "rlmesh.adapters.spec",
     "rlmesh.adapters.roles",
@@ -48,6 +49,7 @@ DOCUMENTED_MODULES = (
     "rlmesh.remote.codec",
     "rlmesh.remote.address",
     "rlmesh.remote.connection",
+    "rlmesh.remote.hosting",
 )
 
 

@@ -4,7 +4,10 @@ time, the first-message deadline, Shutdown, health, and a malformed contract on 
 
 from __future__ import annotations
 
+import functools
+import os
 import queue
+import subprocess
 import threading
 import time
 from concurrent import futures
@@ -16,13 +19,21 @@ import pytest
 import rlmesh
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rlmesh.remote.codec import SpaceCodec, space_spec
-from rlmesh.remote.connection import handshake_response, message_options, token_metadata, uuid7
+from rlmesh.remote.connection import handshake_response, message_bytes, token_metadata, uuid7
 from rlmesh.remote.env_server import check_values, value_checks
 from rlmesh.remote.wire.core.v1 import env_contract_pb2
 from rlmesh.remote.wire.env.v1 import interaction_pb2 as wire
 from rlmesh.remote.wire.env.v1 import service_pb2, service_pb2_grpc
 from rlmesh.remote.wire.spaces.v1 import value_pb2
+from servers import read_address, rlmesh_cli, stop
 from test_remote_env_cases import CountingEnv
+
+
+@pytest.fixture(params=["rust", "python"])
+def serve_env(request):
+    """``rlmesh.serve_env`` on each core's transport (tonic and grpcio)."""
+    return functools.partial(rlmesh.serve_env, core=request.param)
+
 
 DISCRETE = SpaceCodec(gym.spaces.Discrete(2))
 
@@ -32,7 +43,10 @@ class RawSession:
 
     def __init__(self, address: str, token: str | None = None, max_message_mb: float = 64):
         target = address.removeprefix("tcp://")
-        self.channel = grpc.insecure_channel(target, options=message_options(max_message_mb))
+        limit = message_bytes(max_message_mb)
+        options = [("grpc.max_send_message_length", limit)]
+        options.append(("grpc.max_receive_message_length", limit))
+        self.channel = grpc.insecure_channel(target, options=options)
         self.stub = service_pb2_grpc.EnvServiceStub(self.channel)
         self.metadata = token_metadata(token)
         self.pending: queue.SimpleQueue = queue.SimpleQueue()
@@ -64,9 +78,9 @@ def _reset(lanes=(0,), seeds=(1,)) -> dict:
 
 
 @pytest.fixture
-def counted():
+def counted(serve_env):
     calls = {"reset": 0, "step": 0}
-    with rlmesh.serve_env(lambda: CountingEnv(calls), token="s3cret") as server:
+    with serve_env(lambda: CountingEnv(calls), token="s3cret") as server:
         yield server, calls
 
 
@@ -98,8 +112,8 @@ def test_the_health_check_needs_no_token_and_says_serving(counted):
     assert answer.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def test_a_message_over_the_cap_is_refused_and_the_server_keeps_serving():
-    with rlmesh.serve_env("CartPole-v1", max_message_mb=1) as server:
+def test_a_message_over_the_cap_is_refused_and_the_server_keeps_serving(serve_env):
+    with serve_env("CartPole-v1", max_message_mb=1) as server:
         session = RawSession(server.address, max_message_mb=8)
         try:
             session.ask(**_reset())
@@ -114,9 +128,9 @@ def test_a_message_over_the_cap_is_refused_and_the_server_keeps_serving():
             assert env.step(np.array([0]), np.array([1])).rewards.tolist() == [1.0]
 
 
-def test_malformed_and_invalid_actions_get_typed_errors_and_are_never_delivered():
+def test_malformed_and_invalid_actions_get_typed_errors_and_are_never_delivered(serve_env):
     calls = {"reset": 0, "step": 0}
-    with rlmesh.serve_env(lambda: CountingEnv(calls), num_envs=2) as server:
+    with serve_env(lambda: CountingEnv(calls), num_envs=2) as server:
         session = RawSession(server.address)
         try:
             not_ready = session.ask(**_step(DISCRETE.encode(np.array([1]), 1))).error
@@ -151,8 +165,53 @@ def test_malformed_and_invalid_actions_get_typed_errors_and_are_never_delivered(
             session.close()
 
 
-def test_a_nan_action_is_invalid_and_not_delivered():
-    with rlmesh.serve_env("Pendulum-v1") as server:
+FLOOD_ROUNDS = 400  # malformed steps of 256 kB each: 100 MB on the wire in all
+FLOOD_BYTES = 256 * 1024
+
+
+def _resident_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        line = next(line for line in status if line.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux's /proc")
+@pytest.mark.parametrize("core", ["rust", "python"])
+def test_a_flood_of_malformed_steps_leaves_the_servers_memory_flat(core):
+    """Each refused message is freed: 400 of 256 kB (100 MB in all) grow the server's
+    resident set by less than a tenth of that, and it still serves."""
+    process = subprocess.Popen(
+        rlmesh_cli("serve", "env", "CartPole-v1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "RLMESH_CORE": core},
+    )
+    try:
+        address = read_address(process, 60)
+        session = RawSession(address)
+        try:
+            session.ask(**_reset())
+            malformed = _step(value_pb2.SpaceValue(leaves=[b"\1" * FLOOD_BYTES]))
+            before = None
+            for round_index in range(FLOOD_ROUNDS):
+                error = session.ask(**malformed).error
+                assert error.code == wire.ENV_ERROR_CODE_INVALID_ACTION
+                if round_index == FLOOD_ROUNDS // 4:  # allocator pools warm by now
+                    before = _resident_mb(process.pid)
+            grown = _resident_mb(process.pid) - before
+            assert grown < FLOOD_ROUNDS * FLOOD_BYTES / 2**20 / 10, f"grew {grown:.1f} MB"
+            answer = session.ask(**_step(DISCRETE.encode(np.array([1]), 1))).step
+            assert list(answer.rewards) == [1.0]
+        finally:
+            session.close()
+    finally:
+        stop(process)
+
+
+def test_a_nan_action_is_invalid_and_not_delivered(serve_env):
+    with serve_env("Pendulum-v1") as server:
         codec = SpaceCodec(gym.spaces.Box(-2.0, 2.0, (1,), np.float32))
         session = RawSession(server.address)
         try:
@@ -184,8 +243,8 @@ def test_value_checks_name_the_first_row_that_breaks_its_space(rows):
         assert row == rows - 2 and f"is {bad}" in message and "[1, 4)" in message
 
 
-def test_one_session_at_a_time_a_second_gets_busy():
-    with rlmesh.serve_env("CartPole-v1") as server:
+def test_one_session_at_a_time_a_second_gets_busy(serve_env):
+    with serve_env("CartPole-v1") as server:
         first = rlmesh.RemoteEnv(server.address)
         with pytest.raises(rlmesh.RemoteError) as caught:
             rlmesh.RemoteEnv(server.address)
@@ -194,8 +253,8 @@ def test_one_session_at_a_time_a_second_gets_busy():
         rlmesh.RemoteEnv(server.address).close()
 
 
-def test_a_join_that_sends_nothing_is_ended_at_the_first_message_deadline():
-    with rlmesh.serve_env("CartPole-v1", first_message_timeout=0.5) as server:
+def test_a_join_that_sends_nothing_is_ended_at_the_first_message_deadline(serve_env):
+    with serve_env("CartPole-v1", first_message_timeout=0.5) as server:
         with grpc.insecure_channel(server.address.removeprefix("tcp://")) as channel:
             stub = service_pb2_grpc.EnvServiceStub(channel)
             quiet = threading.Event()
@@ -218,14 +277,14 @@ def test_a_join_that_sends_nothing_is_ended_at_the_first_message_deadline():
             env.reset(np.array([0]), [0], [None])
 
 
-def test_shutdown_is_refused_unless_allowed():
+def test_shutdown_is_refused_unless_allowed(serve_env):
     request = service_pb2.ShutdownRequest()
-    with rlmesh.serve_env("CartPole-v1") as server:
+    with serve_env("CartPole-v1") as server:
         with grpc.insecure_channel(server.address.removeprefix("tcp://")) as channel:
             answer = service_pb2_grpc.EnvServiceStub(channel).Shutdown(request)
         assert not answer.base.accepted and "allow_shutdown" in answer.base.message
         assert not server.wait(0.2)
-    server = rlmesh.serve_env("CartPole-v1", allow_shutdown=True)
+    server = serve_env("CartPole-v1", allow_shutdown=True)
     try:
         with grpc.insecure_channel(server.address.removeprefix("tcp://")) as channel:
             answer = service_pb2_grpc.EnvServiceStub(channel).Shutdown(request)
@@ -235,8 +294,8 @@ def test_shutdown_is_refused_unless_allowed():
         server.close()
 
 
-def test_the_server_binds_loopback_by_default():
-    with rlmesh.serve_env("CartPole-v1") as server:
+def test_the_server_binds_loopback_by_default(serve_env):
+    with serve_env("CartPole-v1") as server:
         assert server.address.startswith("tcp://127.0.0.1:")
 
 

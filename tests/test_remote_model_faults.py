@@ -3,6 +3,7 @@ that hangs or raises. Real servers on loopback; every wait bounded."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import sys
@@ -25,6 +26,12 @@ from rlmesh.remote.wire.spaces.v1 import value_pb2
 from servers import rlmesh_cli, served
 
 Code = interaction_pb2.ModelErrorCode
+
+
+@pytest.fixture(params=["rust", "python"])
+def serve_model(request):
+    """``rlmesh.serve_model`` on each core's transport (tonic and grpcio)."""
+    return functools.partial(rlmesh.serve_model, core=request.param)
 
 
 class Counted(rlmesh.Model):
@@ -122,9 +129,9 @@ def valid_predict_answers(stream, env_id="env-a"):
     assert np.frombuffer(response.predict.actions[0].leaves[0], "<i8").tolist() == [1]
 
 
-def test_a_wrong_or_missing_token_is_unauthenticated_and_the_model_never_runs():
+def test_a_wrong_or_missing_token_is_unauthenticated_and_the_model_never_runs(serve_model):
     model = Counted()
-    with rlmesh.serve_model(model, token="right") as server:
+    with serve_model(model, token="right") as server:
         for token in (None, "wrong"):
             with pytest.raises(RemoteError) as caught:
                 rlmesh.RemoteModel(server.address, token=token)
@@ -148,9 +155,9 @@ def test_a_wrong_or_missing_token_is_unauthenticated_and_the_model_never_runs():
         assert model.calls == result.total_steps
 
 
-def test_malformed_requests_get_typed_errors_and_the_server_keeps_serving():
+def test_malformed_requests_get_typed_errors_and_the_server_keeps_serving(serve_model):
     model = Counted()
-    with rlmesh.serve_model(model) as server:
+    with serve_model(model) as server:
         stream = RawStream(server.address)
         try:
             not_resolved = stream.predict("env-a", [cartpole_obs(1).tobytes()])
@@ -209,7 +216,7 @@ def test_malformed_requests_get_typed_errors_and_the_server_keeps_serving():
         assert comparable(result) == comparable(rlmesh.run(Counted(), "CartPole-v1", episodes=2))
 
 
-def test_a_model_that_raises_fails_the_run_with_the_episodes_before_kept():
+def test_a_model_that_raises_fails_the_run_with_the_episodes_before_kept(serve_model):
     class Fails(rlmesh.Model):
         def __init__(self):
             super().__init__()
@@ -221,7 +228,7 @@ def test_a_model_that_raises_fails_the_run_with_the_episodes_before_kept():
                 raise ValueError("weights went missing")
             return (obs[:, 2] > 0).astype(np.int64)
 
-    with rlmesh.serve_model(Fails()) as server, pytest.raises(RemoteError) as caught:
+    with serve_model(Fails()) as server, pytest.raises(RemoteError) as caught:
         rlmesh.run(rlmesh.RemoteModel(server.address), "CartPole-v1", episodes=5)
     assert caught.value.code == "MODEL_ERROR_CODE_INTERNAL"
     assert "weights went missing" in str(caught.value)
@@ -274,7 +281,7 @@ def test_a_server_killed_mid_run_is_a_remote_error_and_the_completed_episodes_st
     assert len(rlmesh.read_results(out)[1]) == len(partial.episodes)
 
 
-def test_a_hung_model_hits_the_predict_timeout():
+def test_a_hung_model_hits_the_predict_timeout(serve_model):
     release = threading.Event()
 
     class Hangs(rlmesh.Model):
@@ -288,7 +295,7 @@ def test_a_hung_model_hits_the_predict_timeout():
                 release.wait(timeout=30)
             return (obs[:, 2] > 0).astype(np.int64)
 
-    with rlmesh.serve_model(Hangs()) as server:
+    with serve_model(Hangs()) as server:
         started = time.monotonic()
         try:
             with pytest.raises(OperationTimeout) as caught:
@@ -317,8 +324,8 @@ def test_no_server_is_a_remote_error_naming_the_address():
     assert caught.value.code == "UNAVAILABLE"
 
 
-def test_the_model_needs_a_run_to_know_its_spaces():
-    with rlmesh.serve_model(Counted()) as server:
+def test_the_model_needs_a_run_to_know_its_spaces(serve_model):
+    with serve_model(Counted()) as server:
         model = rlmesh.RemoteModel(server.address)
         with pytest.raises(RemoteError, match=r"rlmesh\.run"):
             model.predict_batch(cartpole_obs(1), context=[])
@@ -358,8 +365,8 @@ def test_a_served_spec_naming_code_is_refused_before_anything_is_imported(tmp_pa
         sys.modules.pop(name, None)
 
 
-def test_shutdown_is_accepted_only_when_enabled():
-    server = rlmesh.serve_model(Counted(), allow_shutdown=True)
+def test_shutdown_is_accepted_only_when_enabled(serve_model):
+    server = serve_model(Counted(), allow_shutdown=True)
     try:
         with grpc.insecure_channel(server.address.removeprefix("tcp://")) as channel:
             answer = service_pb2_grpc.ModelServiceStub(channel).Shutdown(
@@ -372,9 +379,9 @@ def test_shutdown_is_accepted_only_when_enabled():
         server.close()
 
 
-def test_a_grouped_predict_answers_each_group_and_fails_a_bad_one_alone():
+def test_a_grouped_predict_answers_each_group_and_fails_a_bad_one_alone(serve_model):
     model = Counted()
-    with rlmesh.serve_model(model) as server:
+    with serve_model(model) as server:
         stream = RawStream(server.address)
         try:
             for env_id in ("env-a", "env-b"):

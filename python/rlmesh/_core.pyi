@@ -243,3 +243,90 @@ class RoundRunner:
         ``step`` that raises becomes an ``rlmesh.EnvError`` naming the lane and the env, the
         error chained as ``__cause__``; with ``failures``, its ``"<Type>: <message>"`` goes
         there under its lane, the lane leaves the round, and the call returns after it."""
+
+# ------------------------------------------------------------------ the raw-bytes gRPC transport
+# (``rust/src/transport.rs`` on tonic; mirrored over grpcio by ``rlmesh/_pycore/transport.py``)
+
+class WireStatusError(Exception):
+    """A channel or stream call that ended with a gRPC status other than OK;
+    ``str(err) == f"{code}: {details}"``."""
+
+    code: str
+    details: str
+
+@final
+class WireChannel:
+    """A connected HTTP/2 channel to ``"host:port"`` or ``"unix:///abs/path"``; messages above
+    ``max_message_bytes`` are refused (``RESOURCE_EXHAUSTED``)."""
+
+    def __init__(self, target: str, *, max_message_bytes: int, connect_timeout: float) -> None:
+        """Connect now, or raise ``WireStatusError("UNAVAILABLE")`` after ``connect_timeout`` s."""
+    def unary(
+        self,
+        method: str,
+        request: bytes,
+        *,
+        metadata: Sequence[tuple[str, str]] = (),
+        timeout: float | None = None,
+    ) -> bytes:
+        """Call ``method`` (``"/pkg.Service/Method"``) with one message; its one answer."""
+    def stream(self, method: str, *, metadata: Sequence[tuple[str, str]] = ()) -> WireStream:
+        """Open a bidirectional stream on ``method``."""
+    def close(self) -> None:
+        """Close the channel (idempotent); open streams end with ``CANCELLED``."""
+
+@final
+class WireStream:
+    """One bidirectional call, made by ``WireChannel.stream``."""
+
+    def send(self, message: bytes) -> None:
+        """Queue ``message``; ``WireStatusError`` once the stream has finished."""
+    def receive(self, timeout: float | None = None) -> bytes | None:
+        """The next message; None once the server finished with OK; ``WireStatusError`` for
+        another status or a broken connection; ``TimeoutError`` after ``timeout`` s (the stream
+        stays usable)."""
+    def close_send(self) -> None:
+        """Half-close: the server's requests end."""
+    def cancel(self) -> None:
+        """End the call now; a later ``receive`` raises ``WireStatusError("CANCELLED")``."""
+
+@final
+class ServerRequests:
+    """The incoming messages (bytes) of one server call; ends when the client half-closed,
+    cancelled or went away, or the server closed."""
+
+    def __iter__(self) -> ServerRequests: ...
+    def __next__(self) -> bytes: ...
+
+@final
+class ServerCall:
+    """One incoming call's controls."""
+
+    def send_headers(self) -> None:
+        """Send the response headers now (they are out already with tonic)."""
+    def set_status(self, code: int, details: str) -> None:
+        """The status (gRPC code 0..16) the call ends with once its responses end."""
+    def cancel(self) -> None:
+        """End the call now: the client sees ``CANCELLED``; the requests stop."""
+    def is_active(self) -> bool:
+        """False once the client cancelled or went away, or the call ended."""
+    def time_remaining(self) -> float | None:
+        """Seconds left before the client's deadline (``grpc-timeout``), None without one."""
+
+@final
+class WireServer:
+    """A gRPC server for any method path: each call runs
+    ``dispatch(method, metadata, requests, call) -> Iterable[bytes]`` on its own thread."""
+
+    port: int
+    def __init__(
+        self,
+        target: str,
+        dispatch: Callable[[str, list[tuple[str, str]], ServerRequests, ServerCall], Any],
+        *,
+        max_message_bytes: int,
+    ) -> None:
+        """Bind ``target`` (``"host:port"``, port 0 allowed, or ``"unix:..."``) and serve;
+        ``OSError`` naming the target if it cannot bind."""
+    def close(self, grace: float = 1.0) -> None:
+        """Stop accepting; open calls get ``grace`` s, then are cancelled; idempotent."""

@@ -514,6 +514,7 @@ class EvaluationRun:
             restart_workers=settings.restart_workers,
             record_latency=self._record_lanes_latency,
             render_mode=None if settings.video is None else settings.video.render_mode,
+            core=self.core_name,
         )
         self.lanes = lanes  # closed by the teardown if the recorder refuses them
         self.videos = (

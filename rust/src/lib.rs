@@ -2,7 +2,8 @@
 //!
 //! Mirrors the pure-Python core `python/rlmesh/_pycore/` file for file: `seeding`, `args`,
 //! `ledger`, `assembly`, `actions`, `chunks`, `telemetry`, `rounds` (the per-lane work of a
-//! round, and the synchronous loop of rounds on top of the others). The Python core is the
+//! round, and the synchronous loop of rounds on top of the others), `transport` (a raw-bytes
+//! gRPC transport on tonic). The Python core is the
 //! specification; the parity tests keep the two in lockstep.
 
 use pyo3::prelude::*;
@@ -17,6 +18,7 @@ pub mod rotations;
 pub mod rounds;
 pub mod seeding;
 pub mod telemetry;
+pub mod transport;
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -29,5 +31,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<actions::ActionApplier>()?;
     m.add_class::<telemetry::LatencyStats>()?;
     m.add_class::<rounds::RoundRunner>()?;
+    transport::register(m)?;
     Ok(())
 }

@@ -85,6 +85,7 @@ def make_lanes(
     restart_workers: int = 0,
     record_latency: Callable[[str, int], None] | None = None,
     render_mode: str | None = None,
+    core: str | None = None,
 ) -> Lanes:
     """The lanes for ``env=``: see the module docstring for what each form becomes.
 
@@ -102,6 +103,8 @@ def make_lanes(
         render_mode: build the envs with this ``render_mode`` (``"rgb_array"`` to record
             videos from ``render()``): passed to ``gymnasium.make`` with an id, and to a
             factory that takes a ``render_mode`` keyword; envs made elsewhere keep theirs.
+        core: with a served env's address, whose transport dials it (``"rust"`` or
+            ``"python"``; default the active core).
 
     Raises:
         EnvError: ``gymnasium.make`` or the factory raised (an unknown id, a bad keyword).
@@ -143,7 +146,7 @@ def make_lanes(
                 f"env_kwargs is passed to gymnasium.make, but env={env!r} is a served env: "
                 f"give the arguments to the server that builds it"
             )
-        return _remote(env, num_envs)
+        return _remote(env, num_envs, core)
     if isinstance(env, str):
         kwargs = dict(env_kwargs or {})
 
@@ -220,14 +223,15 @@ def _rendering(
     return env, env_kwargs
 
 
-def _remote(address: str, num_envs: int | None) -> Lanes:
-    """The lanes served at ``address``; ``num_envs`` must be the server's width, or None."""
+def _remote(address: str, num_envs: int | None, core: str | None) -> Lanes:
+    """The lanes served at ``address`` (over ``core``'s transport); ``num_envs`` must be the
+    server's width, or None."""
     from ..remote import require_grpc
 
     require_grpc("run on a served env")
     from ..remote.env_client import RemoteEnv
 
-    lanes = RemoteEnv(address)
+    lanes = RemoteEnv(address, core=core)
     if num_envs not in (None, lanes.num_lanes):
         lanes.close()
         raise ValueError(

@@ -21,57 +21,40 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent import futures
+from types import ModuleType
 from typing import Any
 
-import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-
+from ..core import active, load_core
 from ..errors import RemoteError
 from .address import Address, parse_address
 from .codec import PROTOCOL_GENERATION, WORKFLOW_EDITION
+from .hosting import TOKEN_HEADER, ServicerHost
 from .wire.core.v1 import handshake_pb2
 
-TOKEN_HEADER = "authorization"
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 DEFAULT_MAX_MESSAGE_MB = 64
 
-AddService = Callable[[grpc.Server], None]
-"""Registers one servicer on a server (``add_EnvServiceServicer_to_server`` bound to it)."""
+AddService = Callable[[ServicerHost], None]
+"""Registers one servicer on a host (``add_EnvServiceServicer_to_server`` bound to it)."""
 
 
-def message_options(max_message_mb: float) -> list[tuple[str, int]]:
-    """gRPC channel options capping messages in both directions at ``max_message_mb``."""
-    limit = int(max_message_mb * 1024 * 1024)
-    return [("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit)]
+def wire_transport(core: str | None = None) -> ModuleType:
+    """The core whose ``WireChannel`` / ``WireServer`` carry the calls: ``core`` (``"rust"``
+    or ``"python"``), else the active one. The Rust core's transport is its own (tonic); the
+    Python core's is grpcio."""
+    return active if core is None else load_core(core)
+
+
+def message_bytes(max_message_mb: float) -> int:
+    """``max_message_mb`` MiB in bytes, after checking it is positive."""
+    if not max_message_mb > 0:
+        raise ValueError(f"max_message_mb must be positive, got {max_message_mb!r}")
+    return int(max_message_mb * 1024 * 1024)
 
 
 def token_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     """The call metadata that carries ``token`` (empty without one)."""
     return () if token is None else ((TOKEN_HEADER, f"Bearer {token}"),)
-
-
-class _TokenCheck(grpc.ServerInterceptor):
-    """Refuses, with UNAUTHENTICATED, every call but the health check that lacks the token."""
-
-    def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}"
-
-        def refuse(request: Any, context: grpc.ServicerContext) -> None:
-            context.abort(
-                grpc.StatusCode.UNAUTHENTICATED,
-                "this server needs a bearer token: pass token= (or --token) to the client",
-            )
-
-        self._refuse_unary = grpc.unary_unary_rpc_method_handler(refuse)
-        self._refuse_stream = grpc.stream_stream_rpc_method_handler(refuse)
-
-    def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
-        if details.method.startswith(HEALTH_PREFIX):
-            return continuation(details)
-        if dict(details.invocation_metadata or ()).get(TOKEN_HEADER) == self._expected:
-            return continuation(details)
-        return self._refuse_stream if details.method.endswith("/Join") else self._refuse_unary
 
 
 class Server:
@@ -82,8 +65,11 @@ class Server:
     context manager; ``wait()`` blocks until it stops.
     """
 
-    def __init__(self, grpc_server: grpc.Server, address: Address, on_close: Callable[[], None]):
-        self._server = grpc_server
+    def __init__(
+        self, wire_server: Any, host: ServicerHost, address: Address, on_close: Callable[[], None]
+    ):
+        self._server = wire_server
+        self._host = host
         self._address = address
         self._on_close = on_close
         self._closed = threading.Event()
@@ -98,49 +84,32 @@ class Server:
         component: str,
         token: str | None = None,
         max_message_mb: float = DEFAULT_MAX_MESSAGE_MB,
-        max_workers: int = 16,
         on_close: Callable[[], None] = lambda: None,
+        core: str | None = None,
     ) -> Server:
-        """Bind ``address`` and start serving ``services`` (and the health check).
+        """Bind ``address`` and start serving ``services`` (and the health check) on ``core``'s
+        transport (the active core's by default).
 
         Raises:
             ValueError: a malformed address, or ``max_message_mb <= 0``.
             RemoteError: the address cannot be bound (in use, no permission).
         """
-        if not max_message_mb > 0:
-            raise ValueError(f"max_message_mb must be positive, got {max_message_mb!r}")
+        limit = message_bytes(max_message_mb)
         parsed = parse_address(address)
-        interceptors = [] if token is None else [_TokenCheck(token)]
-        executor = futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=component)
-        server = grpc.server(
-            executor,
-            interceptors=interceptors,
-            options=message_options(max_message_mb),
-        )
+        host = ServicerHost(token)
         for add in services:
-            add(server)
-        health_servicer = health.HealthServicer()
-        health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+            add(host)
         try:
-            port = server.add_insecure_port(parsed.target)
-        except RuntimeError as err:
+            server = wire_transport(core).WireServer(
+                parsed.target, host.dispatch, max_message_bytes=limit
+            )
+        except OSError as err:
             raise RemoteError(
-                f"cannot listen on {address}: {err}", address=str(parsed), code=None
+                f"cannot listen on {address} ({component}): {err}", address=str(parsed), code=None
             ) from err
         if parsed.scheme == "tcp":
-            if port == 0:
-                raise RemoteError(f"cannot listen on {address}: the port is taken", address=address)
-            parsed = parsed.with_port(port)
-        server.start()
-
-        def release() -> None:
-            try:
-                on_close()
-            finally:  # grpc leaves its handler threads to the executor's owner
-                executor.shutdown(wait=False)
-
-        return cls(server, parsed, release)
+            parsed = parsed.with_port(server.port)
+        return cls(server, host, parsed, on_close)
 
     @property
     def address(self) -> str:
@@ -152,11 +121,12 @@ class Server:
         return self._closed.wait(timeout)
 
     def close(self, grace: float | None = 1.0) -> None:
-        """Stop serving (open streams get ``grace`` seconds), then release the env or model."""
+        """Stop serving (open calls get ``grace`` seconds), then release the env or model."""
         with self._close_lock:
             if self._closed.is_set():
                 return
-            self._server.stop(grace).wait()
+            self._host.close()
+            self._server.close(0.0 if grace is None else grace)
             try:
                 self._on_close()
             finally:
@@ -174,16 +144,23 @@ class Server:
 
 
 def open_channel(
-    address: str, *, connect_timeout: float, max_message_mb: float = DEFAULT_MAX_MESSAGE_MB
-) -> tuple[grpc.Channel, Address]:
-    """A channel to ``address`` that is connected, or a ``RemoteError`` after
-    ``connect_timeout`` seconds naming the address."""
+    address: str,
+    *,
+    connect_timeout: float,
+    max_message_mb: float = DEFAULT_MAX_MESSAGE_MB,
+    core: str | None = None,
+) -> tuple[Any, Address]:
+    """A ``WireChannel`` of ``core``'s transport to ``address``, connected, or a
+    ``RemoteError`` after ``connect_timeout`` seconds naming the address."""
     parsed = parse_address(address)
-    channel = grpc.insecure_channel(parsed.target, options=message_options(max_message_mb))
+    transport = wire_transport(core)
     try:
-        grpc.channel_ready_future(channel).result(timeout=connect_timeout)
-    except grpc.FutureTimeoutError:
-        channel.close()
+        channel = transport.WireChannel(
+            parsed.target,
+            max_message_bytes=message_bytes(max_message_mb),
+            connect_timeout=connect_timeout,
+        )
+    except transport.WireStatusError:
         raise RemoteError(
             f"no server answered at {parsed} within {connect_timeout:g} s (connect_timeout): "
             f"is it running, and is the address right?",
@@ -264,15 +241,15 @@ def check_handshake(response: handshake_pb2.HandshakeResponse, address: str) -> 
         )
 
 
-def remote_failure(err: grpc.RpcError, address: str, doing: str) -> RemoteError:
-    """A gRPC failure as the ``RemoteError`` a run raises, naming the address and the call."""
-    code = err.code() if hasattr(err, "code") else None
-    name = code.name if code is not None else None
-    details = err.details() if hasattr(err, "details") else str(err)
+def remote_failure(err: Exception, address: str, doing: str) -> RemoteError:
+    """A transport's ``WireStatusError`` as the ``RemoteError`` a run raises, naming the
+    address, the call and the gRPC status."""
+    name = getattr(err, "code", None)
+    details = getattr(err, "details", str(err))
     hint = ""
-    if code == grpc.StatusCode.UNAUTHENTICATED:
+    if name == "UNAUTHENTICATED":
         hint = ": the server needs the right token (token= / --token)"
-    elif code == grpc.StatusCode.UNAVAILABLE:
+    elif name == "UNAVAILABLE":
         hint = ": the server went away or cannot be reached"
     return RemoteError(
         f"{doing} at {address} failed with {name}: {details}{hint}", address=address, code=name
@@ -305,10 +282,11 @@ __all__ = [
     "check_handshake",
     "handshake_request",
     "handshake_response",
-    "message_options",
+    "message_bytes",
     "open_channel",
     "peer_info",
     "remote_failure",
     "token_metadata",
     "uuid7",
+    "wire_transport",
 ]

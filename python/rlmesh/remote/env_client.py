@@ -22,12 +22,10 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import queue
 import threading
 from collections.abc import Sequence
 from typing import Any
 
-import grpc
 import numpy as np
 from gymnasium.envs.registration import EnvSpec
 
@@ -50,16 +48,19 @@ from .connection import (
     remote_failure,
     token_metadata,
     uuid7,
+    wire_transport,
 )
 from .env_server import SPEC_METADATA, SUBSET_STEP, split_rows
 from .wire.core.v1 import env_contract_pb2
 from .wire.env.v1 import interaction_pb2 as wire
-from .wire.env.v1 import service_pb2, service_pb2_grpc
+from .wire.env.v1 import service_pb2
 
 COMPONENT = "rlmesh-driver"
 # The in-band errors that say the served env itself failed (it raised, or overran its
 # deadline): the server ends the session with them, and ``rebuild`` opens a new one.
 ENV_FAILURE_CODES = ("ENV_ERROR_CODE_INTERNAL", "ENV_ERROR_CODE_TIMEOUT", "ENV_ERROR_CODE_CRASHED")
+HANDSHAKE = "/rlmesh.env.v1.EnvService/Handshake"
+JOIN = "/rlmesh.env.v1.EnvService/Join"
 
 
 class SessionEndedError(LaneFailures, RemoteError):
@@ -71,9 +72,6 @@ class SessionEndedError(LaneFailures, RemoteError):
         RemoteError.__init__(self, message, address=address, code=code)
         self.errors = dict.fromkeys(range(num_lanes), f"RemoteError: {message}")
         self.outcome: Any = None
-
-
-_END = object()  # ends the Join request stream
 
 
 class RemoteEnv:
@@ -92,6 +90,8 @@ class RemoteEnv:
         request_timeout: seconds the server may take per reset or step (sent as
             ``timeout_ms``; past it the server answers TIMEOUT); None sends no deadline. The
             run's ``timeouts=`` apply on this side either way.
+        core: whose transport carries the calls, ``"rust"`` or ``"python"`` (grpcio);
+            default the active core. ``rlmesh.run(core=...)`` passes its own.
 
     A served env that raises (or overruns ``request_timeout``) ends the session, as the wire's
     rule says: the call raises ``SessionEndedError`` (a ``RemoteError``) naming every lane, and
@@ -122,10 +122,11 @@ class RemoteEnv:
         connect_timeout: float = 10.0,
         max_message_mb: float = DEFAULT_MAX_MESSAGE_MB,
         request_timeout: float | None = None,
+        core: str | None = None,
     ) -> None:
         self._closed = False
-        self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._responses: Any = None
+        self._status_error = wire_transport(core).WireStatusError
+        self._stream: Any = None
         self._call_lock = threading.Lock()
         self._counter = 0
         self._timeout_ms = 0 if request_timeout is None else max(1, int(request_timeout * 1000))
@@ -133,7 +134,7 @@ class RemoteEnv:
         self._session_ended = False
         self.rebuild = self._rebuild
         self._channel, parsed = open_channel(
-            address, connect_timeout=connect_timeout, max_message_mb=max_message_mb
+            address, connect_timeout=connect_timeout, max_message_mb=max_message_mb, core=core
         )
         self.address = str(parsed)
         try:
@@ -143,19 +144,18 @@ class RemoteEnv:
             raise
 
     def _connect(self, token: str | None, connect_timeout: float) -> None:
-        stub = service_pb2_grpc.EnvServiceStub(self._channel)
         metadata = token_metadata(token)
+        request = service_pb2.HandshakeRequest(base=handshake_request(COMPONENT))
         try:
-            answer = stub.Handshake(
-                service_pb2.HandshakeRequest(base=handshake_request(COMPONENT)),
-                metadata=metadata,
-                timeout=connect_timeout,
+            raw = self._channel.unary(
+                HANDSHAKE, request.SerializeToString(), metadata=metadata, timeout=connect_timeout
             )
-        except grpc.RpcError as err:
+        except self._status_error as err:
             raise remote_failure(err, self.address, "the env handshake") from None
+        answer = service_pb2.HandshakeResponse.FromString(raw)
         check_handshake(answer.base, self.address)
         self._read_contract(answer.env_contract, answer.base.capabilities)
-        self._responses = stub.Join(iter(self._requests.get, _END), metadata=metadata)
+        self._stream = self._channel.stream(JOIN, metadata=metadata)
         self._call(
             "configuring the session",
             "configure",
@@ -292,11 +292,10 @@ class RemoteEnv:
         if not self._session_ended:
             return
         with self._call_lock:
-            self._requests.put(_END)
-            with contextlib.suppress(grpc.RpcError):  # ends once the server let it go
-                next(self._responses, None)
-            self._requests = queue.SimpleQueue()
-            self._responses = None
+            self._stream.close_send()
+            with contextlib.suppress(self._status_error):  # ends once the server let it go
+                self._stream.receive()
+            self._stream = None
         self._connect(self._token, self._connect_timeout)
         self._session_ended = False
 
@@ -307,11 +306,11 @@ class RemoteEnv:
             return
         self._closed = True
         # A call abandoned at its deadline may still hold the stream: then it is cancelled.
-        if self._responses is not None and self._call_lock.acquire(blocking=False):
+        if self._stream is not None and self._call_lock.acquire(blocking=False):
             try:
                 self._send(wire.JoinRequest(close=wire.CloseEnvsRequest(reason="the run ended")))
-                next(self._responses, None)
-            except grpc.RpcError:
+                self._stream.receive()
+            except self._status_error:
                 pass  # the server is gone already: nothing left to close there
             finally:
                 self._call_lock.release()
@@ -319,9 +318,8 @@ class RemoteEnv:
 
     def _release(self) -> None:
         self._closed = True
-        self._requests.put(_END)
-        if self._responses is not None:
-            self._responses.cancel()
+        if self._stream is not None:
+            self._stream.cancel()
         self._channel.close()
 
     def __enter__(self) -> RemoteEnv:
@@ -339,7 +337,7 @@ class RemoteEnv:
         self._counter += 1
         request_id = str(self._counter)
         request.request_id = request_id
-        self._requests.put(request)
+        self._stream.send(request.SerializeToString())
         return request_id
 
     def _call(self, doing: str, kind: str, request: wire.JoinRequest) -> wire.JoinResponse:
@@ -349,17 +347,18 @@ class RemoteEnv:
                 f"{doing} on {self.address}: this RemoteEnv is closed", address=self.address
             )
         with self._call_lock:
-            request_id = self._send(request)
             try:
-                response = next(self._responses)
-            except StopIteration:
+                request_id = self._send(request)
+                raw = self._stream.receive()
+            except self._status_error as err:
+                raise remote_failure(err, self.address, doing) from None
+            if raw is None:
                 raise RemoteError(
                     f"the env server at {self.address} ended the session during {doing}",
                     address=self.address,
                     code="CLOSED",
-                ) from None
-            except grpc.RpcError as err:
-                raise remote_failure(err, self.address, doing) from None
+                )
+        response = wire.JoinResponse.FromString(raw)
         answered = response.WhichOneof("kind")
         if answered == "error":
             error = response.error

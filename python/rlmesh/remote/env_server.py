@@ -102,6 +102,7 @@ def serve_env(
     allow_shutdown: bool = False,
     first_message_timeout: float = 10.0,
     env_tags: Any = None,
+    core: str | None = None,
 ) -> Server:
     """Serve ``env`` at ``address`` (rlmesh-wire-v1) until the returned ``Server`` closes.
 
@@ -120,6 +121,8 @@ def serve_env(
         env_tags: the env's role tags (``rlmesh.adapters.EnvTags``, their v1 dict or JSON
             text), published in the contract's metadata so a driver's role-based model spec
             resolves against them; default: the tags in the env's own ``metadata``.
+        core: whose transport serves it: ``"rust"`` (the Rust core's, tonic) or ``"python"``
+            (grpcio); default the active core.
 
     Returns:
         The running ``Server`` (``.address``, ``.wait()``, ``.close()``, a context manager).
@@ -143,14 +146,13 @@ def serve_env(
         server = Server.start(
             address,
             services=[
-                lambda grpc_server: service_pb2_grpc.add_EnvServiceServicer_to_server(
-                    servicer, grpc_server
-                )
+                lambda host: service_pb2_grpc.add_EnvServiceServicer_to_server(servicer, host)
             ],
             component=COMPONENT,
             token=token,
             max_message_mb=max_message_mb,
             on_close=servicer.close,
+            core=core,
         )
     except BaseException:
         lanes.close()

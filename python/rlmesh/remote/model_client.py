@@ -27,11 +27,10 @@ import collections
 import contextlib
 import itertools
 import json
-import queue
 import threading
+import time
 from typing import Any
 
-import grpc
 import numpy as np
 from gymnasium import spaces
 
@@ -49,13 +48,16 @@ from .connection import (
     remote_failure,
     token_metadata,
     uuid7,
+    wire_transport,
 )
 from .model_server import MODEL_SPEC_KEY
 from .wire.core.v1 import env_contract_pb2
-from .wire.model.v1 import interaction_pb2, service_pb2, service_pb2_grpc
+from .wire.model.v1 import interaction_pb2, service_pb2
 
 COMPONENT = "rlmesh-driver"
 CLOSE_WAIT_S = 5.0
+HANDSHAKE = "/rlmesh.model.v1.ModelService/Handshake"
+JOIN = "/rlmesh.model.v1.ModelService/Join"
 """How long ``close`` waits for the server to answer ``Close`` before it hangs up."""
 
 
@@ -68,6 +70,8 @@ class RemoteModel(Model):
         token: the server's bearer token, if it needs one.
         connect_timeout: seconds to wait for the server to answer at construction.
         max_message_mb: the largest message sent or taken.
+        core: whose transport carries the calls, ``"rust"`` or ``"python"`` (grpcio);
+            default the active core.
 
     Attributes:
         spec: the served model's ``ModelSpec`` from the handshake (None: the raw observation).
@@ -95,17 +99,19 @@ class RemoteModel(Model):
         token: str | None = None,
         connect_timeout: float = 10.0,
         max_message_mb: float = DEFAULT_MAX_MESSAGE_MB,
+        core: str | None = None,
     ) -> None:
         super().__init__()
+        self._core = core
+        self._status_error = wire_transport(core).WireStatusError
         self._token = token
         self._connect_timeout = connect_timeout
         self._max_message_mb = max_message_mb
         self._metadata = token_metadata(token)
         self._channel, parsed = open_channel(
-            address, connect_timeout=connect_timeout, max_message_mb=max_message_mb
+            address, connect_timeout=connect_timeout, max_message_mb=max_message_mb, core=core
         )
         self.address = str(parsed)
-        self._stub = service_pb2_grpc.ModelServiceStub(self._channel)
         try:
             self.server_info = self._handshake()
         except BaseException:
@@ -117,14 +123,17 @@ class RemoteModel(Model):
         self._route: _WireRoute | None = None
 
     def _handshake(self) -> Any:
+        request = service_pb2.HandshakeRequest(base=handshake_request(COMPONENT))
         try:
-            response = self._stub.Handshake(
-                service_pb2.HandshakeRequest(base=handshake_request(COMPONENT)),
+            raw = self._channel.unary(
+                HANDSHAKE,
+                request.SerializeToString(),
                 metadata=self._metadata,
                 timeout=self._connect_timeout,
             )
-        except grpc.RpcError as err:
+        except self._status_error as err:
             raise remote_failure(err, self.address, "the model handshake") from None
+        response = service_pb2.HandshakeResponse.FromString(raw)
         check_handshake(response.base, self.address)
         return response.base
 
@@ -147,10 +156,14 @@ class RemoteModel(Model):
                     self.address,
                     connect_timeout=self._connect_timeout,
                     max_message_mb=self._max_message_mb,
+                    core=self._core,
                 )
-                self._stub = service_pb2_grpc.ModelServiceStub(self._channel)
                 self._handshake()
-            self._stream = _JoinStream(self._stub, self._metadata, self.address)
+            self._stream = _JoinStream(
+                self._channel.stream(JOIN, metadata=self._metadata),
+                self.address,
+                self._status_error,
+            )
         self._stream.ask(
             "resolve_adapter",
             interaction_pb2.JoinRequest(
@@ -359,48 +372,41 @@ def _spec_from_json(text: str, address: str) -> ModelSpec:
 # ---------------------------------------------------------------------------------- the stream
 
 
-_END = object()
-
-
 class _JoinStream:
-    """One Join call. Requests go through a queue (gRPC's sender thread takes them); the
-    caller waiting for an answer reads the stream itself, one caller at a time, until its
-    ``request_id`` comes, passing over the answers of requests nobody waits for
-    (``ResetAdapter``). A broken stream fails that caller, and every later one, with the
-    ``RemoteError`` that broke it."""
+    """One Join call (the transport's ``WireStream``). The caller waiting for an answer reads
+    the stream itself, one caller at a time, until its ``request_id`` comes, passing over the
+    answers of requests nobody waits for (``ResetAdapter``). A broken stream fails that
+    caller, and every later one, with the ``RemoteError`` that broke it."""
 
-    def __init__(self, stub: Any, metadata: Any, address: str) -> None:
+    def __init__(self, call: Any, address: str, status_error: type[Exception]) -> None:
         self.address = address
         self.broken: RemoteError | None = None
-        self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._call = call
+        self._status_error = status_error
         # Held while a caller reads: still held at close, it is a predict abandoned at its
         # deadline, so the server is stuck and would not answer Close either.
         self._reading = threading.Lock()
         self._ids = itertools.count(1)
         self._closing = False
-        self._call = stub.Join(self._outgoing(), metadata=metadata)
-
-    def _outgoing(self) -> Any:
-        while True:
-            request = self._requests.get()
-            if request is _END:
-                return
-            yield request
 
     def send(self, request: Any) -> str:
         """Send ``request`` (its ``request_id`` set here) without waiting; its id."""
         if self.broken is not None:
             raise self.broken
         request.request_id = f"r{next(self._ids)}"
-        self._requests.put(request)
+        try:
+            self._call.send(request.SerializeToString())
+        except self._status_error as err:
+            self.broken = remote_failure(err, self.address, "the model stream")
+            raise self.broken from None
         return request.request_id
 
-    def ask(self, doing: str, request: Any) -> Any:
-        """Send ``request`` and wait for its answer; an in-band ``ModelError`` is raised as a
-        ``RemoteError`` with the error's code."""
+    def ask(self, doing: str, request: Any, timeout: float | None = None) -> Any:
+        """Send ``request`` and wait for its answer (``TimeoutError`` past ``timeout`` s); an
+        in-band ``ModelError`` is raised as a ``RemoteError`` with the error's code."""
         with self._reading:
             request_id = self.send(request)
-            response = self._answer_to(request_id)
+            response = self._answer_to(request_id, timeout)
         if response.WhichOneof("kind") == "error":
             error = response.error
             code = interaction_pb2.ModelErrorCode.Name(error.code)
@@ -411,25 +417,28 @@ class _JoinStream:
             )
         return response
 
-    def _answer_to(self, request_id: str) -> Any:
-        try:
-            for response in self._call:
-                if response.request_id == request_id:
-                    return response
-        except grpc.RpcError as err:
-            doing = "closing the model stream" if self._closing else "the model stream"
-            self.broken = remote_failure(err, self.address, doing)
-            raise self.broken from None
-        self.broken = RemoteError(
-            f"the model at {self.address} ended the Join stream", address=self.address
-        )
-        raise self.broken
+    def _answer_to(self, request_id: str, timeout: float | None) -> Any:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                raw = self._call.receive(wait)
+            except self._status_error as err:
+                doing = "closing the model stream" if self._closing else "the model stream"
+                self.broken = remote_failure(err, self.address, doing)
+                raise self.broken from None
+            if raw is None:
+                self.broken = RemoteError(
+                    f"the model at {self.address} ended the Join stream", address=self.address
+                )
+                raise self.broken
+            response = interaction_pb2.JoinResponse.FromString(raw)
+            if response.request_id == request_id:
+                return response
 
     def close(self, wait_s: float) -> None:
         """Send ``Close``, wait up to ``wait_s`` for its answer, then hang up."""
         self._closing = True
-        hang_up = threading.Timer(wait_s, self._call.cancel)
-        hang_up.start()
         try:
             if self.broken is None and self._reading.acquire(blocking=False):
                 self._reading.release()
@@ -440,10 +449,9 @@ class _JoinStream:
                         interaction_pb2.JoinRequest(
                             close=interaction_pb2.CloseParticipantRequest(reason="the run ended")
                         ),
+                        timeout=wait_s,
                     )
         finally:
-            hang_up.cancel()
-            self._requests.put(_END)
             self._call.cancel()
 
 

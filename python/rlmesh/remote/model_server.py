@@ -70,6 +70,7 @@ def serve_model(
     token: str | None = None,
     max_message_mb: float = DEFAULT_MAX_MESSAGE_MB,
     allow_shutdown: bool = False,
+    core: str | None = None,
 ) -> ModelServer:
     """Serve ``model`` on ``address`` until the returned server is closed.
 
@@ -86,6 +87,8 @@ def serve_model(
             <token>``; others get ``UNAUTHENTICATED`` before reaching the model.
         max_message_mb: the largest message taken or sent.
         allow_shutdown: accept the ``Shutdown`` call (refused by default).
+        core: whose transport serves it: ``"rust"`` (the Rust core's, tonic) or ``"python"``
+            (grpcio); default the active core.
 
     Returns:
         The running ``ModelServer``: ``.address``, ``.stats()``, ``.close()``, ``.wait()``.
@@ -107,16 +110,13 @@ def serve_model(
         server = ModelServer.start(
             address,
             services=[
-                lambda grpc_server: service_pb2_grpc.add_ModelServiceServicer_to_server(
-                    service, grpc_server
-                )
+                lambda host: service_pb2_grpc.add_ModelServiceServicer_to_server(service, host)
             ],
             component=COMPONENT,
             token=token,
             max_message_mb=max_message_mb,
-            # Each Join stream holds a worker thread for its life: room for many drivers.
-            max_workers=128,
             on_close=batcher.close,
+            core=core,
         )
     except BaseException:
         batcher.close()
