@@ -218,7 +218,7 @@ async def arun(
             close it once at the end; an actor that dies is replaced by a fresh one. Actors
             pay off when loading the model costs more than starting an actor (a fresh
             process, about a second) over many windows: with a ``load`` of 0.5 s on 32
-            windows of 2 episodes, 11.3 s against 17.8 s on tasks (BENCHMARKS.md). For a
+            windows of 2 episodes, 12.1 s against 17.8 s on tasks (BENCHMARKS.md). For a
             cheap model, or a few windows, they gain nothing or lose, and they hold their
             CPUs for the whole run: hence tasks by default.
         env_tags: the env's ``rlmesh.adapters.EnvTags`` (or their v1 dict), for a model spec
