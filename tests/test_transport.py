@@ -20,6 +20,7 @@ from types import ModuleType
 import grpc
 import pytest
 from rlmesh.core import CORE_NAMES, load_core
+from servers import read_line
 
 MAX = 4 << 20
 WAIT = 10.0  # seconds any one wait in these tests may take before it fails
@@ -616,7 +617,7 @@ def test_a_server_that_dies_mid_stream_is_unavailable(core):
         [sys.executable, "-c", SERVE_ECHO, name], stdout=subprocess.PIPE, text=True
     )
     try:
-        port = int(process.stdout.readline())
+        port = int(read_line(process, WAIT))
         with dialling(core, f"127.0.0.1:{port}") as channel:
             stream = channel.stream("/test.Echo/Talk")
             stream.send(b"one")
