@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import gymnasium as gym
@@ -183,6 +184,35 @@ def test_lanes_return_what_in_process_lanes_return_type_for_type(factory, action
         local.close()
         process.close()
     assert not leftovers()
+
+
+def test_workers_that_stopped_polling_sleep_and_still_wake_for_the_next_step():
+    """A worker polls its bell only for ``POLL_S`` after answering; past that it sleeps (it
+    costs no CPU while a slow model thinks) and the next ring wakes it."""
+    local = LaneVector([gym.make("CartPole-v1") for _ in range(2)])
+    process = ProcessLanes("CartPole-v1", num_envs=2, workers=2)
+    try:
+        lanes = np.arange(2)
+        for vector in (local, process):
+            vector.reset(lanes, [3, 4], [0, 1])
+        for step in range(3):
+            asleep_by = time.monotonic() + 10
+            while not all(_state(pid) == "S" for pid in process.worker_pids):
+                assert time.monotonic() < asleep_by, "the workers never stopped polling"
+                time.sleep(0.02)
+            actions = np.array([step % 2, 1 - step % 2])
+            a, b = local.step(lanes, actions), process.step(lanes, actions)
+            assert np.array_equal(np.stack(a.observations), np.stack(b.observations))
+            assert np.array_equal(a.rewards, b.rewards)
+    finally:
+        local.close()
+        process.close()
+
+
+def _state(pid):
+    """The scheduler state letter of ``pid`` (``R`` running or runnable, ``S`` asleep)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return status.split("\nState:\t", 1)[1][0]
 
 
 @pytest.mark.parametrize("core", CORES)

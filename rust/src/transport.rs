@@ -10,6 +10,9 @@
 //! request stream, and the following `receive` writes it and waits for the answer. The server
 //! runs HTTP/2 on a one-worker runtime and each call's Python side on a thread of its own,
 //! handing messages over through channels.
+//!
+//! A client's `receive` and a server call's wait for its next request poll for a while before
+//! they park (`POLL`), when nothing else in the process waits so: see `POLL` for why.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -72,6 +75,16 @@ const CALL_QUEUE: usize = 16;
 /// How often a client's blocking call lets the runtime run other work when it only needs the
 /// wire written (half-close, cancel, close).
 const FLUSH_ROUNDS: usize = 8;
+/// How long a waiting `receive`, or a server call waiting for its next request, polls before it
+/// parks its thread. Waking a parked thread costs the waker an interrupt to another CPU: on a
+/// virtual machine about 0.15 ms of its CPU, and as long again before the thread runs, twice a
+/// round trip. An env's step or a driver's round usually answers within a millisecond, and an
+/// answer that finds its reader polling wakes no one. A poller yields between polls, so work
+/// that needs its CPU runs first; only a lone waiter polls (the only call open on its server, or
+/// the only `receive` waiting in the process), so many waiters never spin together.
+const POLL: Duration = Duration::from_millis(2);
+/// The `receive` calls waiting in this process (only a lone one polls).
+static RECEIVING: AtomicUsize = AtomicUsize::new(0);
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
@@ -591,6 +604,38 @@ impl StreamCore {
     }
 }
 
+/// `future`'s output, polling it (yielding to the runtime, which polls its sockets without
+/// blocking, between polls) for up to `POLL` before awaiting it.
+async fn polled<T>(future: impl Future<Output = T>) -> T {
+    let mut future = std::pin::pin!(future);
+    let until = Instant::now() + POLL;
+    while Instant::now() < until {
+        tokio::select! {
+            biased;
+            output = &mut future => return output,
+            _ = tokio::task::yield_now() => {}
+        }
+    }
+    future.await
+}
+
+/// Counts a waiting `receive` in `RECEIVING` while it lives.
+struct Receiving;
+
+impl Receiving {
+    /// Count one more waiting `receive`; whether it is the only one.
+    fn start() -> (Self, bool) {
+        let others = RECEIVING.fetch_add(1, Ordering::SeqCst);
+        (Receiving, others == 0)
+    }
+}
+
+impl Drop for Receiving {
+    fn drop(&mut self) {
+        RECEIVING.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 async fn next_message(phase: &mut Phase, cancelled: &AtomicBool) -> Result<Option<Bytes>, Failure> {
     loop {
         if cancelled.load(Ordering::SeqCst) && !matches!(phase, Phase::Finished(_)) {
@@ -664,8 +709,16 @@ impl WireStream {
         let (channel, core) = (&self.channel, &self.core);
         let outcome = py.detach(|| {
             let mut phase = lock(&core.phase);
+            let (_receiving, alone) = Receiving::start();
             channel.runtime.block_on(async {
-                let next = next_message(&mut phase, &core.cancelled);
+                let next = async {
+                    let next = next_message(&mut phase, &core.cancelled);
+                    if alone {
+                        polled(next).await
+                    } else {
+                        next.await
+                    }
+                };
                 match limit {
                     Some(limit) => tokio::time::timeout(limit, next)
                         .await
@@ -998,7 +1051,7 @@ impl CallHandler {
 /// for tonic (the GIL released while it waits), then the status the call ends with.
 fn serve_call(
     py: Python<'_>,
-    shared: &ServerShared,
+    shared: &Arc<ServerShared>,
     method: String,
     metadata: Vec<(String, String)>,
     requests: mpsc::Receiver<Bytes>,
@@ -1010,6 +1063,11 @@ fn serve_call(
         .map(|dispatch| dispatch.clone_ref(py));
     let Some(dispatch) = dispatch else {
         return call.stop_with(Status::unavailable("the server is closing"));
+    };
+    let requests = ServerRequests {
+        shared: shared.clone(),
+        messages: Mutex::new(requests),
+        call: call.clone(),
     };
     let outcome = run_dispatch(py, &dispatch, method, metadata, requests, &responses, &call);
     let status = match outcome {
@@ -1038,17 +1096,11 @@ fn run_dispatch(
     dispatch: &Py<PyAny>,
     method: String,
     metadata: Vec<(String, String)>,
-    requests: mpsc::Receiver<Bytes>,
+    requests: ServerRequests,
     responses: &mpsc::Sender<Result<Bytes, Status>>,
     call: &Arc<CallCore>,
 ) -> PyResult<()> {
-    let requests = Py::new(
-        py,
-        ServerRequests {
-            messages: Mutex::new(requests),
-            call: call.clone(),
-        },
-    )?;
+    let requests = Py::new(py, requests)?;
     let handle = Py::new(py, ServerCall { call: call.clone() })?;
     let pairs = metadata
         .iter()
@@ -1081,6 +1133,7 @@ fn run_dispatch(
 /// The incoming messages (bytes) of one server call.
 #[pyclass(module = "rlmesh._core", frozen)]
 pub struct ServerRequests {
+    shared: Arc<ServerShared>,
     messages: Mutex<mpsc::Receiver<Bytes>>,
     call: Arc<CallCore>,
 }
@@ -1091,13 +1144,25 @@ impl ServerRequests {
         slf
     }
 
-    /// The next message, waited for with the GIL released; the iteration ends when the client
-    /// half-closed, cancelled or went away, or the server closed.
+    /// The next message, waited for with the GIL released (polled for `POLL` first when this
+    /// is the server's only open call); the iteration ends when the client half-closed,
+    /// cancelled or went away, or the server closed.
     fn __next__<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
         if !self.call.active.load(Ordering::SeqCst) {
             return None;
         }
-        let message = py.detach(|| lock(&self.messages).blocking_recv());
+        let message = py.detach(|| {
+            let mut messages = lock(&self.messages);
+            let until = Instant::now() + POLL;
+            while self.shared.open_calls() <= 1 && Instant::now() < until {
+                match messages.try_recv() {
+                    Ok(message) => return Some(message),
+                    Err(mpsc::error::TryRecvError::Disconnected) => return None,
+                    Err(mpsc::error::TryRecvError::Empty) => std::thread::yield_now(),
+                }
+            }
+            messages.blocking_recv()
+        });
         message.map(|bytes| PyBytes::new(py, &bytes))
     }
 }

@@ -61,6 +61,9 @@ from .worker import serve
 
 START_TIMEOUT_S = 300.0
 """How long a worker may take to build its envs before the lanes give up on it."""
+SPLITS_KEPT = 16
+"""How many splits of lanes by worker ``_by_worker`` keeps (one per group pipelined, and a
+few for the lanes still running as episodes end)."""
 CLOSE_GRACE_S = 5.0
 """How long closing waits for a worker to close its envs and exit before killing it."""
 SHARED_MEMORY_PREFIX = "rlmesh-lanes-"
@@ -98,7 +101,9 @@ class _Worker:
     is about to sleep, so the scheduler tends to run the woken worker on the driver's CPU,
     ahead of the driver, and the driver's next write (to the next worker) waits behind it.
     The semaphore's wake-up carries no such hint, so the driver sends every request of a
-    round, then rings every bell, and the workers start stepping together.
+    round, then rings every bell, and the workers start stepping together. A worker polls its
+    bell for a while after answering (``worker.POLL_S``), and a ring it finds that way wakes
+    no one: the driver's rings cost it nothing then.
     """
 
     index: int
@@ -265,6 +270,7 @@ class ProcessLanes:
         self.rebuild = self._rebuild
         self._broken: str | None = None
         self._in_flight: set[int] = set()  # workers with a request not yet answered
+        self._splits: dict[bytes, list[tuple[int, np.ndarray, list[int]]]] = {}  # _by_worker
         # Per worker with a step sent by send_step and not yet received: its rows, loose
         # actions and request.
         self._sent: dict[int, tuple[np.ndarray, list[Any] | None, tuple[Any, ...]]] = {}
@@ -422,7 +428,7 @@ class ProcessLanes:
         options = [reset_options(self.accepts_trial_index, trial) for trial in trials]
         rows = np.asarray(checked, dtype=np.int64)
         requests = {}
-        for worker, positions in self._by_worker(rows):
+        for worker, positions, _ in self._by_worker(rows):
             requests[worker] = (
                 "reset",
                 [checked[p] for p in positions],
@@ -505,7 +511,7 @@ class ProcessLanes:
         views = self._views_now()
         loose_actions = views.put_actions(rows, actions)
         requests = {}
-        for worker, positions in self._by_worker(rows):
+        for worker, positions, _ in self._by_worker(rows):
             requests[worker] = (
                 "step",
                 rows[positions].tolist(),
@@ -547,7 +553,7 @@ class ProcessLanes:
         rows = np.asarray(lanes, dtype=np.int64)
         requests = {
             worker: ("rebuild", rows[positions].tolist())
-            for worker, positions in self._by_worker(rows)
+            for worker, positions, _ in self._by_worker(rows)
         }
         self._exchange(requests, rows)
 
@@ -599,10 +605,22 @@ class ProcessLanes:
             raise EnvError(f"{self!r} cannot go on after an earlier failure: {self._broken}")
         return self._views
 
-    def _by_worker(self, rows: np.ndarray) -> list[tuple[int, np.ndarray]]:
-        """The positions in ``rows`` of each worker's lanes, for the workers that have any."""
-        owners = self._owner[rows]
-        return [(int(w), np.flatnonzero(owners == w)) for w in np.unique(owners)]
+    def _by_worker(self, rows: np.ndarray) -> list[tuple[int, np.ndarray, list[int]]]:
+        """The positions in ``rows`` of each worker's lanes (an array and a list), for the
+        workers that have any. A driver steps the same lanes (or groups of them) round after
+        round, so the splits of the last few ``rows`` are kept."""
+        key = rows.tobytes()
+        split = self._splits.get(key)
+        if split is None:
+            if len(self._splits) >= SPLITS_KEPT:
+                self._splits.clear()
+            owners = self._owner[rows]
+            split = self._splits[key] = [
+                (int(w), positions, positions.tolist())
+                for w in np.unique(owners).tolist()
+                for positions in [np.flatnonzero(owners == w)]
+            ]
+        return split
 
     def _exchange(
         self, requests: dict[int, tuple[Any, ...]], rows: np.ndarray
@@ -659,7 +677,7 @@ class ProcessLanes:
         loose: list[Any] = [None] * len(rows)
         failure = None
         failed: dict[int, tuple[str, str, _Worker]] = {}
-        owners = self._owner[rows]
+        positions_of = {w: positions for w, _, positions in self._by_worker(rows)}
         for w, reply in sorted(replies.items()):
             if reply[0] == "error":
                 failure = failure or self._env_error(self._workers[w], reply)
@@ -670,7 +688,7 @@ class ProcessLanes:
             for lane, (description, remote_traceback) in worker_failed.items():
                 failed[lane] = (description, remote_traceback, self._workers[w])
             for position, info, extra in zip(
-                np.flatnonzero(owners == w).tolist(), worker_infos, worker_loose, strict=True
+                positions_of[w], worker_infos, worker_loose, strict=True
             ):
                 infos[position] = info
                 loose[position] = extra
