@@ -91,6 +91,7 @@ from test_bench_process_lanes import (
     SIM_LANES,
     SlowModel,
     async_vector_loop,
+    bare_pipes_rate,
     make_sim_env,
     rate,
     run_cartpole,
@@ -152,6 +153,7 @@ class Settings:
     null_episodes: int
     summary_samples: int  # fresh processes summarizing the 1M-episode file
     cpu_episodes: int  # episodes of the CPU-heavy env (8 lanes, 40..119 steps each)
+    bare_rounds: int  # lockstep rounds of the bare-pipes ceiling (8 burns each)
     sim_episodes: int  # episodes of MuJoCo's Hopper-v5 (8 lanes)
     process_cartpole_episodes: int  # CartPole episodes over 16 process lanes
     cluster_episodes: int  # CPU-heavy episodes, one process vs a local Ray cluster
@@ -166,6 +168,7 @@ FULL = Settings(
     null_episodes=NULL_EPISODES_PER_LANE * NULL_LANES,
     summary_samples=5,
     cpu_episodes=48,
+    bare_rounds=200,
     sim_episodes=48,
     process_cartpole_episodes=64,
     cluster_episodes=CLUSTER_EPISODES,
@@ -179,6 +182,7 @@ QUICK = Settings(
     null_episodes=256,
     summary_samples=1,
     cpu_episodes=8,
+    bare_rounds=20,
     sim_episodes=8,
     process_cartpole_episodes=16,
     cluster_episodes=16,
@@ -691,6 +695,30 @@ def process_lanes_rows(settings: Settings) -> list[Row]:
         lambda: async_vector_loop(settings.cpu_episodes),
         settings.repeats,
         start_s=statistics.median(worker_start_s() for _ in range(settings.repeats)),
+    )
+    bare = interleaved_values(
+        {
+            str(processes): lambda processes=processes: bare_pipes_rate(
+                processes, settings.bare_rounds
+            )
+            for processes in (1, 2)
+        },
+        settings.repeats,
+    )
+    rows.append(
+        Row(
+            section,
+            f"the ceiling: the CPU-heavy env's work alone (burn(), no env, no rlmesh), "
+            f"{CPU_LANES} steps a round, {settings.bare_rounds} lockstep rounds",
+            "this process",
+            bare["1"],
+            "2 processes",
+            bare["2"],
+            "steps/s",
+            note="the work split 4 and 4 over 2 processes asked and answered over bare pipes: "
+            "the most workers=2 could gain in lockstep rounds on this machine, with its "
+            "driver's work, uneven lanes and episode ends free",
+        )
     )
     if HAS_MUJOCO:
         rows += scale_out_rows(

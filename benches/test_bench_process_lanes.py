@@ -8,6 +8,9 @@
   fixed linear policy whose falls end episodes unevenly.
 - CartPole, 16 lanes: what one round costs more with process lanes than in-process, the
   overhead that tells a user when not to use workers.
+- The ceiling of lockstep rounds on this machine: the CPU-heavy env's work alone (``burn()``,
+  no env, no rlmesh), 8 steps a round, in this process against 2 processes asked and answered
+  over bare pipes; what ``workers=2`` could reach at best with its round's driver work free.
 - Group pipelining (``pipeline=True``) on the CPU-heavy env, 2 workers: with a model as slow
   as the env (it waits 1 ms per lane of a call, as a model on an accelerator or a server
   does, leaving the CPU to the envs) against plain rounds; and with the fast policy against
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import multiprocessing
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +40,7 @@ import rlmesh
 from cartpole import ENV_ID, batched_policy
 from cpu_heavy import ENV_ID as CPU_ENV_ID
 from cpu_heavy import batched_policy as cpu_policy
+from cpu_heavy import burn
 from rlmesh.lanes import ProcessLanes
 
 CPU_LANES = 8
@@ -44,6 +49,7 @@ CPU_KWARGS = {"shortest": 40, "longest": 119}  # short episodes: many resets and
 CARTPOLE_LANES, CARTPOLE_EPISODES = 16, 32
 MODEL_S_PER_LANE = 0.001  # the slow model: as long per lane as a CPU-heavy env step
 SIM_ID, SIM_LANES, SIM_EPISODES = "Hopper-v5", 8, 16
+BARE_ROUNDS = 50  # lockstep rounds of the bare-pipes ceiling
 HAS_MUJOCO = importlib.util.find_spec("mujoco") is not None
 # Hopper's 11 observations to its 3 torques, fixed and small: it stands a while, then falls
 # (episodes of about 50 to 150 steps, uneven across seeds).
@@ -171,6 +177,56 @@ def run_cartpole(workers: int, episodes: int = CARTPOLE_EPISODES) -> rlmesh.RunR
     )
 
 
+def _bare_worker(conn) -> None:
+    """A process of the bare-pipes ceiling: ``burn()`` as many times as asked, then answer."""
+    while (count := conn.recv()) is not None:
+        for _ in range(count):
+            burn()
+        conn.send(count)
+
+
+def bare_pipes_rate(processes: int, rounds: int = BARE_ROUNDS, lanes: int = CPU_LANES) -> float:
+    """Lane-steps/s of ``rounds`` lockstep rounds of ``lanes`` CPU-heavy steps' work
+    (``burn()`` alone: no env, no rlmesh), split evenly over ``processes`` processes that a
+    bare pipe asks and answers (1: in this process, no pipe). The processes start, and answer
+    once, before the timing."""
+    if processes == 1:
+        started = time.perf_counter()
+        for _ in range(rounds * lanes):
+            burn()
+        return rounds * lanes / (time.perf_counter() - started)
+    context = multiprocessing.get_context("forkserver")
+    pipes, children = [], []
+    try:
+        for _ in range(processes):
+            ours, theirs = context.Pipe()
+            child = context.Process(target=_bare_worker, args=(theirs,), daemon=True)
+            child.start()
+            theirs.close()
+            pipes.append(ours)
+            children.append(child)
+        shares = [lanes * (k + 1) // processes - lanes * k // processes for k in range(processes)]
+        for pipe in pipes:  # each process is up and answering
+            pipe.send(0)
+            pipe.recv()
+        started = time.perf_counter()
+        for _ in range(rounds):
+            for pipe, share in zip(pipes, shares, strict=True):
+                pipe.send(share)
+            for pipe in pipes:
+                pipe.recv()
+        return rounds * lanes / (time.perf_counter() - started)
+    finally:
+        for pipe in pipes:
+            pipe.send(None)
+            pipe.close()
+        for child in children:
+            child.join(10)
+            if child.is_alive():
+                child.kill()
+                child.join()
+
+
 def worker_start_s(env=make_cpu_env, num_envs: int = CPU_LANES, workers: int = 2) -> float:
     """Seconds to start ``workers`` workers with their envs and close them again."""
     started = time.perf_counter()
@@ -199,6 +255,13 @@ def test_run_cpu_heavy_env_slow_model_two_workers(benchmark, pipeline):
         run_cpu, args=(2, 4), kwargs={"pipeline": pipeline, "model": SlowModel()}, rounds=1
     )
     assert result.wasted_steps == 0 and rate(result, "lane-steps") > 0
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_bare_pipes_ceiling_eight_burns_a_round(benchmark, processes):
+    benchmark.group = "process lanes, CPU-heavy env, 8 lanes"
+    benchmark.extra_info["floor"] = "burn() alone over bare pipes, lockstep"
+    assert benchmark.pedantic(bare_pipes_rate, args=(processes, 5), rounds=1) > 0
 
 
 @pytest.mark.parametrize("workers", [1, 2])
