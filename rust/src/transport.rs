@@ -11,8 +11,8 @@
 //! runs HTTP/2 on a one-worker runtime and each call's Python side on a thread of its own,
 //! handing messages over through channels.
 //!
-//! A client's `receive` and a server call's wait for its next request poll for a while before
-//! they park (`POLL`), when nothing else in the process waits so: see `POLL` for why.
+//! A server call waiting for its next request polls for a while before it parks (`POLL`), when
+//! it is the server's only open call: see `POLL` for why.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -75,13 +75,14 @@ const CALL_QUEUE: usize = 16;
 /// How often a client's blocking call lets the runtime run other work when it only needs the
 /// wire written (half-close, cancel, close).
 const FLUSH_ROUNDS: usize = 8;
-/// How long a waiting `receive`, or a server call waiting for its next request, polls before it
-/// parks its thread. Waking a parked thread costs the waker an interrupt to another CPU: on a
-/// virtual machine about 0.15 ms of its CPU, and as long again before the thread runs, twice a
-/// round trip. An env's step or a driver's round usually answers within a millisecond, and an
-/// answer that finds its reader polling wakes no one. A poller yields between polls, so work
-/// that needs its CPU runs first; only a lone waiter polls (the only call open on its server, or
-/// the only `receive` waiting in the process), so many waiters never spin together.
+/// How long a server call waiting for its next request polls before it parks its thread, when
+/// it is the server's only open call. Waking a parked thread costs the waker an interrupt to
+/// another CPU: on a virtual machine about 0.15 ms of its CPU, and as long again before the
+/// thread runs. A driver's next request usually comes within a millisecond of the answer (its
+/// round), and a request that finds the call polling wakes no one. The poller yields between
+/// polls, so work that needs its CPU runs first. Only the server side polls: a client that
+/// polled too would spin beside it while the message is in flight, and the HTTP/2 thread that
+/// carries it would wait for a CPU.
 const POLL: Duration = Duration::from_millis(2);
 /// The `receive` calls waiting in this process (only a lone one polls).
 static RECEIVING: AtomicUsize = AtomicUsize::new(0);
@@ -604,8 +605,8 @@ impl StreamCore {
     }
 }
 
-/// `future`'s output, polling it (yielding to the runtime, which polls its sockets without
-/// blocking, between polls) for up to `POLL` before awaiting it.
+/// `future`'s output, polling it for up to `POLL` before awaiting it: between polls the
+/// runtime polls its sockets without blocking, and the thread yields its CPU.
 async fn polled<T>(future: impl Future<Output = T>) -> T {
     let mut future = std::pin::pin!(future);
     let until = Instant::now() + POLL;
@@ -613,7 +614,7 @@ async fn polled<T>(future: impl Future<Output = T>) -> T {
         tokio::select! {
             biased;
             output = &mut future => return output,
-            _ = tokio::task::yield_now() => {}
+            _ = tokio::task::yield_now() => std::thread::yield_now(),
         }
     }
     future.await
