@@ -8,9 +8,10 @@
   fixed linear policy whose falls end episodes unevenly.
 - CartPole, 16 lanes: what one round costs more with process lanes than in-process, the
   overhead that tells a user when not to use workers.
-- The ceiling of lockstep rounds on this machine: the CPU-heavy env's work alone (``burn()``,
-  no env, no rlmesh), 8 steps a round, in this process against 2 processes asked and answered
-  over bare pipes; what ``workers=2`` could reach at best with its round's driver work free.
+- The same work over bare pipes: the CPU-heavy env's work alone (``burn()``, no env, no
+  rlmesh), 8 steps a round in lockstep, in this process against 2 processes asked and answered
+  over bare pipes (waiting as the workers do); what ``workers=2`` gains with the driver's
+  work, the env objects, uneven lanes and episode ends free.
 - Group pipelining (``pipeline=True``) on the CPU-heavy env, 2 workers: with a model as slow
   as the env (it waits 1 ms per lane of a call, as a model on an accelerator or a server
   does, leaving the CPU to the envs) against plain rounds; and with the fast policy against
@@ -28,6 +29,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import multiprocessing
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,6 +44,7 @@ from cpu_heavy import ENV_ID as CPU_ENV_ID
 from cpu_heavy import batched_policy as cpu_policy
 from cpu_heavy import burn
 from rlmesh.lanes import ProcessLanes
+from rlmesh.lanes.process.worker import POLL_S
 
 CPU_LANES = 8
 CPU_EPISODES = 16
@@ -49,7 +52,7 @@ CPU_KWARGS = {"shortest": 40, "longest": 119}  # short episodes: many resets and
 CARTPOLE_LANES, CARTPOLE_EPISODES = 16, 32
 MODEL_S_PER_LANE = 0.001  # the slow model: as long per lane as a CPU-heavy env step
 SIM_ID, SIM_LANES, SIM_EPISODES = "Hopper-v5", 8, 16
-BARE_ROUNDS = 50  # lockstep rounds of the bare-pipes ceiling
+BARE_ROUNDS = 50  # lockstep rounds of the same work over bare pipes
 HAS_MUJOCO = importlib.util.find_spec("mujoco") is not None
 # Hopper's 11 observations to its 3 torques, fixed and small: it stands a while, then falls
 # (episodes of about 50 to 150 steps, uneven across seeds).
@@ -178,8 +181,16 @@ def run_cartpole(workers: int, episodes: int = CARTPOLE_EPISODES) -> rlmesh.RunR
 
 
 def _bare_worker(conn) -> None:
-    """A process of the bare-pipes ceiling: ``burn()`` as many times as asked, then answer."""
-    while (count := conn.recv()) is not None:
+    """A process of the bare-pipes row: ``burn()`` as many times as asked, then answer, and
+    wait for the next ask as a worker of process lanes does (polling for ``POLL_S``, then
+    sleeping)."""
+    while True:
+        polling_until = time.perf_counter() + POLL_S
+        while not conn.poll(0) and time.perf_counter() < polling_until:
+            os.sched_yield()
+        count = conn.recv()
+        if count is None:
+            return
         for _ in range(count):
             burn()
         conn.send(count)
@@ -258,7 +269,7 @@ def test_run_cpu_heavy_env_slow_model_two_workers(benchmark, pipeline):
 
 
 @pytest.mark.parametrize("processes", [1, 2])
-def test_bare_pipes_ceiling_eight_burns_a_round(benchmark, processes):
+def test_the_same_work_over_bare_pipes_eight_burns_a_round(benchmark, processes):
     benchmark.group = "process lanes, CPU-heavy env, 8 lanes"
     benchmark.extra_info["floor"] = "burn() alone over bare pipes, lockstep"
     assert benchmark.pedantic(bare_pipes_rate, args=(processes, 5), rounds=1) > 0

@@ -11,8 +11,9 @@
 //! runs HTTP/2 on a one-worker runtime and each call's Python side on a thread of its own,
 //! handing messages over through channels.
 //!
-//! A server call waiting for its next request polls for a while before it parks (`POLL`), when
-//! it is the server's only open call: see `POLL` for why.
+//! A lone waiter polls for a while before it parks (`POLL`): a server call waiting for its next
+//! request when it is its server's only open call, and a client's `receive` when no other waits
+//! in the process. See `POLL` for why.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -75,14 +76,14 @@ const CALL_QUEUE: usize = 16;
 /// How often a client's blocking call lets the runtime run other work when it only needs the
 /// wire written (half-close, cancel, close).
 const FLUSH_ROUNDS: usize = 8;
-/// How long a server call waiting for its next request polls before it parks its thread, when
-/// it is the server's only open call. Waking a parked thread costs the waker an interrupt to
-/// another CPU: on a virtual machine about 0.15 ms of its CPU, and as long again before the
-/// thread runs. A driver's next request usually comes within a millisecond of the answer (its
-/// round), and a request that finds the call polling wakes no one. The poller yields between
-/// polls, so work that needs its CPU runs first. Only the server side polls: a client that
-/// polled too would spin beside it while the message is in flight, and the HTTP/2 thread that
-/// carries it would wait for a CPU.
+/// How long a lone waiter polls before it parks its thread: a server call waiting for its next
+/// request (when it is its server's only open call) and a client's `receive` (when no other
+/// waits in the process). Waking a parked thread costs the waker an interrupt to another CPU:
+/// on a virtual machine about 0.15 ms of its CPU, and as long again before the thread runs.
+/// The message usually comes within a millisecond (a driver's round, an env's step), and one
+/// that finds its reader polling wakes no one. A poller yields its thread's CPU between polls,
+/// not only its task, so the HTTP/2 thread that carries the message, or other work, runs
+/// first; many waiters never spin together.
 const POLL: Duration = Duration::from_millis(2);
 /// The `receive` calls waiting in this process (only a lone one polls).
 static RECEIVING: AtomicUsize = AtomicUsize::new(0);
