@@ -26,6 +26,7 @@ Run: ``pytest benches/test_bench_process_lanes.py --benchmark-enable``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import multiprocessing
@@ -229,7 +230,8 @@ def bare_pipes_rate(processes: int, rounds: int = BARE_ROUNDS, lanes: int = CPU_
         return rounds * lanes / (time.perf_counter() - started)
     finally:
         for pipe in pipes:
-            pipe.send(None)
+            with contextlib.suppress(OSError):  # a process that died has closed its end
+                pipe.send(None)
             pipe.close()
         for child in children:
             child.join(10)

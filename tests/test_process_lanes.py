@@ -207,6 +207,8 @@ def test_workers_that_stopped_polling_sleep_and_still_wake_for_the_next_step():
     finally:
         local.close()
         process.close()
+    assert not any(alive(pid) for pid in process.worker_pids)
+    assert not leftovers()
 
 
 def _state(pid):

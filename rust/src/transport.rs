@@ -13,7 +13,8 @@
 //!
 //! A lone waiter polls for a while before it parks (`POLL`): a server call waiting for its next
 //! request when it is its server's only open call, and a client's `receive` when no other waits
-//! in the process. See `POLL` for why.
+//! in the process. See `POLL` for why. It changes only how soon a message is seen: the Python
+//! core, which does not poll, behaves the same.
 
 use std::convert::Infallible;
 use std::future::Future;
