@@ -92,6 +92,7 @@ from test_bench_process_lanes import (
     SlowModel,
     async_vector_loop,
     bare_pipes_rate,
+    independent_rate,
     make_sim_env,
     rate,
     run_cartpole,
@@ -720,6 +721,29 @@ def process_lanes_rows(settings: Settings) -> list[Row]:
             "over bare pipes, waiting as workers do: what workers=2 gains in lockstep rounds "
             "on this machine with the driver's work, the env objects, uneven lanes and episode "
             "ends free",
+        )
+    )
+    steps = settings.bare_rounds * CPU_LANES
+    alone = interleaved_values(
+        {
+            str(processes): lambda processes=processes: independent_rate(processes, steps)
+            for processes in (1, 2)
+        },
+        settings.repeats,
+    )
+    rows.append(
+        Row(
+            section,
+            f"the machine's ceiling: burn() alone in independent processes (no rounds, no "
+            f"pipes), {steps} steps",
+            "this process",
+            alone["1"],
+            "2 processes",
+            alone["2"],
+            "steps/s",
+            note="the same steps split 1:1 over 2 processes that never wait on each other, "
+            "timed from one go to the last answer: what this machine's two vCPUs give two "
+            "processes for the CPU-heavy env's work; workers=2 cannot beat it over workers=1",
         )
     )
     if HAS_MUJOCO:

@@ -12,6 +12,9 @@
   rlmesh), 8 steps a round in lockstep, in this process against 2 processes asked and answered
   over bare pipes (waiting as the workers do); what ``workers=2`` gains with the driver's
   work, the env objects, uneven lanes and episode ends free.
+- The machine's ceiling: the same work split over 2 processes that never wait on each other
+  (told to go once, timed to the last answer) against this process: what two processes get
+  of this machine's two vCPUs, which no number of workers can beat.
 - Group pipelining (``pipeline=True``) on the CPU-heavy env, 2 workers: with a model as slow
   as the env (it waits 1 ms per lane of a call, as a model on an accelerator or a server
   does, leaving the CPU to the envs) against plain rounds; and with the fast policy against
@@ -32,7 +35,7 @@ import importlib.util
 import multiprocessing
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,6 +184,17 @@ def run_cartpole(workers: int, episodes: int = CARTPOLE_EPISODES) -> rlmesh.RunR
     )
 
 
+def _burn_as_asked(conn) -> bool:
+    """Read a count, ``burn()`` that many times and answer it; False when told to stop."""
+    count = conn.recv()
+    if count is None:
+        return False
+    for _ in range(count):
+        burn()
+    conn.send(count)
+    return True
+
+
 def _bare_worker(conn) -> None:
     """A process of the bare-pipes row: ``burn()`` as many times as asked, then answer, and
     wait for the next ask as a worker of process lanes does (polling for ``POLL_S``, then
@@ -189,12 +203,47 @@ def _bare_worker(conn) -> None:
         polling_until = time.perf_counter() + POLL_S
         while not conn.poll(0) and time.perf_counter() < polling_until:
             os.sched_yield()
-        count = conn.recv()
-        if count is None:
+        if not _burn_as_asked(conn):
             return
+
+
+@contextlib.contextmanager
+def _bench_processes(target: Callable[[Any], None], count: int) -> Iterator[list[Any]]:
+    """``count`` processes running ``target(conn)``, each with a pipe to this process (the
+    list yielded); at the end each is told to stop (None), then joined, or killed after 10 s."""
+    context = multiprocessing.get_context("forkserver")
+    pipes, children = [], []
+    try:
         for _ in range(count):
-            burn()
-        conn.send(count)
+            ours, theirs = context.Pipe()
+            child = context.Process(target=target, args=(theirs,), daemon=True)
+            child.start()
+            theirs.close()
+            pipes.append(ours)
+            children.append(child)
+        yield pipes
+    finally:
+        for pipe in pipes:
+            with contextlib.suppress(OSError):  # a process that ended has closed its end
+                pipe.send(None)
+            pipe.close()
+        for child in children:
+            child.join(10)
+            if child.is_alive():
+                child.kill()
+                child.join()
+
+
+def _split(total: int, parts: int) -> list[int]:
+    """``total`` as ``parts`` near-equal whole shares."""
+    return [total * (k + 1) // parts - total * k // parts for k in range(parts)]
+
+
+def _answer(pipe, timeout_s: float = 120.0) -> Any:
+    """What a bench process sent, or ``TimeoutError`` once ``timeout_s`` passed without it."""
+    if not pipe.poll(timeout_s):
+        raise TimeoutError(f"a bench process did not answer within {timeout_s:g} s")
+    return pipe.recv()
 
 
 def bare_pipes_rate(processes: int, rounds: int = BARE_ROUNDS, lanes: int = CPU_LANES) -> float:
@@ -207,37 +256,46 @@ def bare_pipes_rate(processes: int, rounds: int = BARE_ROUNDS, lanes: int = CPU_
         for _ in range(rounds * lanes):
             burn()
         return rounds * lanes / (time.perf_counter() - started)
-    context = multiprocessing.get_context("forkserver")
-    pipes, children = [], []
-    try:
-        for _ in range(processes):
-            ours, theirs = context.Pipe()
-            child = context.Process(target=_bare_worker, args=(theirs,), daemon=True)
-            child.start()
-            theirs.close()
-            pipes.append(ours)
-            children.append(child)
-        shares = [lanes * (k + 1) // processes - lanes * k // processes for k in range(processes)]
+    shares = _split(lanes, processes)
+    with _bench_processes(_bare_worker, processes) as pipes:
         for pipe in pipes:  # each process is up and answering
             pipe.send(0)
-            pipe.recv()
+            _answer(pipe)
         started = time.perf_counter()
         for _ in range(rounds):
             for pipe, share in zip(pipes, shares, strict=True):
                 pipe.send(share)
             for pipe in pipes:
-                pipe.recv()
+                _answer(pipe)
         return rounds * lanes / (time.perf_counter() - started)
-    finally:
+
+
+def _independent_worker(conn) -> None:
+    """A process of the independent-processes row: say it is ready; once told to go with its
+    share, ``burn()`` that many times with nothing in between, then answer."""
+    conn.send("ready")
+    _burn_as_asked(conn)
+
+
+def independent_rate(processes: int, steps: int = BARE_ROUNDS * CPU_LANES) -> float:
+    """Lane-steps/s of ``steps`` CPU-heavy steps' work (``burn()`` alone) split evenly over
+    ``processes`` processes that never wait on each other: each is told to go once, and the
+    time runs to the last one's answer (1: in this process). What this machine gives
+    ``processes`` processes for this work, with no round, pipe or driver in between."""
+    if processes == 1:
+        started = time.perf_counter()
+        for _ in range(steps):
+            burn()
+        return steps / (time.perf_counter() - started)
+    with _bench_processes(_independent_worker, processes) as pipes:
+        for pipe in pipes:  # each process is up and waiting for its go
+            _answer(pipe)
+        started = time.perf_counter()
+        for pipe, share in zip(pipes, _split(steps, processes), strict=True):
+            pipe.send(share)
         for pipe in pipes:
-            with contextlib.suppress(OSError):  # a process that died has closed its end
-                pipe.send(None)
-            pipe.close()
-        for child in children:
-            child.join(10)
-            if child.is_alive():
-                child.kill()
-                child.join()
+            _answer(pipe)
+        return steps / (time.perf_counter() - started)
 
 
 def worker_start_s(env=make_cpu_env, num_envs: int = CPU_LANES, workers: int = 2) -> float:
@@ -275,6 +333,13 @@ def test_the_same_work_over_bare_pipes_eight_burns_a_round(benchmark, processes)
     benchmark.group = "process lanes, CPU-heavy env, 8 lanes"
     benchmark.extra_info["floor"] = "burn() alone over bare pipes, lockstep"
     assert benchmark.pedantic(bare_pipes_rate, args=(processes, 5), rounds=1) > 0
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_the_same_work_in_independent_processes(benchmark, processes):
+    benchmark.group = "process lanes, CPU-heavy env, 8 lanes"
+    benchmark.extra_info["floor"] = "burn() alone in processes that never wait: the machine"
+    assert benchmark.pedantic(independent_rate, args=(processes, 40), rounds=1) > 0
 
 
 @pytest.mark.parametrize("workers", [1, 2])

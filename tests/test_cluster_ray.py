@@ -8,6 +8,7 @@ test is given ``TEST_SECONDS`` (an alarm that fails it) to finish.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -463,7 +464,11 @@ def test_a_cluster_run_s_header_records_the_provenance_a_local_run_does(tmp_path
         path = tmp_path / f"{name}.jsonl"
         rlmesh.run(workers.balance, "CartPole-v1", results_path=path, **options, **placement)
         records[name] = read_results(path)[0][PROVENANCE_KEY]
+    # When each run started is its own; everything else is the same record.
+    started = {name: record.pop("started") for name, record in records.items()}
     assert records["ray"] == records["local"]
+    assert started["local"] <= started["ray"]  # ISO 8601 in UTC: the text sorts as the time
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", when) for when in started.values())
     assert records["ray"]["policy"] == "envs_for_cluster:balance"
     assert records["ray"]["env_package"]["name"] == "gymnasium"
 

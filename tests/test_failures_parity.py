@@ -15,6 +15,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 from rlmesh.errors import EnvError
+from rlmesh.lanes import StepBatch
 from rlmesh.model import ModelHandler
 from test_parity import OBSERVATION, RustPythonRunnerParity, both_cores, one_in, runner_of
 
@@ -76,6 +77,15 @@ def handler():
     return model
 
 
+def four_lanes_running(core):
+    """A runner of 4 lanes and 6 episodes, an episode started on each lane, and the three
+    ``LatencyStats`` ``run_rounds`` records into."""
+    runner = runner_of(core, 4, 6)
+    starts = runner.start(np.arange(4), now_ns=0)
+    runner.set_observations(starts.lanes, [OBSERVATION] * 4)
+    return runner, [core.LatencyStats() for _ in range(3)]
+
+
 def test_run_rounds_hands_env_failures_back_alike_in_both_cores():
     def step_of(lane):
         def step(action):
@@ -87,10 +97,7 @@ def test_run_rounds_hands_env_failures_back_alike_in_both_cores():
 
     outcomes = []
     for core in both_cores():
-        runner = runner_of(core, 4, 6)
-        starts = runner.start(np.arange(4), now_ns=0)
-        runner.set_observations(starts.lanes, [OBSERVATION] * 4)
-        stats = [core.LatencyStats() for _ in range(3)]
+        runner, stats = four_lanes_running(core)
         failures: dict[int, str] = {}
         ended, _, rounds, lane_steps = runner.run_rounds(
             handler(),
@@ -125,6 +132,67 @@ def test_run_rounds_hands_env_failures_back_alike_in_both_cores():
         else:
             raise AssertionError("run_rounds did not raise")
     assert outcomes[0] == outcomes[1]
+
+
+def whole_step(broken: tuple[int, ...], stepped: list[int] | None = None):
+    """One call stepping every lane asked for, as process and remote lanes are stepped: the
+    lanes in ``broken`` fail (reported as errors, left out of the batch); ``stepped``, when
+    given, is what the batch claims moved instead."""
+
+    def step(lanes, actions):
+        assert actions.shape == (len(lanes),)  # the batch of actions, not one per lane
+        kept = [lane for lane in lanes.tolist() if lane not in broken]
+        moved = np.array(kept if stepped is None else stepped, dtype=np.int64)
+        errors = {lane: f"RuntimeError: lane {lane} broke" for lane in broken} or None
+        count = len(moved)
+        flags = np.zeros(count, dtype=np.bool_)
+        batch = StepBatch(
+            moved, [OBSERVATION] * count, np.ones(count), flags, flags.copy(), [{}] * count
+        )
+        return batch, errors
+
+    return step
+
+
+def test_run_rounds_stepping_every_lane_in_one_call_hands_failures_back_alike_in_both_cores():
+    outcomes = []
+    for core in both_cores():
+        runner, stats = four_lanes_running(core)
+        failures: dict[int, str] = {}
+        ended, _, rounds, lane_steps = runner.run_rounds(
+            handler(), whole_step((1, 3)), "Broken", until_ns=2**62, stats=stats,
+            failures=failures,
+        )  # fmt: skip
+        assert (ended.tolist(), rounds, lane_steps) == ([], 1, 2)  # it returned after the round
+        assert failures == {1: "RuntimeError: lane 1 broke", 3: "RuntimeError: lane 3 broke"}
+        assert [lane["steps"] for lane in runner.snapshot()["lanes"]] == [1, 0, 1, 0]
+        assert stats[1].count == 2  # the step's time shared by the two lanes that moved
+        outcomes.append(runner.snapshot())
+    assert outcomes[0] == outcomes[1]
+
+
+def test_run_rounds_refuses_one_call_that_moved_other_lanes_alike_in_both_cores():
+    cases = {
+        "a lane neither stepped nor failed": (whole_step((), stepped=[0, 2]), {}),
+        "a lane not asked for": (whole_step((), stepped=[0, 1, 2, 3, 4]), {}),
+        "failures in a run that takes none": (whole_step((1,)), None),
+    }
+    for name, (step, failures) in cases.items():
+        messages = []
+        for core in both_cores():
+            runner, stats = four_lanes_running(core)
+            try:
+                runner.run_rounds(
+                    handler(), step, "Broken", until_ns=2**62, stats=stats, failures=failures
+                )
+            except ValueError as err:
+                messages.append(str(err))
+            else:
+                raise AssertionError(f"{name}: run_rounds did not raise")
+            # Nothing of the refused round was recorded.
+            assert [lane["steps"] for lane in runner.snapshot()["lanes"]] == [0] * 4, name
+        assert messages[0] == messages[1], name
+        assert "the lanes' step" in messages[0], name
 
 
 def test_an_episode_abandoned_before_its_first_step_has_zero_means_in_both_cores():

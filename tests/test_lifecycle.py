@@ -91,6 +91,74 @@ def test_a_new_kind_of_lanes_runs_through_the_driver_unchanged(core, num_lanes):
         rlmesh.run(cartpole_policy, ListLanes("CartPole-v1", 3), episodes=1, num_envs=2)
 
 
+class CoreSteppedListLanes(ListLanes):
+    """``ListLanes`` whose ``step`` says the core may call it (``core_calls_step``), as
+    process and remote lanes do; it notes who called it, and one lane's env may raise."""
+
+    core_calls_step = True
+
+    def __init__(self, *args, broken_lane: int | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.callers: set[str] = set()
+        self.broken_lane = broken_lane
+
+    def step(self, lanes, actions) -> StepBatch:
+        self.callers.add(sys._getframe(1).f_code.co_qualname)
+        if self.broken_lane in lanes.tolist():
+            raise RuntimeError(f"lane {self.broken_lane} broke")
+        return super().step(lanes, actions)
+
+
+@pytest.mark.parametrize("core", CORES)
+@pytest.mark.parametrize("num_lanes", [1, 3])
+def test_lanes_whose_step_the_core_may_call_are_stepped_by_the_core(core, num_lanes):
+    lanes = CoreSteppedListLanes("CartPole-v1", num_lanes)
+    result = rlmesh.run(cartpole_policy, lanes, episodes=5, core=core, success=475.0)
+    reference = rlmesh.run(
+        cartpole_policy, ListLanes("CartPole-v1", num_lanes), episodes=5, core=core,
+        success=475.0,
+    )  # fmt: skip
+    assert comparable(result) == comparable(reference)
+    # Called from the step the driver hands the core, never from the driver's awaited round.
+    assert lanes.callers == {"EvaluationRun._whole_step.<locals>.step"}
+    # A per-step hook needs the awaited round: the same lanes are then stepped by the driver.
+    awaited = CoreSteppedListLanes("CartPole-v1", num_lanes)
+
+    class Steps(rlmesh.RunHooks):
+        def on_step(self, event):
+            pass
+
+    again = rlmesh.run(
+        cartpole_policy, awaited, episodes=5, core=core, success=475.0, hooks=[Steps()]
+    )
+    assert comparable(again) == comparable(reference)
+    assert awaited.callers == {"EvaluationRun._guard"}
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_a_foreign_error_from_lanes_the_core_steps_is_raised_as_the_awaited_round_raises_it(
+    core,
+):
+    def failure(hooks):
+        lanes = CoreSteppedListLanes("CartPole-v1", 2, broken_lane=1)
+        with pytest.raises(rlmesh.EnvError) as caught:
+            rlmesh.run(cartpole_policy, lanes, episodes=2, core=core, hooks=hooks)
+        return str(caught.value), type(caught.value.__cause__)
+
+    class Steps(rlmesh.RunHooks):
+        def on_step(self, event):
+            pass
+
+    assert (
+        failure([])
+        == failure([Steps()])
+        == (
+            "env.step raised RuntimeError('lane 1 broke') at round 0",
+            RuntimeError,
+        )
+    )
+
+
 def test_lanes_that_lack_a_member_are_refused_naming_it():
     lanes = ListLanes("CartPole-v1", 1)
     del lanes.metadata

@@ -25,6 +25,7 @@ from rlmesh._pycore.rounds import lane_actions
 from rlmesh.adapters import ModelSpec, State, compile_spec
 from rlmesh.core import load_core
 from rlmesh.errors import EnvError, ModelError, ModelOutputError
+from rlmesh.lanes import LaneVector
 from rlmesh.model import ModelHandler
 
 CORES = {"python": load_core("python"), "rust": load_core("rust")}
@@ -237,9 +238,14 @@ class Run:
         while self.round_by_hand(policy) is not None:
             pass
 
-    def by_run_rounds(self, policy, until_ns: int = FAR_FUTURE) -> list[tuple]:
-        """Call ``run_rounds`` until nothing runs; what each call returned."""
-        steps = [env.step for env in self.envs]
+    def by_run_rounds(self, policy, until_ns: int = FAR_FUTURE, whole: bool = False) -> list[tuple]:
+        """Call ``run_rounds`` until nothing runs; what each call returned. ``whole``: the
+        core steps every running lane in one call (as it steps process and remote lanes)
+        rather than each lane's env on its own."""
+        steps: Any = [env.step for env in self.envs]
+        if whole:
+            lanes = LaneVector(self.envs)
+            steps = lambda running, actions: (lanes.step(running, actions), None)  # noqa: E731
         returned = []
         while len(self.runner.running_lanes()):
             ended, infos, rounds, lane_steps = run_rounds_of(
@@ -361,6 +367,26 @@ def test_run_rounds_gives_the_summaries_of_the_phases(core, env_id, num_lanes):
     assert sum(len(ended) for ended, *_ in returned) == len(looped.runner.summaries())
     lane_steps = sum(summary.steps for summary in looped.runner.summaries())
     assert sum(r[3] for r in returned) == lane_steps
+
+
+@pytest.mark.parametrize("env_id", list(ENVS))
+@pytest.mark.parametrize("num_lanes", [1, 3])
+def test_run_rounds_stepping_every_lane_in_one_call_gives_the_summaries_of_the_phases(
+    core, env_id, num_lanes
+):
+    make_env, policy, episodes = ENVS[env_id]
+    by_hand = Run(core, make_env, num_lanes, episodes)
+    by_hand.by_hand(policy)
+    looped = Run(core, make_env, num_lanes, episodes)
+    returned = looped.by_run_rounds(policy, whole=True)
+
+    assert looped.summaries() == by_hand.summaries()
+    assert looped.runner.rounds == by_hand.runner.rounds == sum(r[2] for r in returned)
+    assert all(ended for ended, *_ in returned)
+    # Each lane-step was timed: the one call's time shared by the lanes it stepped.
+    lane_steps = sum(summary.steps for summary in looped.runner.summaries())
+    assert sum(r[3] for r in returned) == lane_steps == looped.stats[1].count
+    assert all(summary.step_ms > 0 for summary in looped.runner.summaries())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -225,7 +225,8 @@ class RoundRunner:
     def run_rounds(
         self,
         model: Any,
-        env_steps: Sequence[Callable[[Any], tuple[Any, Any, Any, Any, Any]]],
+        env_steps: Sequence[Callable[[Any], tuple[Any, Any, Any, Any, Any]]]
+        | Callable[[Int64Array, Any], tuple[Any, dict[int, str] | None]],
         env_name: str,
         *,
         until_ns: int,
@@ -242,7 +243,12 @@ class RoundRunner:
         episode; each predicted lane is charged its share of the model call. A lane's
         ``step`` that raises becomes an ``rlmesh.EnvError`` naming the lane and the env, the
         error chained as ``__cause__``; with ``failures``, its ``"<Type>: <message>"`` goes
-        there under its lane, the lane leaves the round, and the call returns after it."""
+        there under its lane, the lane leaves the round, and the call returns after it.
+        ``env_steps`` may instead be one callable stepping every running lane,
+        ``step(lanes [K], actions) -> (StepBatch, errors)``: the batch holds the lanes that
+        stepped (those asked for but the lanes in ``errors``, ``{lane: "<Type>: <message>"}``
+        or None, which go to ``failures``); the call is timed as one, each lane charged its
+        share; a batch of other lanes is a ``ValueError``."""
 
 # ------------------------------------------------------------------ the raw-bytes gRPC transport
 # (``rust/src/transport.rs`` on tonic; mirrored over grpcio by ``rlmesh/_pycore/transport.py``)

@@ -11,7 +11,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::time::Instant;
 
-use numpy::{PyArray1, PyUntypedArray};
+use numpy::{PyArray1, PyReadonlyArray1, PyUntypedArray};
 use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -795,6 +795,18 @@ struct ParkedRound {
 }
 
 /// The phases of a round with their arguments already read.
+/// What `RoundRunner::step_all` read of one call that stepped every running lane: per lane
+/// that stepped, in the running lanes' order, and the positions of those that failed.
+struct WholeStep<'py> {
+    rewards: PyReadonlyArray1<'py, f64>,
+    terminated: PyReadonlyArray1<'py, bool>,
+    truncated: PyReadonlyArray1<'py, bool>,
+    infos: Vec<Bound<'py, PyAny>>,
+    lane_ns: Vec<i64>,
+    failed: Vec<usize>,
+    now: Instant,
+}
+
 impl RoundRunner {
     fn lane_count(&self) -> usize {
         self.observations.len()
@@ -992,6 +1004,92 @@ impl RoundRunner {
         }
         let ids = self.ledger.episode_ids_of(&self.running);
         queues.pop_lanes(py, &self.running, &ids)
+    }
+
+    /// Step every running lane in one `step(lanes, actions) -> (batch, errors)` call (a
+    /// `StepBatch` of the lanes that stepped; `errors` None or `{lane: text}` of those whose
+    /// env failed, put in `failures`), keeping each stepped lane's observation. Each stepped
+    /// lane is charged its share of the call's time.
+    fn step_all<'py>(
+        &mut self,
+        py: Python<'py>,
+        step: &Bound<'py, PyAny>,
+        actions: &Bound<'py, PyAny>,
+        failures: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<WholeStep<'py>> {
+        let started = Instant::now();
+        let outcome = step.call1((PyArray1::from_slice(py, &self.running), actions))?;
+        let now = Instant::now();
+        let (batch, errors): (Bound<'py, PyAny>, Bound<'py, PyAny>) = outcome.extract()?;
+        let stepped: Vec<i64> = lanes_arg(&batch.getattr("stepped")?)?.as_slice()?.to_vec();
+        let errors = if errors.is_none() {
+            None
+        } else {
+            Some(errors.cast_into::<PyDict>()?)
+        };
+        if let Some(errors) = errors.as_ref().filter(|errors| !errors.is_empty()) {
+            let Some(failures) = failures else {
+                let lanes = errors.keys();
+                return Err(PyValueError::new_err(format!(
+                    "the lanes' step reported failed lanes {lanes} in a run that takes none \
+                     (failures=None)"
+                )));
+            };
+            failures.update(errors.as_mapping())?;
+        }
+        let mut failed = Vec::new();
+        if stepped != self.running {
+            let mut kept = stepped.iter().peekable();
+            for (k, &lane) in self.running.iter().enumerate() {
+                if kept.peek() == Some(&&lane) {
+                    kept.next();
+                } else if errors
+                    .as_ref()
+                    .is_some_and(|e| e.contains(lane).unwrap_or(false))
+                {
+                    failed.push(k);
+                } else {
+                    return Err(PyValueError::new_err(format!(
+                        "the lanes' step moved lanes {stepped:?} when asked to step {:?}: lane \
+                         {lane} neither stepped nor failed",
+                        self.running
+                    )));
+                }
+            }
+            if kept.peek().is_some() {
+                return Err(PyValueError::new_err(format!(
+                    "the lanes' step moved lanes {stepped:?} when asked to step {:?}",
+                    self.running
+                )));
+            }
+        }
+        let observations = batch.getattr("observations")?;
+        if observations.len()? != stepped.len() {
+            return Err(PyValueError::new_err(format!(
+                "the lanes' step gave {} observations for {} lanes",
+                observations.len()?,
+                stepped.len()
+            )));
+        }
+        for (&lane, observation) in stepped.iter().zip(observations.try_iter()?) {
+            self.observations[lane as usize] = Some(observation?.unbind());
+        }
+        let infos = batch
+            .getattr("infos")?
+            .try_iter()?
+            .collect::<PyResult<Vec<_>>>()?;
+        let lane_ns = shares(elapsed_ns(started, now), stepped.len())
+            .map(|share| share as i64)
+            .collect();
+        Ok(WholeStep {
+            rewards: vector::<f64>(&batch.getattr("rewards")?, Dtype::Float64, "rewards")?,
+            terminated: vector::<bool>(&batch.getattr("terminated")?, Dtype::Bool, "terminated")?,
+            truncated: vector::<bool>(&batch.getattr("truncated")?, Dtype::Bool, "truncated")?,
+            infos,
+            lane_ns,
+            failed,
+            now,
+        })
     }
 
     /// Record the env step of the open round's running lanes and close the round;
@@ -1507,6 +1605,8 @@ impl RoundRunner {
     /// goes there under its lane instead, the lane leaves the round (its episode still
     /// running, to be abandoned), and the call returns after that round. Each lane's episode
     /// is charged its own env step's time, and each predicted lane its share of the model call.
+    /// ``env_steps`` may instead be one callable that steps every running lane,
+    /// ``step(lanes, actions) -> (batch, errors)`` (see ``step_all``), timed as one call.
     #[pyo3(signature = (model, env_steps, env_name, *, until_ns, stats, failures=None))]
     #[allow(clippy::too_many_arguments)]
     fn run_rounds<'py>(
@@ -1525,6 +1625,8 @@ impl RoundRunner {
         // A per-lane corner gets each lane's input as an array of its own, not a row of a
         // payload made only to be split again.
         let rows = model.lane_corner.is_some() && !model.wants_episode_ids;
+        // One callable that steps every running lane at once, rather than a step per lane.
+        let whole = env_steps.is_callable();
         // Each lane's `step`, looked up once per call, when the lane first steps.
         let mut steps: Vec<Option<Bound<'py, PyAny>>> = vec![None; self.lane_count()];
         let step_arg = OneArg::new(py)?;
@@ -1569,62 +1671,106 @@ impl RoundRunner {
                 predict_ns = took as i64;
             }
             self.charge(predict_ns)?;
-            let scalars = match &output {
-                Output::Integers(values) if self.queues.is_none() => {
-                    self.applier.discrete_scalars(py, values)?
-                }
-                _ => None,
-            };
-            let actions = match scalars {
-                Some(scalars) => LaneActions::PerLane(scalars),
-                None => {
-                    let actions = self.actions(py, &output.into_batch(py))?;
-                    lane_actions(&actions, count, &mut Vec::new())?
-                }
-            };
-            let mut lane_start = Instant::now();
-            let mut failed: Vec<usize> = Vec::new();
-            lane_ns.clear();
-            observations.clear();
-            rewards.clear();
-            terminated.clear();
-            truncated.clear();
-            step_infos.clear();
-            for k in 0..count {
-                let lane = self.running[k];
-                let stepped = (|| {
-                    let step = &mut steps[lane as usize];
-                    if step.is_none() {
-                        *step = Some(env_steps.get_item(lane)?);
+            let (now, failed) = if whole {
+                let actions = self.actions(py, &output.into_batch(py))?;
+                let stepped = self.step_all(py, env_steps, &actions, failures)?;
+                reward_values.clear();
+                reward_values.extend_from_slice(stepped.rewards.as_slice()?);
+                terminated_flags.clear();
+                terminated_flags.extend_from_slice(stepped.terminated.as_slice()?);
+                truncated_flags.clear();
+                truncated_flags.extend_from_slice(stepped.truncated.as_slice()?);
+                lane_ns = stepped.lane_ns;
+                step_infos = stepped.infos;
+                (stepped.now, stepped.failed)
+            } else {
+                let scalars = match &output {
+                    Output::Integers(values) if self.queues.is_none() => {
+                        self.applier.discrete_scalars(py, values)?
                     }
-                    let step = step.as_ref().expect("looked up above");
-                    unpack_step(step_arg.call(step, &actions.get(k)?)?)
-                })();
-                let [observation, reward, term, trunc, info] = match stepped {
-                    Ok(result) => result,
-                    Err(err) if err.is_instance_of::<PyException>(py) => {
-                        let Some(failures) = failures else {
-                            return Err(env_failure(py, env_name, "step", err, Some(lane))?);
-                        };
-                        let text =
-                            format!("{}: {}", err.get_type(py).name()?, err.value(py).str()?);
-                        failures.set_item(lane, text)?;
-                        failed.push(k);
-                        lane_start = Instant::now();
-                        continue;
-                    }
-                    Err(err) => return Err(err),
+                    _ => None,
                 };
-                let lane_end = Instant::now();
-                lane_ns.push(elapsed_ns(lane_start, lane_end) as i64);
-                lane_start = lane_end;
-                observations.push(observation);
-                rewards.push(reward);
-                terminated.push(term);
-                truncated.push(trunc);
-                step_infos.push(info);
-            }
-            let now = lane_start;
+                let actions = match scalars {
+                    Some(scalars) => LaneActions::PerLane(scalars),
+                    None => {
+                        let actions = self.actions(py, &output.into_batch(py))?;
+                        lane_actions(&actions, count, &mut Vec::new())?
+                    }
+                };
+                let mut lane_start = Instant::now();
+                let mut failed: Vec<usize> = Vec::new();
+                lane_ns.clear();
+                observations.clear();
+                rewards.clear();
+                terminated.clear();
+                truncated.clear();
+                step_infos.clear();
+                for k in 0..count {
+                    let lane = self.running[k];
+                    let stepped = (|| {
+                        let step = &mut steps[lane as usize];
+                        if step.is_none() {
+                            *step = Some(env_steps.get_item(lane)?);
+                        }
+                        let step = step.as_ref().expect("looked up above");
+                        unpack_step(step_arg.call(step, &actions.get(k)?)?)
+                    })();
+                    let [observation, reward, term, trunc, info] = match stepped {
+                        Ok(result) => result,
+                        Err(err) if err.is_instance_of::<PyException>(py) => {
+                            let Some(failures) = failures else {
+                                return Err(env_failure(py, env_name, "step", err, Some(lane))?);
+                            };
+                            let text =
+                                format!("{}: {}", err.get_type(py).name()?, err.value(py).str()?);
+                            failures.set_item(lane, text)?;
+                            failed.push(k);
+                            lane_start = Instant::now();
+                            continue;
+                        }
+                        Err(err) => return Err(err),
+                    };
+                    let lane_end = Instant::now();
+                    lane_ns.push(elapsed_ns(lane_start, lane_end) as i64);
+                    lane_start = lane_end;
+                    observations.push(observation);
+                    rewards.push(reward);
+                    terminated.push(term);
+                    truncated.push(trunc);
+                    step_infos.push(info);
+                }
+                let kept = self
+                    .running
+                    .iter()
+                    .enumerate()
+                    .filter(|(k, _)| !failed.contains(k));
+                for ((_, &lane), observation) in kept.zip(observations.drain(..)) {
+                    self.observations[lane as usize] = Some(observation.unbind());
+                }
+                // Read as the Python core's `np.array(..., dtype)` then `vector` read them.
+                read_column(
+                    &rewards,
+                    Dtype::Float64,
+                    "rewards",
+                    read_reward,
+                    &mut reward_values,
+                )?;
+                read_column(
+                    &terminated,
+                    Dtype::Bool,
+                    "terminated",
+                    read_flag,
+                    &mut terminated_flags,
+                )?;
+                read_column(
+                    &truncated,
+                    Dtype::Bool,
+                    "truncated",
+                    read_flag,
+                    &mut truncated_flags,
+                )?;
+                (lane_start, failed)
+            };
             let count = if failed.is_empty() {
                 count
             } else {
@@ -1640,31 +1786,6 @@ impl RoundRunner {
                     step_stats.add(ns as u64);
                 }
             }
-            for (&lane, observation) in self.running.iter().zip(observations.drain(..)) {
-                self.observations[lane as usize] = Some(observation.unbind());
-            }
-            // Read as the Python core's `np.array(..., dtype)` then `vector` read them.
-            read_column(
-                &rewards,
-                Dtype::Float64,
-                "rewards",
-                read_reward,
-                &mut reward_values,
-            )?;
-            read_column(
-                &terminated,
-                Dtype::Bool,
-                "terminated",
-                read_flag,
-                &mut terminated_flags,
-            )?;
-            read_column(
-                &truncated,
-                Dtype::Bool,
-                "truncated",
-                read_flag,
-                &mut truncated_flags,
-            )?;
             let round_ended = self.end(
                 &reward_values,
                 &terminated_flags,

@@ -643,7 +643,13 @@ class RoundRunner:
                 calls of a per-lane corner, each recorded in ``stats`` with an equal share of
                 the prediction's time.
             env_steps: per lane, its env's ``step``: ``step(action)`` -> ``(observation,
-                reward, terminated, truncated, info)``.
+                reward, terminated, truncated, info)``. Or one callable that steps every
+                running lane at once, ``step(lanes, actions) -> (batch, errors)``: ``lanes``
+                ``[K]`` int64, ``actions`` batched along a leading lane axis, ``batch`` a
+                ``rlmesh.lanes.StepBatch`` of the lanes that stepped (those asked for, in
+                their order, but for the lanes in ``errors``), ``errors`` None or
+                ``{lane: "<ExceptionType>: <message>"}`` (which lanes' envs failed, only with
+                ``failures``). The step is timed as one, each lane charged its share.
             env_name: how errors name the env.
             until_ns: no further round starts once a round ends at or after this
                 ``time.perf_counter_ns()`` reading (an integer).
@@ -682,6 +688,7 @@ class RoundRunner:
         # A per-lane corner gets each lane's input as an array of its own, not a row of a
         # payload made only to be split again.
         rows = lane_corner is not None and not wants_episode_ids
+        whole = callable(env_steps)  # one call steps every running lane
         rounds = lane_steps = 0
         ended = np.zeros(0, dtype=np.int64)
         infos: list[dict[str, Any]] = []
@@ -705,14 +712,16 @@ class RoundRunner:
             self._charge(predict_ns)
             actions = None
             if integers is not None:
-                if self._queues is None:
+                if self._queues is None and not whole:
                     actions = self._applier._discrete_scalars(integers)
                 output = np.array(integers, dtype=np.int64)
-            if actions is None:
-                actions = lane_actions(self._actions(output), count)
-            rewards, terminated, truncated, step_infos, lane_ns, failed, now = self._step_lanes(
-                env_steps, actions, env_name, failures
-            )
+            if whole:
+                stepped = self._step_all(env_steps, self._actions(output), failures)
+            else:
+                if actions is None:
+                    actions = lane_actions(self._actions(output), count)
+                stepped = self._step_lanes(env_steps, actions, env_name, failures)
+            rewards, terminated, truncated, step_infos, lane_ns, failed, now = stepped
             if failed:  # the failed lanes leave the round; the others' steps are recorded
                 gone = set(failed)
                 kept = [k for k in range(count) if k not in gone]
@@ -740,6 +749,55 @@ class RoundRunner:
                 break
             round_start = round_end
         return ended, infos, rounds, lane_steps
+
+    def _step_all(
+        self, step: Callable[[np.ndarray, Any], tuple[Any, Any]], actions: Any, failures: Any
+    ) -> tuple[Any, Any, Any, list[dict[str, Any]], list[int], list[int], int]:
+        """Step every running lane in one ``step(lanes, actions)`` call; the result is
+        ``_step_lanes``'s, each stepped lane charged its share of the call's time. The lanes
+        missing from the batch failed: their errors go to ``failures``."""
+        running = self._running
+        started = time.perf_counter_ns()
+        batch, errors = step(np.array(running, dtype=np.int64), actions)
+        now = time.perf_counter_ns()
+        stepped = np.asarray(batch.stepped).tolist()
+        failed: list[int] = []
+        if errors:
+            if failures is None:
+                raise ValueError(
+                    f"the lanes' step reported failed lanes {sorted(errors)} in a run that "
+                    f"takes none (failures=None)"
+                )
+            failures.update(errors)
+        if stepped != running:
+            kept = iter(stepped)
+            expected = next(kept, None)
+            for k, lane in enumerate(running):
+                if lane == expected:
+                    expected = next(kept, None)
+                elif lane in (errors or {}):
+                    failed.append(k)
+                else:
+                    raise ValueError(
+                        f"the lanes' step moved lanes {stepped} when asked to step {running}: "
+                        f"lane {lane} neither stepped nor failed"
+                    )
+            if expected is not None:
+                raise ValueError(
+                    f"the lanes' step moved lanes {stepped} when asked to step {running}"
+                )
+        for lane, observation in zip(stepped, batch.observations, strict=True):
+            self._observations[lane] = observation
+        lane_ns = shares(now - started, len(stepped)).tolist()
+        return (
+            batch.rewards,
+            batch.terminated,
+            batch.truncated,
+            list(batch.infos),
+            lane_ns,
+            failed,
+            now,
+        )
 
     def _step_lanes(
         self,

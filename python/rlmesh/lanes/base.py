@@ -82,6 +82,10 @@ class Lanes(Protocol):
         env_steps: the core's synchronous fast path: per lane, its env's ``step``, when each
             lane is a plain in-process env the core may call itself; None when steps must
             go through ``step`` (a vector, a worker process, a remote env).
+        core_calls_step: optional (False when absent): True when ``step`` is a plain call
+            (not a coroutine) that moves exactly the lanes asked for, so that the core may
+            call it itself, whole rounds at a time, where ``env_steps`` is None (process and
+            remote lanes). Lanes that leave it out are stepped by the driver's awaited round.
         spec: one lane's ``EnvSpec`` (what ``gymnasium.make`` registered: its id, its
             ``reward_threshold``, ...), None when it is unknown. ``rlmesh.success`` reads its
             ``reward_threshold`` when no other success rule applies.

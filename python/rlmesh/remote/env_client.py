@@ -113,6 +113,7 @@ class RemoteEnv:
 
     resets_itself = False
     env_steps = None
+    core_calls_step = True
 
     def __init__(
         self,

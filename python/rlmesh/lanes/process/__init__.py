@@ -244,6 +244,7 @@ class ProcessLanes:
     lockstep = False
     resets_itself = False
     env_steps = None
+    core_calls_step = True
 
     def __init__(
         self,
