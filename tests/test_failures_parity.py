@@ -134,10 +134,12 @@ def test_run_rounds_hands_env_failures_back_alike_in_both_cores():
     assert outcomes[0] == outcomes[1]
 
 
-def whole_step(broken: tuple[int, ...], stepped: list[int] | None = None):
+def whole_step(
+    broken: tuple[int, ...], stepped: list[int] | None = None, observations: int | None = None
+):
     """One call stepping every lane asked for, as process and remote lanes are stepped: the
     lanes in ``broken`` fail (reported as errors, left out of the batch); ``stepped``, when
-    given, is what the batch claims moved instead."""
+    given, is what the batch claims moved instead, and ``observations`` how many it holds."""
 
     def step(lanes, actions):
         assert actions.shape == (len(lanes),)  # the batch of actions, not one per lane
@@ -146,8 +148,9 @@ def whole_step(broken: tuple[int, ...], stepped: list[int] | None = None):
         errors = {lane: f"RuntimeError: lane {lane} broke" for lane in broken} or None
         count = len(moved)
         flags = np.zeros(count, dtype=np.bool_)
+        shown = count if observations is None else observations
         batch = StepBatch(
-            moved, [OBSERVATION] * count, np.ones(count), flags, flags.copy(), [{}] * count
+            moved, [OBSERVATION] * shown, np.ones(count), flags, flags.copy(), [{}] * count
         )
         return batch, errors
 
@@ -176,6 +179,7 @@ def test_run_rounds_refuses_one_call_that_moved_other_lanes_alike_in_both_cores(
         "a lane neither stepped nor failed": (whole_step((), stepped=[0, 2]), {}),
         "a lane not asked for": (whole_step((), stepped=[0, 1, 2, 3, 4]), {}),
         "failures in a run that takes none": (whole_step((1,)), None),
+        "an observation short": (whole_step((), observations=3), {}),
     }
     for name, (step, failures) in cases.items():
         messages = []

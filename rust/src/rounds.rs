@@ -794,7 +794,6 @@ struct ParkedRound {
     predict_ns: Vec<i64>,
 }
 
-/// The phases of a round with their arguments already read.
 /// What `RoundRunner::step_all` read of one call that stepped every running lane: per lane
 /// that stepped, in the running lanes' order, and the positions of those that failed.
 struct WholeStep<'py> {
@@ -807,6 +806,7 @@ struct WholeStep<'py> {
     now: Instant,
 }
 
+/// The phases of a round with their arguments already read.
 impl RoundRunner {
     fn lane_count(&self) -> usize {
         self.observations.len()

@@ -786,7 +786,12 @@ class RoundRunner:
                 raise ValueError(
                     f"the lanes' step moved lanes {stepped} when asked to step {running}"
                 )
-        for lane, observation in zip(stepped, batch.observations, strict=True):
+        observations = batch.observations
+        if len(observations) != len(stepped):
+            raise ValueError(
+                f"the lanes' step gave {len(observations)} observations for {len(stepped)} lanes"
+            )
+        for lane, observation in zip(stepped, observations, strict=True):
             self._observations[lane] = observation
         lane_ns = shares(now - started, len(stepped)).tolist()
         return (
