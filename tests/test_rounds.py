@@ -245,7 +245,10 @@ class Run:
         steps: Any = [env.step for env in self.envs]
         if whole:
             lanes = LaneVector(self.envs)
-            steps = lambda running, actions: (lanes.step(running, actions), None)  # noqa: E731
+
+            def steps(running, actions):
+                return lanes.step(running, actions), None
+
         returned = []
         while len(self.runner.running_lanes()):
             ended, infos, rounds, lane_steps = run_rounds_of(
