@@ -14,7 +14,7 @@ import numpy as np
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
-from rlmesh.errors import EnvError
+from rlmesh.errors import EnvError, LaneFailures
 from rlmesh.lanes import StepBatch
 from rlmesh.model import ModelHandler
 from test_parity import OBSERVATION, RustPythonRunnerParity, both_cores, one_in, runner_of
@@ -137,22 +137,25 @@ def test_run_rounds_hands_env_failures_back_alike_in_both_cores():
 def whole_step(
     broken: tuple[int, ...], stepped: list[int] | None = None, observations: int | None = None
 ):
-    """One call stepping every lane asked for, as process and remote lanes are stepped: the
-    lanes in ``broken`` fail (reported as errors, left out of the batch); ``stepped``, when
-    given, is what the batch claims moved instead, and ``observations`` how many it holds."""
+    """One call stepping every lane asked for, as process and remote lanes' ``step`` does: the
+    lanes in ``broken`` fail (``LaneFailures``, the other lanes' batch its outcome);
+    ``stepped``, when given, is what the batch claims moved instead, and ``observations`` how
+    many it holds."""
 
     def step(lanes, actions):
         assert actions.shape == (len(lanes),)  # the batch of actions, not one per lane
         kept = [lane for lane in lanes.tolist() if lane not in broken]
         moved = np.array(kept if stepped is None else stepped, dtype=np.int64)
-        errors = {lane: f"RuntimeError: lane {lane} broke" for lane in broken} or None
         count = len(moved)
         flags = np.zeros(count, dtype=np.bool_)
         shown = count if observations is None else observations
         batch = StepBatch(
             moved, [OBSERVATION] * shown, np.ones(count), flags, flags.copy(), [{}] * count
         )
-        return batch, errors
+        if broken:
+            errors = {lane: f"RuntimeError: lane {lane} broke" for lane in broken}
+            raise LaneFailures("lanes broke", errors=errors, outcome=batch)
+        return batch
 
     return step
 
@@ -174,20 +177,41 @@ def test_run_rounds_stepping_every_lane_in_one_call_hands_failures_back_alike_in
     assert outcomes[0] == outcomes[1]
 
 
+def test_one_call_stepping_every_lane_raises_as_a_lane_s_step_would_in_both_cores():
+    def foreign(lanes, actions):
+        raise OSError("the simulator is gone")
+
+    raised = []
+    for core in both_cores():
+        for step, failures in ((whole_step((1,)), None), (foreign, {}), (foreign, None)):
+            runner, stats = four_lanes_running(core)
+            try:
+                runner.run_rounds(
+                    handler(), step, "Broken", until_ns=2**62, stats=stats, failures=failures
+                )
+            except EnvError as err:
+                raised.append((type(err).__name__, str(err), type(err.__cause__).__name__))
+            else:
+                raise AssertionError("run_rounds did not raise")
+            assert failures in (None, {})  # nothing was taken as a lane's failure
+    # A LaneFailures in a run that takes none is raised as it is; a foreign error names the env.
+    gone = ("EnvError", "Broken: step() raised OSError: the simulator is gone", "OSError")
+    assert raised == [("LaneFailures", "lanes broke", "NoneType"), gone, gone] * 2
+
+
 def test_run_rounds_refuses_one_call_that_moved_other_lanes_alike_in_both_cores():
     cases = {
-        "a lane neither stepped nor failed": (whole_step((), stepped=[0, 2]), {}),
-        "a lane not asked for": (whole_step((), stepped=[0, 1, 2, 3, 4]), {}),
-        "failures in a run that takes none": (whole_step((1,)), None),
-        "an observation short": (whole_step((), observations=3), {}),
+        "a lane neither stepped nor failed": whole_step((), stepped=[0, 2]),
+        "a lane not asked for": whole_step((), stepped=[0, 1, 2, 3, 4]),
+        "an observation short": whole_step((), observations=3),
     }
-    for name, (step, failures) in cases.items():
+    for name, step in cases.items():
         messages = []
         for core in both_cores():
             runner, stats = four_lanes_running(core)
             try:
                 runner.run_rounds(
-                    handler(), step, "Broken", until_ns=2**62, stats=stats, failures=failures
+                    handler(), step, "Broken", until_ns=2**62, stats=stats, failures={}
                 )
             except ValueError as err:
                 messages.append(str(err))

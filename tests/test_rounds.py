@@ -244,11 +244,7 @@ class Run:
         rather than each lane's env on its own."""
         steps: Any = [env.step for env in self.envs]
         if whole:
-            lanes = LaneVector(self.envs)
-
-            def steps(running, actions):
-                return lanes.step(running, actions), None
-
+            steps = LaneVector(self.envs).step
         returned = []
         while len(self.runner.running_lanes()):
             ended, infos, rounds, lane_steps = run_rounds_of(

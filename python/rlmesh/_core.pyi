@@ -226,7 +226,7 @@ class RoundRunner:
         self,
         model: Any,
         env_steps: Sequence[Callable[[Any], tuple[Any, Any, Any, Any, Any]]]
-        | Callable[[Int64Array, Any], tuple[Any, dict[int, str] | None]],
+        | Callable[[Int64Array, Any], Any],
         env_name: str,
         *,
         until_ns: int,
@@ -244,11 +244,12 @@ class RoundRunner:
         ``step`` that raises becomes an ``rlmesh.EnvError`` naming the lane and the env, the
         error chained as ``__cause__``; with ``failures``, its ``"<Type>: <message>"`` goes
         there under its lane, the lane leaves the round, and the call returns after it.
-        ``env_steps`` may instead be one callable stepping every running lane,
-        ``step(lanes [K], actions) -> (StepBatch, errors)``: the batch holds the lanes that
-        stepped (those asked for but the lanes in ``errors``, ``{lane: "<Type>: <message>"}``
-        or None, which go to ``failures``); the call is timed as one, each lane charged its
-        share; a batch of other lanes is a ``ValueError``."""
+        ``env_steps`` may instead be one callable stepping every running lane, a
+        ``Lanes.step``: ``step(lanes [K], actions) -> StepBatch``, timed as one call, each
+        lane charged its share. A ``LaneFailures`` it raises, with ``failures``, puts its
+        errors there and its outcome stands for the step; an ``RlmeshError`` is raised as it
+        is, any other exception as an ``EnvError`` naming the env; a batch of other lanes is
+        a ``ValueError``."""
 
 # ------------------------------------------------------------------ the raw-bytes gRPC transport
 # (``rust/src/transport.rs`` on tonic; mirrored over grpcio by ``rlmesh/_pycore/transport.py``)

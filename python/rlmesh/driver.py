@@ -41,7 +41,7 @@ from .core import active, core_name, load_core
 from .deadlines import DeadlineCaller, DeadlinePassed
 from .errors import LaneFailures, OperationTimeout, RlmeshError, call_failure
 from .hooks import HookDispatcher, StepEvent
-from .lanes import Lanes, PipelinedLanes, StepBatch, make_lanes
+from .lanes import Lanes, PipelinedLanes, StepBatch, core_steps, make_lanes
 from .model import ModelHandler
 from .provenance import PROVENANCE_KEY, check_provenance, collect_provenance
 from .results import EpisodeResult, ResultsFile, RunResult
@@ -674,15 +674,12 @@ class EvaluationRun:
 
     def _core_runs_rounds(self) -> bool:
         """Whether nothing in a round needs awaiting, so the core can run whole rounds itself:
-        lanes the core may step (their envs' ``Lanes.env_steps``, or their own ``step`` where
-        ``core_calls_step`` says so and rounds are not pipelined), a plain-function corner, no
-        timeouts and no per-step hooks."""
-        hooks, lanes = self.hooks, self.lanes
+        lanes the core may step (``lanes.core_steps``), rounds that are not pipelined, a
+        plain-function corner, no timeouts and no per-step hooks."""
+        hooks = self.hooks
         return (
-            (
-                lanes.env_steps is not None
-                or (getattr(lanes, "core_calls_step", False) and not self.settings.pipeline)
-            )
+            core_steps(self.lanes) is not None
+            and not self.settings.pipeline
             and self.handler.synchronous
             and not self.settings.timeouts
             and not (hooks.wants_steps or hooks.wants_observations or hooks.wants_actions)
@@ -694,10 +691,9 @@ class EvaluationRun:
         telemetry = self.telemetry
         until_ns = min(self._yielded_ns + YIELD_EVERY_NS, telemetry.window_ends_ns)
         failures: dict[int, str] | None = None if self.settings.on_error == "raise" else {}
-        env_steps = self.lanes.env_steps
         ended, infos, rounds, lane_steps = self.runner.run_rounds(
             self.handler,
-            self._whole_step(self.runner.rounds) if env_steps is None else env_steps,
+            core_steps(self.lanes),
             self.lanes.name,
             until_ns=int(until_ns),
             stats=[telemetry.window_stats(op) for op in ROUND_OPS],
@@ -707,29 +703,6 @@ class EvaluationRun:
         failed = await self._abandon(failures) if failures else NO_LANES
         await self._finish(ended, infos)
         await self._next_episodes(np.union1d(ended, failed) if len(failed) else ended)
-
-    def _whole_step(self, rounds: int) -> Callable[[np.ndarray, Any], tuple[StepBatch, Any]]:
-        """The lanes' ``step`` as the core calls it on its fast path, ``rounds`` rounds into
-        the run: ``step(running, actions) -> (batch, errors)``, with ``errors`` the
-        ``LaneFailures``' lanes where ``on_error`` takes them (the batch then holds the other
-        lanes), else None; a foreign exception raised as ``_guard`` raises it."""
-        lanes, on_error = self.lanes, self.settings.on_error
-
-        def step(running: np.ndarray, actions: Any) -> tuple[StepBatch, Any]:
-            nonlocal rounds
-            rounds += 1
-            try:
-                return lanes.step(running, actions), None
-            except LaneFailures as failures:
-                if on_error == "raise":
-                    raise
-                return failures.outcome, failures.errors
-            except RlmeshError:
-                raise
-            except Exception as exc:
-                raise call_failure("env.step", exc, rounds - 1) from exc
-
-        return step
 
     async def _round(self) -> None:
         """One round the driver awaits step by step (async models, lanes the core cannot step,

@@ -27,6 +27,8 @@ use crate::ledger::{EpisodeStarts, EpisodeSummary, LaneState, Overflow, RouteLed
 use crate::telemetry::LatencyStats;
 
 pyo3::import_exception!(rlmesh.errors, EnvError);
+pyo3::import_exception!(rlmesh.errors, LaneFailures);
+pyo3::import_exception!(rlmesh.errors, RlmeshError);
 
 const NS_PER_S: f64 = 1e9;
 
@@ -1006,37 +1008,37 @@ impl RoundRunner {
         queues.pop_lanes(py, &self.running, &ids)
     }
 
-    /// Step every running lane in one `step(lanes, actions) -> (batch, errors)` call (a
-    /// `StepBatch` of the lanes that stepped; `errors` None or `{lane: text}` of those whose
-    /// env failed, put in `failures`), keeping each stepped lane's observation. Each stepped
-    /// lane is charged its share of the call's time.
+    /// Step every running lane in one `step(lanes, actions) -> StepBatch` call, keeping each
+    /// stepped lane's observation; each stepped lane is charged its share of the call's time.
+    /// A `LaneFailures` it raises, with `failures` given, puts its errors there and its
+    /// `outcome` (the other lanes' batch) stands for the step; an `RlmeshError` is raised as
+    /// it is, any other exception as an `EnvError` naming the env, as a lane's step would be.
     fn step_all<'py>(
         &mut self,
         py: Python<'py>,
         step: &Bound<'py, PyAny>,
         actions: &Bound<'py, PyAny>,
+        env_name: &Bound<'py, PyAny>,
         failures: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<WholeStep<'py>> {
         let started = Instant::now();
-        let outcome = step.call1((PyArray1::from_slice(py, &self.running), actions))?;
+        let outcome = step.call1((PyArray1::from_slice(py, &self.running), actions));
         let now = Instant::now();
-        let (batch, errors): (Bound<'py, PyAny>, Bound<'py, PyAny>) = outcome.extract()?;
-        let stepped: Vec<i64> = lanes_arg(&batch.getattr("stepped")?)?.as_slice()?.to_vec();
-        let errors = if errors.is_none() {
-            None
-        } else {
-            Some(errors.cast_into::<PyDict>()?)
+        let (batch, errors) = match (outcome, failures) {
+            (Ok(batch), _) => (batch, None),
+            (Err(err), Some(failures)) if err.is_instance_of::<LaneFailures>(py) => {
+                let value = err.value(py);
+                let errors = value.getattr("errors")?.cast_into::<PyDict>()?;
+                failures.update(errors.as_mapping())?;
+                (value.getattr("outcome")?, Some(errors))
+            }
+            (Err(err), _) if err.is_instance_of::<RlmeshError>(py) => return Err(err),
+            (Err(err), _) if err.is_instance_of::<PyException>(py) => {
+                return Err(env_failure(py, env_name, "step", err, None)?)
+            }
+            (Err(err), _) => return Err(err),
         };
-        if let Some(errors) = errors.as_ref().filter(|errors| !errors.is_empty()) {
-            let Some(failures) = failures else {
-                let lanes = errors.keys();
-                return Err(PyValueError::new_err(format!(
-                    "the lanes' step reported failed lanes {lanes} in a run that takes none \
-                     (failures=None)"
-                )));
-            };
-            failures.update(errors.as_mapping())?;
-        }
+        let stepped: Vec<i64> = lanes_arg(&batch.getattr("stepped")?)?.as_slice()?.to_vec();
         let mut failed = Vec::new();
         if stepped != self.running {
             let mut kept = stepped.iter().peekable();
@@ -1606,7 +1608,8 @@ impl RoundRunner {
     /// running, to be abandoned), and the call returns after that round. Each lane's episode
     /// is charged its own env step's time, and each predicted lane its share of the model call.
     /// ``env_steps`` may instead be one callable that steps every running lane,
-    /// ``step(lanes, actions) -> (batch, errors)`` (see ``step_all``), timed as one call.
+    /// ``step(lanes, actions) -> StepBatch`` (a `Lanes.step`; see ``step_all``), timed as one
+    /// call.
     #[pyo3(signature = (model, env_steps, env_name, *, until_ns, stats, failures=None))]
     #[allow(clippy::too_many_arguments)]
     fn run_rounds<'py>(
@@ -1673,7 +1676,7 @@ impl RoundRunner {
             self.charge(predict_ns)?;
             let (now, failed) = if whole {
                 let actions = self.actions(py, &output.into_batch(py))?;
-                let stepped = self.step_all(py, env_steps, &actions, failures)?;
+                let stepped = self.step_all(py, env_steps, &actions, env_name, failures)?;
                 reward_values.clear();
                 reward_values.extend_from_slice(stepped.rewards.as_slice()?);
                 terminated_flags.clear();

@@ -68,6 +68,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..errors import LaneFailures, RlmeshError
 from ..utils import env_failure, lane_actions, map_leaves, shares
 from .actions import ActionApplier
 from .args import i64_arg, vector
@@ -644,12 +645,11 @@ class RoundRunner:
                 the prediction's time.
             env_steps: per lane, its env's ``step``: ``step(action)`` -> ``(observation,
                 reward, terminated, truncated, info)``. Or one callable that steps every
-                running lane at once, ``step(lanes, actions) -> (batch, errors)``: ``lanes``
-                ``[K]`` int64, ``actions`` batched along a leading lane axis, ``batch`` a
-                ``rlmesh.lanes.StepBatch`` of the lanes that stepped (those asked for, in
-                their order, but for the lanes in ``errors``), ``errors`` None or
-                ``{lane: "<ExceptionType>: <message>"}`` (which lanes' envs failed, only with
-                ``failures``). The step is timed as one, each lane charged its share.
+                running lane at once, a ``Lanes.step``: ``step(lanes, actions) ->
+                StepBatch`` for ``lanes`` ``[K]`` int64 and ``actions`` batched along a
+                leading lane axis, raising ``LaneFailures`` when some lanes' envs failed (with
+                ``failures``, its errors go there and its outcome stands for the step). The
+                step is timed as one, each lane charged its share.
             env_name: how errors name the env.
             until_ns: no further round starts once a round ends at or after this
                 ``time.perf_counter_ns()`` reading (an integer).
@@ -716,7 +716,7 @@ class RoundRunner:
                     actions = self._applier._discrete_scalars(integers)
                 output = np.array(integers, dtype=np.int64)
             if whole:
-                stepped = self._step_all(env_steps, self._actions(output), failures)
+                stepped = self._step_all(env_steps, self._actions(output), env_name, failures)
             else:
                 if actions is None:
                     actions = lane_actions(self._actions(output), count)
@@ -751,24 +751,35 @@ class RoundRunner:
         return ended, infos, rounds, lane_steps
 
     def _step_all(
-        self, step: Callable[[np.ndarray, Any], tuple[Any, Any]], actions: Any, failures: Any
+        self,
+        step: Callable[[np.ndarray, Any], Any],
+        actions: Any,
+        env_name: str,
+        failures: dict[int, str] | None,
     ) -> tuple[Any, Any, Any, list[dict[str, Any]], list[int], list[int], int]:
-        """Step every running lane in one ``step(lanes, actions)`` call; the result is
-        ``_step_lanes``'s, each stepped lane charged its share of the call's time. The lanes
-        missing from the batch failed: their errors go to ``failures``."""
+        """Step every running lane in one ``step(lanes, actions) -> StepBatch`` call; the
+        result is ``_step_lanes``'s, each stepped lane charged its share of the call's time.
+        A ``LaneFailures`` it raises, with ``failures`` given, puts its errors there and its
+        ``outcome`` (the other lanes' batch) stands for the step; an ``RlmeshError`` is raised
+        as it is, any other exception as an ``EnvError`` naming the env."""
         running = self._running
         started = time.perf_counter_ns()
-        batch, errors = step(np.array(running, dtype=np.int64), actions)
+        errors: dict[int, str] | None = None
+        try:
+            batch = step(np.array(running, dtype=np.int64), actions)
+        except LaneFailures as failure:
+            if failures is None:
+                raise
+            errors = failure.errors
+            failures.update(errors)
+            batch = failure.outcome
+        except RlmeshError:
+            raise
+        except Exception as err:
+            raise env_failure(env_name, "step", err) from err
         now = time.perf_counter_ns()
         stepped = np.asarray(batch.stepped).tolist()
         failed: list[int] = []
-        if errors:
-            if failures is None:
-                raise ValueError(
-                    f"the lanes' step reported failed lanes {sorted(errors)} in a run that "
-                    f"takes none (failures=None)"
-                )
-            failures.update(errors)
         if stepped != running:
             kept = iter(stepped)
             expected = next(kept, None)

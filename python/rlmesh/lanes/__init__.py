@@ -66,6 +66,7 @@ from .base import (
     PipelinedLanes,
     RenderingLanes,
     StepBatch,
+    core_steps,
 )
 from .local import LaneVector
 from .vector import VectorLanes
@@ -316,6 +317,7 @@ __all__ = [
     "StepBatch",
     "VectorLanes",
     "build_envs",
+    "core_steps",
     "make_lanes",
 ]
 

@@ -63,6 +63,23 @@ class StepBatch:
     reset_infos: list[dict[str, Any] | None] | None = None
 
 
+def core_steps(lanes: Lanes) -> Sequence[EnvStep] | Callable[[np.ndarray, Any], StepBatch] | None:
+    """What the core's fast path (``RoundRunner.run_rounds``) steps ``lanes`` with: each
+    env's own ``step`` (``env_steps``), else the lanes' ``step`` where ``core_calls_step``
+    says the core may call it, else None (the driver awaits each round).
+
+    Example:
+        >>> from rlmesh.lanes import LaneVector
+        >>> lanes = LaneVector([gymnasium.make("CartPole-v1")])
+        >>> core_steps(lanes) is lanes.env_steps
+        True
+        >>> lanes.close()
+    """
+    if lanes.env_steps is not None:
+        return lanes.env_steps
+    return lanes.step if getattr(lanes, "core_calls_step", False) else None
+
+
 @runtime_checkable
 class Lanes(Protocol):
     """``num_lanes`` env instances (lanes ``0..N-1``) that the driver resets and steps.
