@@ -98,6 +98,7 @@ from test_bench_process_lanes import (
     run_cartpole,
     run_cpu,
     run_sim,
+    sim_lanes,
     sim_policy,
     worker_start_s,
 )
@@ -756,6 +757,31 @@ def process_lanes_rows(settings: Settings) -> list[Row]:
             lambda: async_vector_loop(settings.sim_episodes, make_sim_env, sim_policy, SIM_LANES),
             settings.repeats,
         )
+        sim_steps = 2 * settings.bare_rounds * SIM_LANES
+        alone = interleaved_values(
+            {
+                str(processes): lambda processes=processes: independent_rate(
+                    processes, sim_steps, sim_lanes
+                )
+                for processes in (1, 2)
+            },
+            settings.repeats,
+        )
+        rows.append(
+            Row(
+                section,
+                f"the machine's ceiling for {SIM_ID}: its {SIM_LANES} lanes alone in "
+                f"independent processes (no rounds, no pipes), {sim_steps} lane-steps",
+                "this process",
+                alone["1"],
+                "2 processes",
+                alone["2"],
+                "steps/s",
+                note="the envs and the policy alone, their lanes split 4 and 4 over 2 processes "
+                "that never wait on each other, timed from one go to the last answer: what this "
+                f"machine gives two processes for {SIM_ID}'s steps; workers=2 cannot beat it",
+            )
+        )
     else:
         sim = f"MuJoCo {SIM_ID}, {SIM_LANES} lanes, {settings.sim_episodes} episodes"
         why = "skipped: MuJoCo is not installed (pip install rlmesh[sim])"
@@ -763,6 +789,8 @@ def process_lanes_rows(settings: Settings) -> list[Row]:
             Row(section, sim, "workers=1", None, "workers=2", None, "steps/s", 1.7, why),
             Row(section, sim + ", vs a hand-written AsyncVectorEnv loop",
                 f"AsyncVectorEnv({SIM_LANES})", None, "workers=2", None, "steps/s", 1.0, why),
+            Row(section, f"the machine's ceiling for {SIM_ID}", "this process", None,
+                "2 processes", None, "steps/s", None, why),
         ]  # fmt: skip
     cartpole = settings.process_cartpole_episodes
     rounds = interleaved_values(

@@ -14,7 +14,9 @@
   work, the env objects, uneven lanes and episode ends free.
 - The machine's ceiling: the same work split over 2 processes that never wait on each other
   (told to go once, timed to the last answer) against this process: what two processes get
-  of this machine's two vCPUs, which no number of workers can beat.
+  of this machine's two vCPUs, which no number of workers can beat. The same for Hopper's
+  lanes (``SimLanes``: the envs and the policy alone), since a simulator's step may share a
+  CPU's caches and memory bandwidth worse than ``burn()`` does.
 - Group pipelining (``pipeline=True``) on the CPU-heavy env, 2 workers: with a model as slow
   as the env (it waits 1 ms per lane of a call, as a model on an accelerator or a server
   does, leaving the CPU to the envs) against plain rounds; and with the fast policy against
@@ -184,13 +186,57 @@ def run_cartpole(workers: int, episodes: int = CARTPOLE_EPISODES) -> rlmesh.RunR
     )
 
 
-def _burn_as_asked(conn) -> bool:
-    """Read a count, ``burn()`` that many times and answer it; False when told to stop."""
+def burns(count: int) -> None:
+    """``burn()`` ``count`` times: ``count`` CPU-heavy steps' work alone."""
+    for _ in range(count):
+        burn()
+
+
+def burner(processes: int) -> Callable[[int], None]:
+    """The CPU-heavy work of one of ``processes`` processes (the same in each)."""
+    return burns
+
+
+class SimLanes:
+    """``lanes`` Hopper envs and ``sim_policy``, with nothing around them: a call with a count
+    takes that many lane-steps round-robin over the lanes (one batched policy call a sweep),
+    resetting (seeded by the episode's order) each episode that ends; what ``run_sim``'s lanes
+    do, without a driver, pipes or other processes."""
+
+    def __init__(self, lanes: int) -> None:
+        self.envs = [make_sim_env() for _ in range(lanes)]
+        self.episodes = 0
+        self.observations = [self._reset(env) for env in self.envs]
+        self.actions = sim_policy(np.stack(self.observations))
+        self.next_lane = 0
+
+    def _reset(self, env: gym.Env) -> np.ndarray:
+        self.episodes += 1
+        return env.reset(seed=self.episodes)[0]
+
+    def __call__(self, count: int) -> None:
+        envs, observations = self.envs, self.observations
+        for _ in range(count):
+            lane = self.next_lane
+            if lane == 0:  # a sweep over the lanes is a round: one batched policy call
+                self.actions = sim_policy(np.stack(observations))
+            observation, _, terminated, truncated, _ = envs[lane].step(self.actions[lane])
+            ended = terminated or truncated
+            observations[lane] = self._reset(envs[lane]) if ended else observation
+            self.next_lane = (lane + 1) % len(envs)
+
+
+def sim_lanes(processes: int) -> SimLanes:
+    """One of ``processes`` processes' share of ``SIM_LANES`` Hopper lanes."""
+    return SimLanes(SIM_LANES // processes)
+
+
+def _work_as_asked(conn, work: Callable[[int], None]) -> bool:
+    """Read a count, do ``work(count)`` and answer it; False when told to stop."""
     count = conn.recv()
     if count is None:
         return False
-    for _ in range(count):
-        burn()
+    work(count)
     conn.send(count)
     return True
 
@@ -203,7 +249,7 @@ def _bare_worker(conn) -> None:
         polling_until = time.perf_counter() + POLL_S
         while not conn.poll(0) and time.perf_counter() < polling_until:
             os.sched_yield()
-        if not _burn_as_asked(conn):
+        if not _work_as_asked(conn, burns):
             return
 
 
@@ -253,8 +299,7 @@ def bare_pipes_rate(processes: int, rounds: int = BARE_ROUNDS, lanes: int = CPU_
     once, before the timing."""
     if processes == 1:
         started = time.perf_counter()
-        for _ in range(rounds * lanes):
-            burn()
+        burns(rounds * lanes)
         return rounds * lanes / (time.perf_counter() - started)
     shares = _split(lanes, processes)
     with _bench_processes(_bare_worker, processes) as pipes:
@@ -270,25 +315,38 @@ def bare_pipes_rate(processes: int, rounds: int = BARE_ROUNDS, lanes: int = CPU_
         return rounds * lanes / (time.perf_counter() - started)
 
 
-def _independent_worker(conn) -> None:
-    """A process of the independent-processes row: say it is ready; once told to go with its
-    share, ``burn()`` that many times with nothing in between, then answer."""
+def _independent_worker(
+    conn, make_work: Callable[[int], Callable[[int], None]], processes: int
+) -> None:
+    """A process of the independent-processes rows: make its share of the work (one of
+    ``processes``), say it is ready; once told to go with a count, do it with nothing in
+    between, then answer."""
+    work = make_work(processes)
     conn.send("ready")
-    _burn_as_asked(conn)
+    _work_as_asked(conn, work)
 
 
-def independent_rate(processes: int, steps: int = BARE_ROUNDS * CPU_LANES) -> float:
-    """Lane-steps/s of ``steps`` CPU-heavy steps' work (``burn()`` alone) split evenly over
-    ``processes`` processes that never wait on each other: each is told to go once, and the
-    time runs to the last one's answer (1: in this process). What this machine gives
-    ``processes`` processes for this work, with no round, pipe or driver in between."""
+def independent_rate(
+    processes: int,
+    steps: int = BARE_ROUNDS * CPU_LANES,
+    make_work: Callable[[int], Callable[[int], None]] = burner,
+) -> float:
+    """Lane-steps/s of ``steps`` steps' work split evenly over ``processes`` processes that
+    never wait on each other: each makes ``make_work(processes)`` (default: the CPU-heavy env's
+    ``burn()``; ``sim_lanes``: Hopper lanes), is told to go once, and the time runs to the last
+    one's answer (1: in this process). What this machine gives ``processes`` processes for
+    this work, with no round, pipe or driver in between.
+
+    Example: ``independent_rate(2) / independent_rate(1)`` is the most ``workers=2`` can gain.
+    """
     if processes == 1:
+        work = make_work(1)
         started = time.perf_counter()
-        for _ in range(steps):
-            burn()
+        work(steps)
         return steps / (time.perf_counter() - started)
-    with _bench_processes(_independent_worker, processes) as pipes:
-        for pipe in pipes:  # each process is up and waiting for its go
+    target = functools.partial(_independent_worker, make_work=make_work, processes=processes)
+    with _bench_processes(target, processes) as pipes:
+        for pipe in pipes:  # each process is up, its work made, and waiting for its go
             _answer(pipe)
         started = time.perf_counter()
         for pipe, share in zip(pipes, _split(steps, processes), strict=True):
@@ -355,6 +413,14 @@ def test_run_hopper_eight_lanes(benchmark, workers):
     benchmark.group = "process lanes, Hopper-v5, 8 lanes"
     result = benchmark.pedantic(run_sim, args=(workers, 8), rounds=1)
     assert result.wasted_steps == 0 and rate(result, "lane-steps") > 0
+
+
+@pytest.mark.skipif(not HAS_MUJOCO, reason="MuJoCo is not installed (pip install rlmesh[sim])")
+@pytest.mark.parametrize("processes", [1, 2])
+def test_hopper_steps_in_independent_processes(benchmark, processes):
+    benchmark.group = "process lanes, Hopper-v5, 8 lanes"
+    benchmark.extra_info["floor"] = "Hopper lanes alone in processes that never wait: the machine"
+    assert benchmark.pedantic(independent_rate, args=(processes, 80, sim_lanes), rounds=1) > 0
 
 
 @pytest.mark.skipif(not HAS_MUJOCO, reason="MuJoCo is not installed (pip install rlmesh[sim])")

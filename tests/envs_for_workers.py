@@ -118,6 +118,29 @@ def make_pixel_env():
     return PixelEnv()
 
 
+class SlowOnOddSeeds(gym.Wrapper):
+    """CartPole whose steps take ``delay_s`` longer (asleep) in episodes with an odd seed: a
+    worker that answers long after another."""
+
+    def __init__(self, delay_s):
+        super().__init__(gym.make("CartPole-v1"))
+        self.delay_s, self.slow = delay_s, False
+
+    def reset(self, *, seed=None, options=None):
+        self.slow = seed is not None and seed % 2 == 1
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, action):
+        if self.slow:
+            time.sleep(self.delay_s)
+        return self.env.step(action)
+
+
+def make_slow_on_odd_seeds(delay_s):
+    """``SlowOnOddSeeds``; wrap in ``functools.partial`` to make a zero-argument factory."""
+    return SlowOnOddSeeds(delay_s)
+
+
 class FaultyCartPole(gym.Wrapper):
     """CartPole that, at step ``at_step`` (0: its reset) of the episode seeded ``seed``, exits
     (``exit``), kills itself (``kill``), hangs (``hang``) or raises (``raise``), if ``marker``

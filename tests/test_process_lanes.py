@@ -24,13 +24,15 @@ from envs_for_workers import (
     make_dict_env,
     make_pixel_env,
     make_recorded_cartpole,
+    make_slow_on_odd_seeds,
     pixel_policy,
 )
 from helpers import CORES, AwaitEveryStep, cartpole_policy, comparable
 from rlmesh import ModelSpec, State
 from rlmesh.cli import main
 from rlmesh.lanes import LaneVector, ProcessLanes, make_lanes
-from rlmesh.lanes.process import SHARED_MEMORY_PREFIX
+from rlmesh.lanes.process import CPUS, SHARED_MEMORY_PREFIX
+from rlmesh.lanes.process.worker import POLL_S
 
 
 def pendulum_policy(obs):
@@ -204,6 +206,39 @@ def test_workers_that_stopped_polling_sleep_and_still_wake_for_the_next_step():
             a, b = local.step(lanes, actions), process.step(lanes, actions)
             assert np.array_equal(np.stack(a.observations), np.stack(b.observations))
             assert np.array_equal(a.rewards, b.rewards)
+    finally:
+        local.close()
+        process.close()
+    assert not any(alive(pid) for pid in process.worker_pids)
+    assert not leftovers()
+
+
+@pytest.mark.skipif(CPUS < 2, reason="the driver polls for answers only with a CPU to spare")
+def test_the_driver_polls_for_a_slow_worker_only_briefly_and_still_gets_its_answer():
+    """Once a worker has answered, the driver polls for the others' answers only for
+    ``POLL_S``; a worker slower than that is waited for asleep (the driver spends little CPU
+    on the round), and its answer is what in-process lanes give."""
+    delay_s = 10 * POLL_S
+    factory = functools.partial(make_slow_on_odd_seeds, delay_s)
+    local = LaneVector([factory() for _ in range(2)])
+    process = ProcessLanes(factory, num_envs=2, workers=2)
+    try:
+        lanes = np.arange(2)
+        for vector in (local, process):
+            vector.reset(lanes, [2, 3], [0, 1])  # lane 1 (worker 1) steps slowly
+        cpu_s = wall_s = 0.0
+        for step in range(8):
+            actions = np.array([step % 2, 1 - step % 2])
+            a = local.step(lanes, actions)
+            cpu, wall = time.process_time(), time.perf_counter()
+            b = process.step(lanes, actions)
+            cpu_s += time.process_time() - cpu
+            wall_s += time.perf_counter() - wall
+            assert np.array_equal(np.stack(a.observations), np.stack(b.observations))
+            assert np.array_equal(a.rewards, b.rewards)
+            assert np.array_equal(a.terminated, b.terminated)
+        assert wall_s >= 8 * delay_s
+        assert cpu_s < wall_s / 2, f"the driver spent {cpu_s:.3f} s of CPU in {wall_s:.3f} s"
     finally:
         local.close()
         process.close()

@@ -57,7 +57,7 @@ from ...errors import EnvError, LaneFailures
 from ..base import StepBatch, reset_options
 from ..local import checked_reset
 from .layout import SharedLayout, SharedViews
-from .worker import serve
+from .worker import POLL_S, serve, yield_cpu
 
 START_TIMEOUT_S = 300.0
 """How long a worker may take to build its envs before the lanes give up on it."""
@@ -70,6 +70,10 @@ SHARED_MEMORY_PREFIX = "rlmesh-lanes-"
 """Every buffer's name in ``/dev/shm`` starts with this, then the driver's pid."""
 
 LatencyRecorder = Callable[[str, int], None]
+
+CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+"""The CPUs this process may run on: the driver polls for answers only while fewer workers
+than this are still stepping, so that it never takes a CPU a stepping worker needs."""
 
 
 def start_context() -> Any:
@@ -103,7 +107,8 @@ class _Worker:
     The semaphore's wake-up carries no such hint, so the driver sends every request of a
     round, then rings every bell, and the workers start stepping together. A worker polls its
     bell for a while after answering (``worker.POLL_S``), and a ring it finds that way wakes
-    no one: the driver's rings cost it nothing then.
+    no one: the driver's rings cost it nothing then. The driver likewise polls for the rest of
+    a round's answers once one has come (``_answered``).
     """
 
     index: int
@@ -142,6 +147,18 @@ class _Resources:
                 memory.close()
             with contextlib.suppress(FileNotFoundError):
                 memory.unlink()
+
+
+def _answered(workers: list[_Worker]) -> list[Any]:
+    """The pipes of ``workers`` that have something to read (an answer, or the end of a worker
+    that died), polled for up to ``POLL_S`` with the CPU yielded between polls; empty if none
+    by then."""
+    until = time.perf_counter() + POLL_S
+    while True:
+        ready = [worker.conn for worker in workers if worker.conn.poll(0)]
+        if ready or time.perf_counter() >= until:
+            return ready
+        yield_cpu()
 
 
 def _stop(process: Any, grace_s: float) -> None:
@@ -658,8 +675,13 @@ class ProcessLanes:
         replies: dict[int, Any] = {}
         while len(replies) < len(requests):
             pending = [self._workers[w] for w in requests if w not in replies]
-            waitables = [x for worker in pending for x in (worker.conn, worker.process.sentinel)]
-            ready = connection.wait(waitables)
+            # Once a worker has answered, its CPU is free and the others' answers usually
+            # follow within a millisecond: found by polling, the last one wakes no one (see
+            # worker.POLL_S), and it is the one the round waits for.
+            ready = _answered(pending) if replies and len(pending) < CPUS else []
+            if not ready:
+                waitables = [x for w in pending for x in (w.conn, w.process.sentinel)]
+                ready = connection.wait(waitables)
             for worker in pending:
                 if worker.conn in ready or worker.process.sentinel in ready:
                     try:

@@ -53,7 +53,7 @@ machine about 0.15 ms of its CPU, and as long again before the sleeper runs. The
 request usually comes within a millisecond (the model's call and the round's bookkeeping), and
 a ring that finds the worker polling costs nothing. A polling worker yields its CPU between
 polls, so a driver or model that needs that CPU runs first."""
-_yield_cpu = getattr(os, "sched_yield", lambda: time.sleep(0))  # sched_yield: not on Windows
+yield_cpu = getattr(os, "sched_yield", lambda: time.sleep(0))  # sched_yield: not on Windows
 
 
 def build_env_factory(source: tuple[str, Any, Any]) -> Any:
@@ -216,7 +216,7 @@ class _Server:
         while time.perf_counter() < polling_until:
             if bell.acquire(False):
                 return
-            _yield_cpu()
+            yield_cpu()
         while not bell.acquire(timeout=BELL_CHECK_S):
             if self.conn.poll():
                 return
