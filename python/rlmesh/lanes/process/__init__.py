@@ -42,6 +42,7 @@ import contextlib
 import multiprocessing
 import os
 import pickle
+import select
 import signal
 import time
 import uuid
@@ -154,8 +155,21 @@ def _answered(workers: list[_Worker]) -> list[Any]:
     that died), polled for up to ``POLL_S`` with the CPU yielded between polls; empty if none
     by then."""
     until = time.perf_counter() + POLL_S
+    if hasattr(select, "poll"):  # one system call a poll (Connection.poll builds a selector)
+        poller = select.poll()
+        conns = {worker.conn.fileno(): worker.conn for worker in workers}
+        for fd in conns:
+            poller.register(fd, select.POLLIN)
+
+        def readable() -> list[Any]:
+            return [conns[fd] for fd, _ in poller.poll(0)]
+    else:
+
+        def readable() -> list[Any]:
+            return [worker.conn for worker in workers if worker.conn.poll(0)]
+
     while True:
-        ready = [worker.conn for worker in workers if worker.conn.poll(0)]
+        ready = readable()
         if ready or time.perf_counter() >= until:
             return ready
         yield_cpu()
