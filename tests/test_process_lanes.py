@@ -30,7 +30,7 @@ from envs_for_workers import (
 from helpers import CORES, AwaitEveryStep, cartpole_policy, comparable
 from rlmesh import ModelSpec, State
 from rlmesh.cli import main
-from rlmesh.lanes import LaneVector, ProcessLanes, make_lanes
+from rlmesh.lanes import LaneVector, ProcessLanes, core_steps, make_lanes
 from rlmesh.lanes.process import CPUS, SHARED_MEMORY_PREFIX
 from rlmesh.lanes.process.worker import POLL_S
 
@@ -214,6 +214,38 @@ def test_workers_that_stopped_polling_sleep_and_still_wake_for_the_next_step():
 
 
 @pytest.mark.skipif(CPUS < 2, reason="the driver polls for answers only with a CPU to spare")
+def test_round_steps_carry_only_final_infos_and_are_what_the_core_steps():
+    """``round_step`` returns what ``step`` does, but a lane whose episode goes on has an
+    empty info: the core's rounds read only final infos, so only those cross the pipes."""
+    local = LaneVector([make_dict_env() for _ in range(3)])
+    process = ProcessLanes(make_dict_env, num_envs=3, workers=2)
+    try:
+        assert core_steps(process) == process.round_step
+        running = np.arange(3)
+        for vector in (local, process):
+            vector.reset(running, [4, 5, 6], [0, 1, 2])
+        finals = 0
+        while len(running):
+            action = np.full((len(running), 2), 0.05, np.float32)
+            a, b = local.step(running, action), process.round_step(running, action)
+            assert all(
+                _same_value(x, y) for x, y in zip(a.observations, b.observations, strict=True)
+            )
+            for field in ("rewards", "terminated", "truncated"):
+                assert _same_value(getattr(a, field), getattr(b, field))
+            ended = a.terminated | a.truncated
+            for row, done in enumerate(ended.tolist()):
+                assert a.infos[row]  # the env has an info every step
+                assert b.infos[row] == (a.infos[row] if done else {})
+            finals += int(ended.sum())
+            running = running[~ended]
+        assert finals == 3
+    finally:
+        local.close()
+        process.close()
+    assert not leftovers()
+
+
 def test_the_driver_polls_for_a_slow_worker_only_briefly_and_still_gets_its_answer():
     """Once a worker has answered, the driver polls for the others' answers only for
     ``POLL_S``; a worker slower than that is waited for asleep (the driver spends little CPU

@@ -65,8 +65,8 @@ class StepBatch:
 
 def core_steps(lanes: Lanes) -> Sequence[EnvStep] | Callable[[np.ndarray, Any], StepBatch] | None:
     """What the core's fast path (``RoundRunner.run_rounds``) steps ``lanes`` with: each
-    env's own ``step`` (``env_steps``), else the lanes' ``step`` where ``core_calls_step``
-    says the core may call it, else None (the driver awaits each round).
+    env's own ``step`` (``env_steps``), else, where ``core_calls_step`` says the core may call
+    it, the lanes' ``round_step`` or their ``step``, else None (the driver awaits each round).
 
     Example:
         >>> from rlmesh.lanes import LaneVector
@@ -77,7 +77,9 @@ def core_steps(lanes: Lanes) -> Sequence[EnvStep] | Callable[[np.ndarray, Any], 
     """
     if lanes.env_steps is not None:
         return lanes.env_steps
-    return lanes.step if getattr(lanes, "core_calls_step", False) else None
+    if not getattr(lanes, "core_calls_step", False):
+        return None
+    return getattr(lanes, "round_step", lanes.step)
 
 
 @runtime_checkable
@@ -103,6 +105,10 @@ class Lanes(Protocol):
             (not a coroutine) that moves exactly the lanes asked for, so that the core may
             call it itself, whole rounds at a time, where ``env_steps`` is None (process and
             remote lanes). Lanes that leave it out are stepped by the driver's awaited round.
+        round_step: optional, with ``core_calls_step``: what the core's rounds call in place
+            of ``step``. It returns what ``step`` does, except that a lane whose episode did
+            not end may have an empty info: rounds read only final infos (process lanes then
+            send no other info through their pipes).
         spec: one lane's ``EnvSpec`` (what ``gymnasium.make`` registered: its id, its
             ``reward_threshold``, ...), None when it is unknown. ``rlmesh.success`` reads its
             ``reward_threshold`` when no other success rule applies.

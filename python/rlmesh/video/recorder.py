@@ -351,8 +351,19 @@ class RecordingLanes:
         return self._lanes.reset(lanes, seeds, trials)
 
     def step(self, lanes: np.ndarray, actions: Any) -> StepBatch:
+        return self._step_taking_frames(self._lanes.step, lanes, actions)
+
+    def round_step(self, lanes: np.ndarray, actions: Any) -> StepBatch:
+        """The wrapped lanes' ``round_step`` (else their ``step``), frames taken as ``step``
+        takes them: the core's rounds call it."""
+        step = getattr(self._lanes, "round_step", self._lanes.step)
+        return self._step_taking_frames(step, lanes, actions)
+
+    def _step_taking_frames(
+        self, step: Callable[[np.ndarray, Any], StepBatch], lanes: np.ndarray, actions: Any
+    ) -> StepBatch:
         try:
-            batch = self._lanes.step(lanes, actions)
+            batch = step(lanes, actions)
         except LaneFailures as failures:  # the lanes that stepped still take their frames
             self._take_frames(failures.outcome.stepped, failures.outcome)
             raise

@@ -482,11 +482,19 @@ class ProcessLanes:
         return self._views_now().take_observations(rows, loose), infos
 
     def step(self, lanes: np.ndarray, actions: Any) -> StepBatch:
+        return self._step(lanes, actions, all_infos=True)
+
+    def round_step(self, lanes: np.ndarray, actions: Any) -> StepBatch:
+        """``step`` for the core's rounds, which read only final infos: a lane whose episode
+        goes on has an empty info, so the workers do not pickle every step's info."""
+        return self._step(lanes, actions, all_infos=False)
+
+    def _step(self, lanes: np.ndarray, actions: Any, all_infos: bool) -> StepBatch:
         rows = np.asarray(lanes, dtype=np.int64)
         if not len(rows):
             empty = np.zeros(0, dtype=np.bool_)
             return StepBatch(rows, [], np.zeros(0), empty, empty.copy(), [])
-        requests, loose_actions = self._step_requests(rows, actions)
+        requests, loose_actions = self._step_requests(rows, actions, all_infos)
         infos, loose, failed = self._exchange(requests, rows)
         return self._step_batch(rows, loose_actions, infos, loose, failed)
 
@@ -504,7 +512,7 @@ class ProcessLanes:
         ``receive_step`` returns it. ``step`` is ``send_step`` then ``receive_step`` for
         every group at once."""
         rows = np.asarray(lanes, dtype=np.int64)
-        requests, loose_actions = self._step_requests(rows, actions)
+        requests, loose_actions = self._step_requests(rows, actions, all_infos=True)
         if len(requests) != 1:
             raise ValueError(f"send_step: lanes {rows.tolist()} are not of one group")
         (w,) = requests  # one group is one worker
@@ -536,10 +544,11 @@ class ProcessLanes:
         return self._step_batch(rows, loose_actions, infos, loose, failed)
 
     def _step_requests(
-        self, rows: np.ndarray, actions: Any
+        self, rows: np.ndarray, actions: Any, all_infos: bool
     ) -> tuple[dict[int, tuple[Any, ...]], list[Any] | None]:
-        """Each worker's step request for ``rows``, the actions put in their slots, and the
-        per-lane actions that travel through the pipes instead (None when all fit)."""
+        """Each worker's step request for ``rows`` (every lane's info, or only final ones),
+        the actions put in their slots, and the per-lane actions that travel through the pipes
+        instead (None when all fit)."""
         views = self._views_now()
         loose_actions = views.put_actions(rows, actions)
         requests = {}
@@ -548,6 +557,7 @@ class ProcessLanes:
                 "step",
                 rows[positions].tolist(),
                 None if loose_actions is None else [loose_actions[p] for p in positions],
+                all_infos,
             )
         return requests, loose_actions
 

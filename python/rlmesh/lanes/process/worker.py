@@ -221,7 +221,11 @@ class _Server:
             if self.conn.poll():
                 return
 
-    def step(self, lanes: list[int], actions: list[Any] | None) -> tuple[Any, ...]:
+    def step(
+        self, lanes: list[int], actions: list[Any] | None, all_infos: bool = True
+    ) -> tuple[Any, ...]:
+        """Step ``lanes``; without ``all_infos``, a lane whose episode goes on answers an empty
+        info (only final infos travel)."""
         views, envs = self.views, self.envs
         infos, loose = [], []
         failed: dict[int, tuple[str, str]] = {}
@@ -241,7 +245,7 @@ class _Server:
             views.rewards[lane] = reward
             views.terminated[lane] = terminated
             views.truncated[lane] = truncated
-            infos.append(info)
+            infos.append(info if all_infos or terminated or truncated else {})
         return ("ok", infos, loose, spent_ns, failed)
 
     def reset(
