@@ -214,6 +214,28 @@ def test_workers_that_stopped_polling_sleep_and_still_wake_for_the_next_step():
 
 
 @pytest.mark.skipif(CPUS < 2, reason="the driver polls for answers only with a CPU to spare")
+@pytest.mark.parametrize("core", CORES)
+def test_an_episode_a_cap_ends_keeps_its_final_info_with_workers(core):
+    """A ``max_episode_steps`` cap ends an episode on a step the env did not end, so that
+    step's info is the episode's final one (the success rule reads it): workers send it."""
+    runs = {
+        workers: rlmesh.run(
+            dict_policy,
+            make_dict_env,
+            episodes=6,
+            num_envs=3,
+            workers=workers,
+            max_episode_steps=12,
+            seed=7,
+            core=core,
+        )
+        for workers in (1, 2)
+    }
+    capped = [episode for episode in runs[1].episodes if episode.steps == 12]
+    assert capped and all(e.truncated and e.success_reported for e in capped)
+    assert comparable(runs[2], drop=()) == comparable(runs[1], drop=())
+
+
 def test_round_steps_carry_only_final_infos_and_are_what_the_core_steps():
     """``round_step`` returns what ``step`` does, but a lane whose episode goes on has an
     empty info: the core's rounds read only final infos, so only those cross the pipes."""

@@ -688,12 +688,14 @@ class EvaluationRun:
     async def _run_rounds(self) -> None:
         """Rounds run by the core until an episode ends, the telemetry window closes or it is
         time to yield to the event loop; then the ended episodes finish and the next start."""
-        telemetry = self.telemetry
+        telemetry, settings = self.telemetry, self.settings
         until_ns = min(self._yielded_ns + YIELD_EVERY_NS, telemetry.window_ends_ns)
-        failures: dict[int, str] | None = None if self.settings.on_error == "raise" else {}
+        failures: dict[int, str] | None = None if settings.on_error == "raise" else {}
+        # A cap ends an episode on a step its env did not end: that step's info is final.
+        capped = bool(settings.max_episode_steps or settings.max_episode_seconds)
         ended, infos, rounds, lane_steps = self.runner.run_rounds(
             self.handler,
-            core_steps(self.lanes),
+            core_steps(self.lanes, every_info=capped),
             self.lanes.name,
             until_ns=int(until_ns),
             stats=[telemetry.window_stats(op) for op in ROUND_OPS],

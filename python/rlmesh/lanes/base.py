@@ -63,10 +63,14 @@ class StepBatch:
     reset_infos: list[dict[str, Any] | None] | None = None
 
 
-def core_steps(lanes: Lanes) -> Sequence[EnvStep] | Callable[[np.ndarray, Any], StepBatch] | None:
+def core_steps(
+    lanes: Lanes, *, every_info: bool = False
+) -> Sequence[EnvStep] | Callable[[np.ndarray, Any], StepBatch] | None:
     """What the core's fast path (``RoundRunner.run_rounds``) steps ``lanes`` with: each
     env's own ``step`` (``env_steps``), else, where ``core_calls_step`` says the core may call
-    it, the lanes' ``round_step`` or their ``step``, else None (the driver awaits each round).
+    it, the lanes' ``round_step`` (their ``step`` when it has none, or with ``every_info``:
+    the run's caps may end an episode on a step the env did not end, whose info is then
+    final), else None (the driver awaits each round).
 
     Example:
         >>> from rlmesh.lanes import LaneVector
@@ -79,7 +83,7 @@ def core_steps(lanes: Lanes) -> Sequence[EnvStep] | Callable[[np.ndarray, Any], 
         return lanes.env_steps
     if not getattr(lanes, "core_calls_step", False):
         return None
-    return getattr(lanes, "round_step", lanes.step)
+    return lanes.step if every_info else getattr(lanes, "round_step", lanes.step)
 
 
 @runtime_checkable
@@ -106,9 +110,9 @@ class Lanes(Protocol):
             call it itself, whole rounds at a time, where ``env_steps`` is None (process and
             remote lanes). Lanes that leave it out are stepped by the driver's awaited round.
         round_step: optional, with ``core_calls_step``: what the core's rounds call in place
-            of ``step``. It returns what ``step`` does, except that a lane whose episode did
-            not end may have an empty info: rounds read only final infos (process lanes then
-            send no other info through their pipes).
+            of ``step``. It returns what ``step`` does, except that a lane whose step returned
+            neither terminated nor truncated may have an empty info: rounds without caps read
+            only final infos (process lanes then send no other info through their pipes).
         spec: one lane's ``EnvSpec`` (what ``gymnasium.make`` registered: its id, its
             ``reward_threshold``, ...), None when it is unknown. ``rlmesh.success`` reads its
             ``reward_threshold`` when no other success rule applies.
