@@ -207,7 +207,7 @@ class SimLanes:
         self.envs = [make_sim_env() for _ in range(lanes)]
         self.episodes = 0
         self.observations = [self._reset(env) for env in self.envs]
-        self.actions = sim_policy(np.stack(self.observations))
+        self.actions: np.ndarray | None = None  # each sweep's, set as it starts (lane 0)
         self.next_lane = 0
 
     def _reset(self, env: gym.Env) -> np.ndarray:

@@ -213,7 +213,6 @@ def test_workers_that_stopped_polling_sleep_and_still_wake_for_the_next_step():
     assert not leftovers()
 
 
-@pytest.mark.skipif(CPUS < 2, reason="the driver polls for answers only with a CPU to spare")
 @pytest.mark.parametrize("core", CORES)
 def test_an_episode_a_cap_ends_keeps_its_final_info_with_workers(core):
     """A ``max_episode_steps`` cap ends an episode on a step the env did not end, so that
@@ -268,6 +267,7 @@ def test_round_steps_carry_only_final_infos_and_are_what_the_core_steps():
     assert not leftovers()
 
 
+@pytest.mark.skipif(CPUS < 2, reason="the driver polls for answers only with a CPU to spare")
 def test_the_driver_polls_for_a_slow_worker_only_briefly_and_still_gets_its_answer():
     """Once a worker has answered, the driver polls for the others' answers only for
     ``POLL_S``; a worker slower than that is waited for asleep (the driver spends little CPU
