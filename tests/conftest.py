@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from types import ModuleType
 
 import pytest
 from rlmesh.core import load_core
+
+# imageio-ffmpeg (the tests' video reader and writer) starts ffmpeg with preexec_fn=os.setpgrp
+# unless this is set: a real fork() that runs Python and gRPC's fork handlers in the child of
+# a process with gRPC and Ray threads, which now and then hung before ffmpeg ran. Without
+# preexec_fn, subprocess starts ffmpeg with vfork and exec, and nothing runs in between.
+os.environ["IMAGEIO_FFMPEG_NO_PREVENT_SIGINT"] = "1"
 
 
 @pytest.fixture(params=["rust", "python"], ids=["rust", "python"])
