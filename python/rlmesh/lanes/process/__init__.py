@@ -65,6 +65,9 @@ START_TIMEOUT_S = 300.0
 SPLITS_KEPT = 16
 """How many splits of lanes by worker ``_by_worker`` keeps (one per group pipelined, and a
 few for the lanes still running as episodes end)."""
+POLLERS_KEPT = 16
+"""How many sets of workers ``_Watch`` keeps a ``select.poll`` object for (all the workers, each
+one alone, and a few more as episodes end and workers restart)."""
 CLOSE_GRACE_S = 5.0
 """How long closing waits for a worker to close its envs and exit before killing it."""
 SHARED_MEMORY_PREFIX = "rlmesh-lanes-"
@@ -109,7 +112,7 @@ class _Worker:
     round, then rings every bell, and the workers start stepping together. A worker polls its
     bell for a while after answering (``worker.POLL_S``), and a ring it finds that way wakes
     no one: the driver's rings cost it nothing then. The driver likewise polls for the rest of
-    a round's answers once one has come (``_answered``).
+    a round's answers once one has come (``_Watch.answered``).
     """
 
     index: int
@@ -150,29 +153,63 @@ class _Resources:
                 memory.unlink()
 
 
-def _answered(workers: list[_Worker]) -> list[Any]:
-    """The pipes of ``workers`` that have something to read (an answer, or the end of a worker
-    that died), polled for up to ``POLL_S`` with the CPU yielded between polls; empty if none
-    by then."""
-    until = time.perf_counter() + POLL_S
-    if hasattr(select, "poll"):  # one system call a poll (Connection.poll builds a selector)
-        poller = select.poll()
-        conns = {worker.conn.fileno(): worker.conn for worker in workers}
-        for fd in conns:
-            poller.register(fd, select.POLLIN)
+class _Watch:
+    """Which workers have something for the driver: an answer in their pipe, or the end of a
+    worker that died (its pipe closes, and its process sentinel is readable).
 
-        def readable() -> list[Any]:
-            return [conns[fd] for fd, _ in poller.poll(0)]
-    else:
+    A driver waits on the same sets of workers round after round, so each set's
+    ``select.poll`` object is built once and kept: building a selector per wait, as
+    ``multiprocessing.connection.wait`` does, cost a round about as much as the wait's system
+    call. Where ``select.poll`` is missing (Windows), every wait is
+    ``multiprocessing.connection.wait``.
+    """
 
-        def readable() -> list[Any]:
-            return [worker.conn for worker in workers if worker.conn.poll(0)]
+    def __init__(self) -> None:
+        self._pollers: dict[tuple[tuple[int, int, int], ...], tuple[Any, dict[int, _Worker]]] = {}
 
-    while True:
-        ready = readable()
-        if ready or time.perf_counter() >= until:
-            return ready
-        yield_cpu()
+    def ready(self, workers: list[_Worker], timeout_s: float | None) -> list[_Worker]:
+        """The workers of ``workers`` with something to read, waiting up to ``timeout_s``
+        (None: until one has; 0: not at all); empty if none by then."""
+        if not hasattr(select, "poll"):
+            waitables = [x for worker in workers for x in (worker.conn, worker.process.sentinel)]
+            found = connection.wait(waitables, timeout_s)
+            return [w for w in workers if w.conn in found or w.process.sentinel in found]
+        poller, owners = self._poller(workers)
+        timeout_ms = None if timeout_s is None else timeout_s * 1000.0
+        return _owners_of(poller.poll(timeout_ms), owners)
+
+    def answered(self, workers: list[_Worker]) -> list[_Worker]:
+        """``ready`` polled for up to ``POLL_S``, with the CPU yielded between polls."""
+        poller, owners = self._poller(workers) if hasattr(select, "poll") else (None, {})
+        until = time.perf_counter() + POLL_S
+        while True:
+            found = self.ready(workers, 0) if poller is None else _owners_of(poller.poll(0), owners)
+            if found or time.perf_counter() >= until:
+                return found
+            yield_cpu()
+
+    def _poller(self, workers: list[_Worker]) -> tuple[Any, dict[int, _Worker]]:
+        key = tuple((w.index, w.conn.fileno(), w.process.sentinel) for w in workers)
+        kept = self._pollers.get(key)
+        if kept is None:
+            if len(self._pollers) >= POLLERS_KEPT:
+                self._pollers.clear()
+            poller = select.poll()
+            owners = {}
+            for worker in workers:
+                for fd in (worker.conn.fileno(), worker.process.sentinel):
+                    poller.register(fd, select.POLLIN)
+                    owners[fd] = worker
+            kept = self._pollers[key] = (poller, owners)
+        return kept
+
+
+def _owners_of(events: list[tuple[int, int]], owners: dict[int, _Worker]) -> list[_Worker]:
+    """The workers of ``poll``'s ``events`` (a worker whose pipe and sentinel are both
+    readable, once)."""
+    if len(events) == 1:
+        return [owners[events[0][0]]]
+    return list({owners[fd].index: owners[fd] for fd, _ in events}.values())
 
 
 def _stop(process: Any, grace_s: float) -> None:
@@ -302,6 +339,7 @@ class ProcessLanes:
         self.rebuild = self._rebuild
         self._broken: str | None = None
         self._in_flight: set[int] = set()  # workers with a request not yet answered
+        self._watch = _Watch()
         self._splits: dict[bytes, list[tuple[int, np.ndarray, list[int]]]] = {}  # _by_worker
         # Per worker with a step sent by send_step and not yet received: its rows, loose
         # actions and request.
@@ -533,10 +571,7 @@ class ProcessLanes:
             raise EnvError(f"{self!r}: receive_step() with no step sent")
         waited = time.perf_counter_ns()
         waiting = [self._workers[w] for w in sorted(self._sent)]
-        ready = connection.wait(
-            [x for worker in waiting for x in (worker.conn, worker.process.sentinel)]
-        )
-        worker = next(w for w in waiting if w.conn in ready or w.process.sentinel in ready)
+        worker = min(self._watch.ready(waiting, None), key=lambda w: w.index)
         rows, loose_actions, message = self._sent.pop(worker.index)
         replies = self._collect({worker.index: message})
         waited = time.perf_counter_ns() - waited
@@ -702,17 +737,13 @@ class ProcessLanes:
             # Once a worker has answered, its CPU is free and the others' answers usually
             # follow within a millisecond: found by polling, the last one wakes no one (see
             # worker.POLL_S), and it is the one the round waits for.
-            ready = _answered(pending) if replies and len(pending) < CPUS else []
-            if not ready:
-                waitables = [x for w in pending for x in (w.conn, w.process.sentinel)]
-                ready = connection.wait(waitables)
-            for worker in pending:
-                if worker.conn in ready or worker.process.sentinel in ready:
-                    try:
-                        replies[worker.index] = worker.conn.recv()
-                        self._in_flight.discard(worker.index)
-                    except (EOFError, OSError):
-                        self._recover(worker, requests[worker.index])
+            ready = self._watch.answered(pending) if replies and len(pending) < CPUS else []
+            for worker in ready or self._watch.ready(pending, None):
+                try:
+                    replies[worker.index] = worker.conn.recv()
+                    self._in_flight.discard(worker.index)
+                except (EOFError, OSError):
+                    self._recover(worker, requests[worker.index])
         return replies
 
     def _read(
