@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import host
 import numpy as np
 import rlmesh
 from cartpole import SEEDS, VECTOR_EPISODES
@@ -161,6 +162,7 @@ class Settings:
     process_cartpole_episodes: int  # CartPole episodes over 16 process lanes
     cluster_episodes: int  # CPU-heavy episodes, one process vs a local Ray cluster
     loading_windows: int  # windows of a model slow to load, Ray tasks vs actors
+    host_probe_s: float  # how long host.py probes every CPU, before and after the sections
 
 
 FULL = Settings(
@@ -176,6 +178,7 @@ FULL = Settings(
     process_cartpole_episodes=64,
     cluster_episodes=CLUSTER_EPISODES,
     loading_windows=LOADING_WINDOWS,
+    host_probe_s=3.0,
 )
 QUICK = Settings(
     repeats=3,
@@ -190,6 +193,7 @@ QUICK = Settings(
     process_cartpole_episodes=16,
     cluster_episodes=16,
     loading_windows=8,
+    host_probe_s=0.5,
 )
 
 
@@ -1343,11 +1347,13 @@ def main(argv: list[str] | None = None) -> int:
             f"--only: unknown section(s) {', '.join(unknown)}; expected {', '.join(SECTIONS)}"
         )
 
+    speeds = {"before": host.probe(settings.host_probe_s)}
     started = time.perf_counter()
     rows: list[Row] = []
     for name in only:
         rows += SECTIONS[name](settings, args.peer)
     elapsed = time.perf_counter() - started
+    speeds["after"] = host.probe(settings.host_probe_s)
 
     facts = machine()
     print(" ".join(f"{k}={v}" for k, v in facts.items()))
@@ -1355,6 +1361,13 @@ def main(argv: list[str] | None = None) -> int:
         f"settings: {'--quick' if args.quick else 'full'}, {settings.repeats} interleaved "
         f"repeats per side, medians; ran in {elapsed:.0f} s"
     )
+    print(
+        f"host speed (benches/host.py: {host.LOOP:,} additions timed in "
+        f"{host.WINDOW_S * 1000:.0f} ms windows for {settings.host_probe_s:g} s, every CPU at "
+        f"once; slow: over {host.SLOW}x the fastest window):"
+    )
+    for when, speed in speeds.items():
+        print(f"  {when} the sections: {host.describe(speed)}")
     print(format_table(rows))
     missed = [row.workload for row in rows if row.status == "MISSED"]
     print(
@@ -1363,6 +1376,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         report = {
             "machine": facts,
+            "host_speed": speeds,
             "settings": asdict(settings),
             "elapsed_s": elapsed,
             "rows": [row.as_dict() for row in rows],

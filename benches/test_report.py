@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import host
 import report
 from report import Row, format_table
 
@@ -24,7 +25,8 @@ def test_rows_that_miss_their_target_are_marked():
 def test_quick_report_runs_and_writes_every_row(tmp_path, capsys):
     out = tmp_path / "report.json"
     assert report.main(["--quick", "--json", str(out)]) == 0
-    rows = json.loads(out.read_text())["rows"]
+    written = json.loads(out.read_text())
+    rows = written["rows"]
     # 10 core, 2 adapters, 5 end to end, 3 chunked, 8 process lanes (the same work over bare
     # pipes, and it and Hopper's lanes in independent processes, among them), 2 group pipelining,
     # 2 summary budget, 1 suite summary, 1 HTML report budget, 2 videos, 3 scale-out (Ray:
@@ -36,4 +38,12 @@ def test_quick_report_runs_and_writes_every_row(tmp_path, capsys):
     assert any("model with predict and predict_batch" in row["workload"] for row in rows)
     assert any(row["section"].startswith("served model") for row in rows)
     assert all(row["ratio"] > 0 for row in rows)
-    assert "miss their target" in capsys.readouterr().out
+    # The host's speed, probed on every CPU this process may use, before and after the rows.
+    speeds = written["host_speed"]
+    assert sorted(speeds) == ["after", "before"]
+    for speed in speeds.values():
+        assert len(speed) == len(host.cpus())
+        assert all(0 < cpu["fastest_us"] <= cpu["slowest_us"] for cpu in speed.values())
+        assert all(0 <= cpu["slow_share"] <= 1 for cpu in speed.values())
+    printed = capsys.readouterr().out
+    assert "miss their target" in printed and "before the sections: CPU" in printed
