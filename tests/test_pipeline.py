@@ -146,6 +146,39 @@ def test_hooks_hear_each_episode_as_with_plain_rounds(core):
     assert sorted(heard[True]) == list(range(6))
 
 
+class StepInfos(rlmesh.RunHooks):
+    """Each step event's info, by episode index and step."""
+
+    def __init__(self):
+        self.infos = {}
+
+    def on_step(self, event):
+        self.infos[event.episode, event.step] = event.info
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_step_hooks_hear_every_info_under_pipelining(core):
+    """Pipelined rounds read only final infos, so the workers send no other, unless step hooks
+    listen: then every step's info reaches them, as in plain rounds."""
+    heard = {}
+    for pipeline in (False, True):
+        hook = StepInfos()
+        rlmesh.run(
+            dict_policy,
+            make_dict_env,
+            episodes=5,
+            num_envs=4,
+            workers=2,
+            pipeline=pipeline,
+            seed=2,
+            hooks=[hook],
+            core=core,
+        )
+        heard[pipeline] = hook.infos
+    assert heard[True] == heard[False]
+    assert len(heard[True]) > 5 and all(heard[True].values())  # the env has an info every step
+
+
 SEEDS = list(range(10, 18))
 FAULTS = dict(seeds=SEEDS, num_envs=4, workers=2, max_episode_steps=40)
 

@@ -691,11 +691,9 @@ class EvaluationRun:
         telemetry, settings = self.telemetry, self.settings
         until_ns = min(self._yielded_ns + YIELD_EVERY_NS, telemetry.window_ends_ns)
         failures: dict[int, str] | None = None if settings.on_error == "raise" else {}
-        # A cap ends an episode on a step its env did not end: that step's info is final.
-        capped = bool(settings.max_episode_steps or settings.max_episode_seconds)
         ended, infos, rounds, lane_steps = self.runner.run_rounds(
             self.handler,
-            core_steps(self.lanes, every_info=capped),
+            core_steps(self.lanes, every_info=self._reads_every_info()),
             self.lanes.name,
             until_ns=int(until_ns),
             stats=[telemetry.window_stats(op) for op in ROUND_OPS],
@@ -741,8 +739,17 @@ class EvaluationRun:
             return
         self.runner.park_round(group)
         opened.step_started_ns = time.perf_counter_ns()
-        self.lanes.send_step(opened.running, opened.actions)
+        self.lanes.send_step(opened.running, opened.actions, every_info=self._reads_every_info())
         self._groups_in_flight[group] = opened
+
+    def _reads_every_info(self) -> bool:
+        """Whether the run reads the info of a step that did not end its episode: step hooks
+        hear every info, and a cap ends an episode on a step its env did not end, whose info
+        is then final. Otherwise the lanes need send only final infos."""
+        settings = self.settings
+        return bool(
+            self.hooks.wants_steps or settings.max_episode_steps or settings.max_episode_seconds
+        )
 
     async def _open_round(self, lanes: np.ndarray | None = None) -> OpenRound:
         """Open a round over the running lanes (with ``lanes``, those among them) and take

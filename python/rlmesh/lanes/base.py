@@ -227,9 +227,11 @@ class PipelinedLanes(Protocol):
 
     step_groups: list[np.ndarray]
 
-    def send_step(self, lanes: np.ndarray, actions: Any) -> None:
+    def send_step(self, lanes: np.ndarray, actions: Any, *, every_info: bool = True) -> None:
         """Start a step of ``lanes`` ``[K]`` (ascending, of one group whose last step was
-        received) with ``actions`` ``[K, ...]`` (or a dict of them)."""
+        received) with ``actions`` ``[K, ...]`` (or a dict of them). With ``every_info``
+        False the step may come back, as from ``round_step``, with an empty info for a lane
+        whose episode goes on: the driver asks for that when it reads only final infos."""
         ...
 
     def receive_step(self) -> StepBatch:

@@ -520,19 +520,19 @@ class ProcessLanes:
         return self._views_now().take_observations(rows, loose), infos
 
     def step(self, lanes: np.ndarray, actions: Any) -> StepBatch:
-        return self._step(lanes, actions, all_infos=True)
+        return self._step(lanes, actions, every_info=True)
 
     def round_step(self, lanes: np.ndarray, actions: Any) -> StepBatch:
         """``step`` for the core's rounds, which read only final infos: a lane whose episode
         goes on has an empty info, so the workers do not pickle every step's info."""
-        return self._step(lanes, actions, all_infos=False)
+        return self._step(lanes, actions, every_info=False)
 
-    def _step(self, lanes: np.ndarray, actions: Any, all_infos: bool) -> StepBatch:
+    def _step(self, lanes: np.ndarray, actions: Any, every_info: bool) -> StepBatch:
         rows = np.asarray(lanes, dtype=np.int64)
         if not len(rows):
             empty = np.zeros(0, dtype=np.bool_)
             return StepBatch(rows, [], np.zeros(0), empty, empty.copy(), [])
-        requests, loose_actions = self._step_requests(rows, actions, all_infos)
+        requests, loose_actions = self._step_requests(rows, actions, every_info)
         infos, loose, failed = self._exchange(requests, rows)
         return self._step_batch(rows, loose_actions, infos, loose, failed)
 
@@ -544,13 +544,14 @@ class ProcessLanes:
         driver may send one group's step while another's is still on its way back."""
         return [np.array(worker.lanes, dtype=np.int64) for worker in self._workers]
 
-    def send_step(self, lanes: np.ndarray, actions: Any) -> None:
+    def send_step(self, lanes: np.ndarray, actions: Any, *, every_info: bool = True) -> None:
         """Start a step of ``lanes`` (``[K]``, ascending, all of one group of
         ``step_groups``, whose previous step was received) with ``actions`` ``[K, ...]``;
         ``receive_step`` returns it. ``step`` is ``send_step`` then ``receive_step`` for
-        every group at once."""
+        every group at once. Without ``every_info``, as in ``round_step``, a lane whose
+        episode goes on comes back with an empty info."""
         rows = np.asarray(lanes, dtype=np.int64)
-        requests, loose_actions = self._step_requests(rows, actions, all_infos=True)
+        requests, loose_actions = self._step_requests(rows, actions, every_info)
         if len(requests) != 1:
             raise ValueError(f"send_step: lanes {rows.tolist()} are not of one group")
         (w,) = requests  # one group is one worker
@@ -579,7 +580,7 @@ class ProcessLanes:
         return self._step_batch(rows, loose_actions, infos, loose, failed)
 
     def _step_requests(
-        self, rows: np.ndarray, actions: Any, all_infos: bool
+        self, rows: np.ndarray, actions: Any, every_info: bool
     ) -> tuple[dict[int, tuple[Any, ...]], list[Any] | None]:
         """Each worker's step request for ``rows`` (every lane's info, or only final ones),
         the actions put in their slots, and the per-lane actions that travel through the pipes
@@ -592,7 +593,7 @@ class ProcessLanes:
                 "step",
                 rows[positions].tolist(),
                 None if loose_actions is None else [loose_actions[p] for p in positions],
-                all_infos,
+                every_info,
             )
         return requests, loose_actions
 

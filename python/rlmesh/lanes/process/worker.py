@@ -5,8 +5,9 @@ driver's requests one at a time, in order, until it is told to close or its pipe
 driver went away). Requests and replies are small tuples through the pipe:
 
 - ``("reset", lanes, seeds, options)`` -> ``("ok", infos, loose, ns, failed)``
-- ``("step", lanes, actions or None)`` -> ``("ok", infos, loose, ns, failed)``: actions None
-  means they are in the buffer; ``ns`` is the time spent inside the envs' ``step`` calls;
+- ``("step", lanes, actions or None, every_info)`` -> ``("ok", infos, loose, ns, failed)``:
+  actions None means they are in the buffer; without ``every_info`` a lane whose episode goes
+  on answers an empty info; ``ns`` is the time spent inside the envs' ``step`` calls;
   ``failed`` maps each lane whose env raised to ``(message, traceback)`` (its info and loose
   entries are None), the other lanes having gone on;
 - ``("render", lanes)`` -> ``("ok", frames, loose, ns, {})``: what each lane's ``render()``
@@ -222,9 +223,9 @@ class _Server:
                 return
 
     def step(
-        self, lanes: list[int], actions: list[Any] | None, all_infos: bool = True
+        self, lanes: list[int], actions: list[Any] | None, every_info: bool = True
     ) -> tuple[Any, ...]:
-        """Step ``lanes``; without ``all_infos``, a lane whose episode goes on answers an empty
+        """Step ``lanes``; without ``every_info``, a lane whose episode goes on answers an empty
         info (only final infos travel)."""
         views, envs = self.views, self.envs
         infos, loose = [], []
@@ -245,7 +246,7 @@ class _Server:
             views.rewards[lane] = reward
             views.terminated[lane] = terminated
             views.truncated[lane] = truncated
-            infos.append(info if all_infos or terminated or truncated else {})
+            infos.append(info if every_info or terminated or truncated else {})
         return ("ok", infos, loose, spent_ns, failed)
 
     def reset(
