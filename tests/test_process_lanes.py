@@ -239,6 +239,20 @@ def test_an_episode_a_cap_ends_keeps_its_final_info_with_workers(core):
     assert comparable(runs[2, True]) == comparable(runs[1, False])
 
 
+def _same_step_but_infos(a, b, every_info):
+    """Assert that ``b``, a step of process lanes, is ``a``, the same step of in-process
+    lanes of an env with an info every step, but for infos: every one with ``every_info``,
+    else only final ones (empty for a lane whose episode goes on). The lanes' ended mask."""
+    assert all(_same_value(x, y) for x, y in zip(a.observations, b.observations, strict=True))
+    for field in ("rewards", "terminated", "truncated"):
+        assert _same_value(getattr(a, field), getattr(b, field))
+    ended = a.terminated | a.truncated
+    for row, done in enumerate(ended.tolist()):
+        assert a.infos[row]
+        assert b.infos[row] == (a.infos[row] if done or every_info else {})
+    return ended
+
+
 def test_round_steps_carry_only_final_infos_and_are_what_the_core_steps():
     """``round_step`` returns what ``step`` does, but a lane whose episode goes on has an
     empty info: the core's rounds read only final infos, so only those cross the pipes."""
@@ -253,15 +267,7 @@ def test_round_steps_carry_only_final_infos_and_are_what_the_core_steps():
         while len(running):
             action = np.full((len(running), 2), 0.05, np.float32)
             a, b = local.step(running, action), process.round_step(running, action)
-            assert all(
-                _same_value(x, y) for x, y in zip(a.observations, b.observations, strict=True)
-            )
-            for field in ("rewards", "terminated", "truncated"):
-                assert _same_value(getattr(a, field), getattr(b, field))
-            ended = a.terminated | a.truncated
-            for row, done in enumerate(ended.tolist()):
-                assert a.infos[row]  # the env has an info every step
-                assert b.infos[row] == (a.infos[row] if done else {})
+            ended = _same_step_but_infos(a, b, every_info=False)
             finals += int(ended.sum())
             running = running[~ended]
         assert finals == 3
@@ -296,16 +302,8 @@ def test_pipelined_steps_without_every_info_carry_only_final_infos():
                 group = int(b.stepped[0] >= 2)
                 a, every_info = sent[group]
                 assert np.array_equal(a.stepped, b.stepped)
-                assert all(
-                    _same_value(x, y) for x, y in zip(a.observations, b.observations, strict=True)
-                )
-                for field in ("rewards", "terminated", "truncated"):
-                    assert _same_value(getattr(a, field), getattr(b, field))
-                ended = a.terminated | a.truncated
-                for row, done in enumerate(ended.tolist()):
-                    assert a.infos[row]  # the env has an info every step
-                    assert b.infos[row] == (a.infos[row] if done or every_info else {})
-                    every += int(every_info and not done)
+                ended = _same_step_but_infos(a, b, every_info)
+                every += int(every_info) * int((~ended).sum())
                 finals += int(ended.sum())
                 running[group] = a.stepped[~ended]
         assert finals == 4 and every > 0
