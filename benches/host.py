@@ -75,15 +75,21 @@ def probe(seconds: float) -> dict[str, dict[str, float]]:
         for cpu in cpus()
     }
     out = {}
-    for cpu, child in children.items():
-        stdout, _ = child.communicate(timeout=seconds + 60)
-        windows = json.loads(stdout)
-        fastest = min(windows)
-        out[cpu] = {
-            "fastest_us": fastest,
-            "slowest_us": max(windows),
-            "slow_share": sum(w > SLOW * fastest for w in windows) / len(windows),
-        }
+    try:
+        for cpu, child in children.items():
+            stdout, _ = child.communicate(timeout=seconds + 60)
+            windows = json.loads(stdout)
+            fastest = min(windows)
+            out[cpu] = {
+                "fastest_us": fastest,
+                "slowest_us": max(windows),
+                "slow_share": sum(w > SLOW * fastest for w in windows) / len(windows),
+            }
+    finally:  # a probe that failed or hung leaves no process behind
+        for child in children.values():
+            if child.poll() is None:
+                child.kill()
+                child.wait()
     return out
 
 
