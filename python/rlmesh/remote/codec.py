@@ -290,8 +290,13 @@ class SpaceCodec:
             WireFormatError: a leaf of another shape than ``[rows, *shape]``, non-integral
                 floats for an integer leaf, or a missing key.
         """
+        return value_pb2.SpaceValue(leaves=self.encode_leaves(batch, rows))
+
+    def encode_leaves(self, batch: Any, rows: int) -> list[bytes]:
+        """``encode``'s leaves alone, to extend a message's ``SpaceValue`` in place (a
+        SpaceValue handed to a message is copied into it)."""
         if self._single:
-            return value_pb2.SpaceValue(leaves=[self._encode_leaf(0, batch, rows)])
+            return [self._encode_leaf(0, batch, rows)]
         try:
             leaf_batches = batch_leaves(self.space, batch)
         except (KeyError, ValueError) as err:
@@ -302,7 +307,7 @@ class SpaceCodec:
                 out.append(_encode_text(leaf, rows, self._leaves[position][0]))
             else:
                 out.append(self._encode_leaf(position, leaf, rows))
-        return value_pb2.SpaceValue(leaves=out)
+        return out
 
     def _encode_leaf(self, position: int, leaf: Any, rows: int) -> bytes:
         where, dtype, shape = self._leaves[position]

@@ -238,7 +238,7 @@ class RemoteEnv:
         count = len(lanes)
         lane_list = lanes.tolist()
         try:
-            action = self._action_codec.encode(actions, count)
+            action = self._action_codec.encode_leaves(actions, count)
         except WireFormatError as err:
             raise WireFormatError(
                 f"the actions for lanes {lane_list} do not fit the action space "
@@ -247,7 +247,7 @@ class RemoteEnv:
         # Built in place: a StepRequest handed to JoinRequest(step=) would be copied.
         request = wire.JoinRequest()
         step = request.step
-        step.action.leaves.extend(action.leaves)
+        step.action.leaves.extend(action)
         step.env_indices.extend(lane_list)
         step.episode_ids.extend(self._step_episode_ids(lanes, lane_list))
         step.timeout_ms = self._timeout_ms

@@ -433,7 +433,7 @@ class Session:
         observations, infos = self.servicer.call_env(
             lambda: self.lanes.reset(lanes, seeds, trials), request.timeout_ms, "reset"
         )
-        observation = self._observation_value(observations, lanes, "reset")
+        observation = self._observation_leaves(observations, lanes, "reset")
         self.running[lanes] = True
         self.steps[lanes] = 0
         self.returns[lanes] = 0.0
@@ -441,10 +441,9 @@ class Session:
         self.episode_ids[lanes] = list(request.episode_ids) or [""] * count
         for lane, seed in zip(lanes.tolist(), seeds, strict=True):
             self.seeds[lane] = seed
-        return wire.ResetResponse(
-            observation=observation,
-            infos=self._encode_infos(infos),
-        )
+        response = wire.ResetResponse(infos=self._encode_infos(infos))
+        response.observation.leaves.extend(observation)
+        return response
 
     def step(self, request: wire.StepRequest, out: wire.StepResponse) -> None:
         """Step the request's lanes and write the answer into ``out``."""
@@ -496,7 +495,7 @@ class Session:
         else:
             self.steps[lanes] += 1
             self.returns[lanes] += rewards
-        out.observation.CopyFrom(self._observation_value(batch.observations, lanes, "step"))
+        out.observation.leaves.extend(self._observation_leaves(batch.observations, lanes, "step"))
         out.rewards.extend(rewards.tolist())
         out.terminated_mask = terminated.tobytes()
         out.truncated_mask = truncated.tobytes()
@@ -574,9 +573,11 @@ class Session:
             )
         return trials
 
-    def _observation_value(self, observations: list[Any], lanes: np.ndarray, doing: str) -> Any:
-        """The lanes' observations as one SpaceValue, refused (INTERNAL) where one does not
-        fit the observation space: the served env broke its own contract."""
+    def _observation_leaves(
+        self, observations: list[Any], lanes: np.ndarray, doing: str
+    ) -> list[bytes]:
+        """The lanes' observations as the leaves of one SpaceValue, refused (INTERNAL) where
+        one does not fit the observation space: the served env broke its own contract."""
         space = self.observation_space
         batch = stack_rows(space, observations)
         problem = check_values(self.observation_checks, space, batch, "observation")
@@ -589,7 +590,7 @@ class Session:
                 recoverable=False,
             )
         try:
-            return self.observation_codec.encode(batch, len(lanes))
+            return self.observation_codec.encode_leaves(batch, len(lanes))
         except WireFormatError as err:
             raise RequestError(
                 Code.ENV_ERROR_CODE_INTERNAL,
