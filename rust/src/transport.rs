@@ -13,8 +13,8 @@
 //!
 //! A lone waiter polls for a while before it parks (`POLL`): a server's HTTP/2 side waiting for
 //! a call's next request when that call is the server's only open one, and a client's `receive`
-//! when no other waits in the process. See `POLL` for why. It changes only how soon a message is seen: the Python
-//! core, which does not poll, behaves the same.
+//! when no other waits in the process. See `POLL` for why. It changes only how soon a message
+//! is seen: the Python core, which does not poll, behaves the same.
 
 use std::convert::Infallible;
 use std::future::Future;
