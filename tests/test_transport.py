@@ -434,6 +434,29 @@ def test_a_stream_dropped_unfinished_is_cancelled(core, timed):
         assert channel.unary("/test.Echo/Say", b"still open") == b"still open"
 
 
+IDLE_S = 0.6
+
+
+def test_an_idle_open_stream_costs_no_cpu_on_either_side(core):
+    """A lone stream's waiters poll only for a while after each message (the Rust core's
+    ``POLL``, 2 ms), then park: a session left open while a driver thinks, or between runs,
+    must not keep a CPU busy on the server's side or the client's."""
+    with connected(core) as (_, channel):
+        stream = channel.stream("/test.Echo/Talk")
+        for _ in range(20):  # warm, and the last answer starts the server's poll
+            stream.send(b"ping")
+            assert stream.receive(timeout=WAIT) == b"ping"
+        cpu_before, wall_before = time.process_time(), time.perf_counter()
+        time.sleep(IDLE_S)
+        cpu = time.process_time() - cpu_before
+        wall = time.perf_counter() - wall_before
+        stream.send(b"after the pause")
+        assert stream.receive(timeout=WAIT) == b"after the pause"
+        stream.close_send()
+    # This process holds both ends: a waiter that never parks would cost it a whole CPU.
+    assert cpu < 0.25 * wall, f"{cpu:.3f} s of CPU over {wall:.3f} s idle"
+
+
 def test_close_send_ends_the_server_s_request_iterator(core):
     def counting(method, metadata, requests, call):
         count = sum(1 for _ in requests)
