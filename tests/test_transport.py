@@ -437,24 +437,37 @@ def test_a_stream_dropped_unfinished_is_cancelled(core, timed):
 IDLE_S = 0.6
 
 
-def test_an_idle_open_stream_costs_no_cpu_on_either_side(core):
-    """A lone stream's waiters poll only for a while after each message (the Rust core's
-    ``POLL``, 2 ms), then park: a session left open while a driver thinks, or between runs,
-    must not keep a CPU busy on the server's side or the client's."""
-    with connected(core) as (_, channel):
+def _slow_echo(method, metadata, requests, call):
+    """Echoes; a ``b"slow"`` message after ``IDLE_S`` seconds."""
+    for message in requests:
+        if message == b"slow":
+            time.sleep(IDLE_S)
+        yield message
+
+
+def _cpu_share(work) -> float:
+    """This process's CPU time over the wall time that ``work()`` takes."""
+    cpu, wall = time.process_time(), time.perf_counter()
+    work()
+    return (time.process_time() - cpu) / (time.perf_counter() - wall)
+
+
+def test_waiters_stop_polling_so_an_idle_stream_and_a_slow_answer_cost_no_cpu(core):
+    """A lone stream's waiters poll only for a while (the Rust core's ``POLL``, 2 ms), then
+    park: a session left open while its driver thinks must not keep the server's side busy,
+    nor a ``receive`` that waits on a slow answer the client's. This process holds both ends,
+    so a waiter that never parked would cost it a whole CPU."""
+    with connected(core, _slow_echo) as (_, channel):
         stream = channel.stream("/test.Echo/Talk")
         for _ in range(20):  # warm, and the last answer starts the server's poll
             stream.send(b"ping")
             assert stream.receive(timeout=WAIT) == b"ping"
-        cpu_before, wall_before = time.process_time(), time.perf_counter()
-        time.sleep(IDLE_S)
-        cpu = time.process_time() - cpu_before
-        wall = time.perf_counter() - wall_before
-        stream.send(b"after the pause")
-        assert stream.receive(timeout=WAIT) == b"after the pause"
+        idle = _cpu_share(lambda: time.sleep(IDLE_S))
+        stream.send(b"slow")
+        waiting = _cpu_share(lambda: stream.receive(timeout=WAIT))
         stream.close_send()
-    # This process holds both ends: a waiter that never parks would cost it a whole CPU.
-    assert cpu < 0.25 * wall, f"{cpu:.3f} s of CPU over {wall:.3f} s idle"
+    assert idle < 0.25, f"an idle stream: {idle:.0%} of a CPU"
+    assert waiting < 0.25, f"a receive waiting {IDLE_S} s for its answer: {waiting:.0%} of a CPU"
 
 
 def test_close_send_ends_the_server_s_request_iterator(core):

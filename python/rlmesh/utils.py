@@ -73,8 +73,6 @@ def lane_actions(actions: Any, count: int, path: tuple[str, ...] = ()) -> Sequen
     Raises:
         ValueError: a leaf without ``count`` rows along its leading axis.
     """
-    if type(actions) is np.ndarray and actions.ndim and len(actions) == count:
-        return actions  # the usual batch: the ABC checks below cost more than the step's rest
     if isinstance(actions, Mapping):
         columns = {
             key: lane_actions(leaf, count, (*path, str(key))) for key, leaf in actions.items()
