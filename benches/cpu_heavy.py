@@ -79,5 +79,14 @@ def batched_policy(obs: np.ndarray) -> np.ndarray:
     return (obs[:, 0] < 0).astype(np.int64)
 
 
+SHORT_EPISODES = {"shortest": 40, "longest": 119}  # many resets, and lanes that end unevenly
+
+
+def make_short_episodes() -> gym.Env:
+    """The env with episodes of 40 to 119 steps, as the process-lanes and served benchmarks
+    run it (``rlmesh serve env cpu_heavy:make_short_episodes`` serves it)."""
+    return gym.make(ENV_ID, **SHORT_EPISODES)
+
+
 if "CpuHeavy-v0" not in gym.registry:
     gym.register("CpuHeavy-v0", entry_point=CpuHeavyEnv)

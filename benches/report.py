@@ -107,11 +107,13 @@ from test_bench_remote_env import (
     ONE_LANE_SEEDS,
     REMOTE_EPISODES,
     REMOTE_LANES,
+    cpu_server,
     grpc_round_trip_us,
     our_server,
     rounds_of,
     run_local_lanes,
     run_local_one_lane,
+    run_remote_cpu,
     run_remote_lanes,
     run_remote_one_lane,
     served,
@@ -1227,8 +1229,42 @@ def remote_rows(settings: Settings, with_peer: bool) -> list[Row]:
         if with_peer:
             rows.append(_peer_remote_row(section, workload, width, steps / times["remote"],
                                          settings, len(seeds), episodes))  # fmt: skip
+    rows.append(served_workers_row(section, settings))
     rows.append(transport_row(section, settings))
     return rows
+
+
+def served_workers_row(section: str, settings: Settings) -> Row:
+    """The CPU-heavy env served on ``CPU_LANES`` lanes by a server that steps them in 2 worker
+    processes (``rlmesh serve env ... --workers 2``) against one that steps them in its own
+    process."""
+    episodes = settings.cpu_episodes
+    results: dict[str, rlmesh.RunResult] = {}  # each side's last run
+
+    def side(name: str, address: str) -> Callable[[], None]:
+        def run() -> None:
+            results[name] = run_remote_cpu(address, episodes)
+
+        return run
+
+    with cpu_server(1) as alone, cpu_server(2) as parallel:
+        times = interleaved(
+            {"alone": side("alone", alone), "workers": side("workers", parallel)}, settings.repeats
+        )
+    same = scored_fields(results["alone"]) == scored_fields(results["workers"])
+    steps = results["alone"].total_steps
+    return Row(
+        section,
+        f"CPU-heavy env, {CPU_LANES} lanes, {episodes} episodes, served: the server's lanes in "
+        f"2 worker processes",
+        "server workers=1",
+        steps / times["alone"],
+        "server --workers 2",
+        steps / times["workers"],
+        "steps/s",
+        note=f"per-episode results of the two servers {'equal' if same else 'DIFFER'}; the "
+        f"driver, the server and its workers share the machine's vCPUs",
+    )
 
 
 def transport_row(section: str, settings: Settings) -> Row:

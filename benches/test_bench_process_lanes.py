@@ -46,15 +46,13 @@ import numpy as np
 import pytest
 import rlmesh
 from cartpole import ENV_ID, batched_policy
-from cpu_heavy import ENV_ID as CPU_ENV_ID
 from cpu_heavy import batched_policy as cpu_policy
-from cpu_heavy import burn
+from cpu_heavy import burn, make_short_episodes
 from rlmesh.lanes import ProcessLanes
 from rlmesh.lanes.process.worker import POLL_S
 
 CPU_LANES = 8
 CPU_EPISODES = 16
-CPU_KWARGS = {"shortest": 40, "longest": 119}  # short episodes: many resets and ends a run
 CARTPOLE_LANES, CARTPOLE_EPISODES = 16, 32
 MODEL_S_PER_LANE = 0.001  # the slow model: as long per lane as a CPU-heavy env step
 SIM_ID, SIM_LANES, SIM_EPISODES = "Hopper-v5", 8, 16
@@ -71,7 +69,7 @@ def sim_policy(obs: np.ndarray) -> np.ndarray:
 
 
 # One lane of each, as a factory that pickles (worker processes build their lanes with it).
-make_cpu_env = functools.partial(gym.make, CPU_ENV_ID, **CPU_KWARGS)
+make_cpu_env = make_short_episodes
 make_sim_env = functools.partial(gym.make, SIM_ID)
 
 

@@ -7,7 +7,9 @@
   0.1.0's own ``rlmesh.run`` (its ``Model.run``), both in 0.1.0's venv. This file is also that
   venv's script (``python test_bench_remote_env.py serve|drive ...``), so it imports nothing
   of this package at module level;
-- the transport's floor: a bare grpcio bidi echo (``... ping-pong``), timed beside them.
+- the transport's floor: a bare grpcio bidi echo (``... ping-pong``), timed beside them;
+- a served CPU-heavy env (``cpu_heavy.py``, 8 lanes) whose server steps its lanes in 2 worker
+  processes (``--workers 2``) against one that steps them in its own process.
 
 Run: ``pytest benches/test_bench_remote_env.py --benchmark-enable``.
 """
@@ -26,12 +28,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 from cartpole import ENV_ID, SEEDS, batched_policy, policy
 
 REMOTE_LANES = 16
 ONE_LANE_SEEDS = SEEDS[:4]  # 2,000 steps: a few seconds per sample over the wire
 REMOTE_EPISODES = 32  # 16 lanes: 16,000 lane-steps
+CPU_LANES, CPU_EPISODES = 8, 48  # the CPU-heavy env served, its episodes 40 to 119 steps
+HERE = Path(__file__).resolve().parent
 _ADDRESS = re.compile(r"((?:tcp|unix)://\S+)")
 
 
@@ -70,19 +75,27 @@ def our_server(num_lanes: int) -> contextlib.AbstractContextManager[str]:
     return served(argv)
 
 
-class Batched:
-    """The batched CartPole policy as a model with a batch corner (imports rlmesh late)."""
+def cpu_server(workers: int) -> contextlib.AbstractContextManager[str]:
+    """The CPU-heavy env served on ``CPU_LANES`` lanes, stepped in ``workers`` processes (1:
+    in the server's own)."""
+    argv = [sys.executable, "-m", "rlmesh", "serve", "env", "cpu_heavy:make_short_episodes"]
+    argv += ["--num-envs", str(CPU_LANES), "--workers", str(workers)]
+    path = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
+    return served(argv, env={"PYTHONPATH": path})  # the server and its workers import cpu_heavy
 
-    def __new__(cls):
-        import rlmesh
 
-        class Model(rlmesh.Model):
-            stateless = True
+def batched_model(batched=batched_policy):
+    """``batched`` (``[N, ...]`` observations to ``[N]`` actions) as a model with a batch
+    corner (imports rlmesh late)."""
+    import rlmesh
 
-            def predict_batch(self, obs):
-                return batched_policy(obs)
+    class Model(rlmesh.Model):
+        stateless = True
 
-        return Model()
+        def predict_batch(self, obs):
+            return batched(obs)
+
+    return Model()
 
 
 def run_remote_one_lane(address: str, seeds=ONE_LANE_SEEDS, core=None):
@@ -100,13 +113,20 @@ def run_local_one_lane(seeds=ONE_LANE_SEEDS, core=None):
 def run_remote_lanes(address: str, episodes=REMOTE_EPISODES, core=None):
     import rlmesh
 
-    return rlmesh.run(Batched(), address, episodes=episodes, core=core)
+    return rlmesh.run(batched_model(), address, episodes=episodes, core=core)
 
 
 def run_local_lanes(episodes=REMOTE_EPISODES, core=None):
     import rlmesh
 
-    return rlmesh.run(Batched(), ENV_ID, episodes=episodes, num_envs=REMOTE_LANES, core=core)
+    return rlmesh.run(batched_model(), ENV_ID, episodes=episodes, num_envs=REMOTE_LANES, core=core)
+
+
+def run_remote_cpu(address: str, episodes=CPU_EPISODES):
+    import rlmesh
+    from cpu_heavy import batched_policy as cpu_policy
+
+    return rlmesh.run(batched_model(cpu_policy), address, episodes=episodes)
 
 
 def rounds_of(result) -> int:
@@ -130,6 +150,25 @@ def test_remote_cartpole_sixteen_lanes(benchmark):
     with our_server(REMOTE_LANES) as address:
         result = benchmark.pedantic(run_remote_lanes, args=(address,), rounds=3)
     assert result.total_steps == run_local_lanes().total_steps
+
+
+def _bench_cpu_server(benchmark, workers: int):
+    benchmark.group = f"served env, CPU-heavy env {CPU_LANES} lanes (server workers 1 vs 2)"
+    with cpu_server(workers) as address:
+        return benchmark.pedantic(run_remote_cpu, args=(address, 16), rounds=2)
+
+
+def test_remote_cpu_heavy_server_one_worker(benchmark):
+    assert _bench_cpu_server(benchmark, 1).num_episodes == 16
+
+
+def test_remote_cpu_heavy_server_two_workers(benchmark):
+    result = _bench_cpu_server(benchmark, 2)
+    with cpu_server(1) as address:
+        alone = run_remote_cpu(address, 16)
+    assert [(e.index, e.steps, e.reward) for e in result.episodes] == [
+        (e.index, e.steps, e.reward) for e in alone.episodes
+    ]
 
 
 # ------------------------------------------------------------------------------ the floor

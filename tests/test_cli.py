@@ -590,3 +590,28 @@ def test_a_second_writer_exits_2_naming_the_holder_while_readers_still_work(tmp_
     assert [episode.index for episode in episodes] == [0, 1, 2, 3]
     resumed = _command(*argv, "--resume", "--json")  # released at the end
     assert resumed.returncode == 0 and json.loads(resumed.stdout)["episodes"] == 4
+
+
+def test_a_file_is_loaded_afresh_under_its_name_unless_another_module_holds_it(
+    tmp_path, monkeypatch
+):
+    """``file.py:name`` registers the file's module under its stem, so pickle sends its
+    functions to worker processes by name; a stem that names another module keeps it."""
+    from rlmesh.cli import load_object
+
+    # the name starts free (None), and whatever it holds at the end goes with the test, as
+    # do the files' directories that loading puts on sys.path
+    monkeypatch.setitem(sys.modules, "rlmesh_test_factories", None)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    mine = tmp_path / "rlmesh_test_factories.py"
+    mine.write_text("def make():\n    return 1\n")
+    first = load_object(f"{mine}:make", "env", "expected a factory")
+    assert sys.modules["rlmesh_test_factories"].make is first and first() == 1
+    mine.write_text("def make():\n    return 2\n")  # loaded again: the file as it is now
+    assert load_object(f"{mine}:make", "env", "expected a factory")() == 2
+    assert sys.modules["rlmesh_test_factories"].make() == 2
+
+    clash = tmp_path / "json.py"
+    clash.write_text("def make():\n    return 3\n")
+    assert load_object(f"{clash}:make", "env", "expected a factory")() == 3
+    assert sys.modules["json"] is json

@@ -4,7 +4,9 @@ that dies, a resumed run against a restarted one, a hung server, closing)."""
 
 from __future__ import annotations
 
+import functools
 import os
+import signal
 import subprocess
 import tempfile
 import threading
@@ -13,8 +15,10 @@ import time
 import numpy as np
 import pytest
 import rlmesh
+from envs_for_workers import make_recorded_cartpole
 from helpers import CORES, cartpole_policy
 from servers import read_address, read_line, rlmesh_cli, served, stop
+from test_process_lanes_faults import leftovers, recorded_pids, session_processes, still_alive
 from test_remote_env_cases import (
     HERE,
     CartPoleChunks,
@@ -88,6 +92,65 @@ def test_a_width_that_differs_from_the_servers_is_refused_naming_both():
             rlmesh.run(cartpole_policy, server.address, episodes=2, num_envs=3)
         result = rlmesh.run(cartpole_policy, server.address, episodes=2, num_envs=2)
     assert result.num_episodes == 2
+
+
+# ------------------------------------------------------------------------------ workers
+
+
+@pytest.mark.parametrize("case", ["cartpole", "dict"])
+@pytest.mark.parametrize("core", CORES)
+def test_a_server_stepping_in_worker_processes_serves_the_in_process_runs_episodes(case, core):
+    target, local_env, policy, options = CASES[case]
+    argv = rlmesh_cli("serve", "env", target, "--num-envs", "4", "--workers", "2")
+    with served(argv) as address:
+        remote = rlmesh.run(policy, address, episodes=9, seed=3, core=core, **options)
+    local = rlmesh.run(policy, local_env, episodes=9, seed=3, num_envs=4, **options)
+    assert comparable_fields(remote) == comparable_fields(local)
+    assert [e.env_index for e in remote.episodes] == [e.env_index for e in local.episodes]
+
+
+def test_closing_a_server_with_workers_stops_them_and_frees_their_shared_memory(tmp_path):
+    factory = functools.partial(make_recorded_cartpole, str(tmp_path))
+    with rlmesh.serve_env(factory, num_envs=4, workers=2) as server:
+        result = rlmesh.run(cartpole_policy, server.address, episodes=4, max_episode_steps=20)
+        assert result.num_episodes == 4
+        workers = recorded_pids(tmp_path)
+        assert len(workers) == 2 and still_alive(workers, within_s=0) == workers
+        assert leftovers()
+    assert not still_alive(workers)
+    assert not leftovers()
+
+
+def test_ctrl_c_stops_a_server_with_workers_leaving_no_process_or_shared_memory():
+    argv = rlmesh_cli("serve", "env", "CartPole-v1", "--num-envs", "4", "--workers", "2")
+    process = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        line = read_line(process)
+        assert "(4 lanes in 2 worker processes) at tcp://127.0.0.1:" in line, line
+        address = line.split(" at ")[-1].strip()
+        result = rlmesh.run(cartpole_policy, address, episodes=4, max_episode_steps=50)
+        assert result.num_episodes == 4
+        # the server, its 2 workers, and the start method's server process
+        assert len(session_processes(process.pid)) >= 3
+        assert leftovers(process.pid)
+        os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C sends: the whole group
+        assert process.wait(timeout=30) == 0
+    finally:
+        stop(process)
+    assert not still_alive(session_processes(process.pid))
+    assert not leftovers(process.pid)
+
+
+def test_workers_below_one_is_a_usage_error():
+    done = subprocess.run(
+        rlmesh_cli("serve", "env", "CartPole-v1", "--workers", "0"), capture_output=True, text=True
+    )
+    assert done.returncode == 2
+    assert "--workers" in done.stderr
+    with pytest.raises(ValueError, match="workers"):
+        rlmesh.serve_env("CartPole-v1", workers=0)
 
 
 def test_a_bad_factory_is_a_one_line_usage_error(tmp_path):

@@ -159,11 +159,7 @@ def load_object(spec: str, what: str, expected: str) -> Any:
             path = Path(target)
             if not path.is_file():
                 raise UsageError(f"{what} {spec!r}: no file {target}; {expected}")
-            # The file's directory goes on sys.path, so it can import its neighbours.
-            sys.path.insert(0, str(path.resolve().parent))
-            module_spec = importlib.util.spec_from_file_location(path.stem, path)
-            module = importlib.util.module_from_spec(module_spec)
-            module_spec.loader.exec_module(module)
+            module = _load_file(path)
         else:
             module = importlib.import_module(target)
     except UsageError:
@@ -175,6 +171,32 @@ def load_object(spec: str, what: str, expected: str) -> Any:
     if not hasattr(module, name):
         raise UsageError(f"{what} {spec!r}: {target} has no attribute {name!r}")
     return getattr(module, name)
+
+
+def _load_file(path: Path) -> Any:
+    """The module ``path`` defines, run afresh. Its directory goes on sys.path, so it can
+    import its neighbours, and it is registered as ``sys.modules[path.stem]`` unless another
+    file's module holds that name: worker processes then receive its functions by reference
+    (pickle imports them by module name) rather than failing to pickle them."""
+    resolved = path.resolve()
+    sys.path.insert(0, str(resolved.parent))
+    name = path.stem
+    held = sys.modules.get(name)
+    register = held is None or getattr(held, "__file__", None) == str(resolved)
+    module_spec = importlib.util.spec_from_file_location(name, resolved)
+    module = importlib.util.module_from_spec(module_spec)
+    if register:
+        sys.modules[name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except BaseException:
+        if register:
+            if held is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = held
+        raise
+    return module
 
 
 def load_policy(spec: str, action_space: Callable[[], gym.Space]) -> Any:
@@ -1282,6 +1304,14 @@ def _add_serve_env(served: Any, formatter: type[argparse.HelpFormatter]) -> None
     serve_env.add_argument(
         "--num-envs", type=_positive_int, default=None, help="lanes served (default 1)"
     )
+    serve_env.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=1,
+        metavar="W",
+        help="step the lanes in W worker processes, built there from the id or factory "
+        "(default 1: in this process)",
+    )
     serve_env.add_argument("--token", help="require this bearer token of every client")
     serve_env.add_argument(
         "--max-message-mb",
@@ -1406,7 +1436,7 @@ def _serve_env(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     env = load_env(args.env)
     try:
-        lanes = make_lanes(env, num_envs=args.num_envs)
+        lanes = make_lanes(env, num_envs=args.num_envs, workers=args.workers)
     except (RlmeshError, TypeError, ValueError) as exc:
         raise UsageError(f"env {args.env!r}: {exc}") from None
     try:
@@ -1423,8 +1453,10 @@ def _serve_env(args: argparse.Namespace) -> int:
         print(f"rlmesh: {exc}", file=sys.stderr)
         return EXIT_FAILED
     plural = "" if lanes.num_lanes == 1 else "s"
+    where = f" in {args.workers} worker processes" if args.workers > 1 else ""
     return _serve_until_stopped(
-        server, f"rlmesh: serving {lanes.name} ({lanes.num_lanes} lane{plural}) at {server.address}"
+        server,
+        f"rlmesh: serving {lanes.name} ({lanes.num_lanes} lane{plural}{where}) at {server.address}",
     )
 
 

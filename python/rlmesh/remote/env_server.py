@@ -54,7 +54,7 @@ from ..errors import RlmeshError
 from ..lanes import Lanes, make_lanes
 from ..lanes.base import TRIAL_INDEX_FLAG, TRIAL_INDEX_OPTION
 from ..spaces import batch_leaves, space_leaves
-from ..utils import lane_actions
+from ..utils import lane_actions, positive_int
 from .codec import (
     WORKFLOW_EDITION,
     SpaceCodec,
@@ -97,6 +97,7 @@ def serve_env(
     address: str = "127.0.0.1:0",
     *,
     num_envs: int | None = None,
+    workers: int = 1,
     token: str | None = None,
     max_message_mb: float = DEFAULT_MAX_MESSAGE_MB,
     allow_shutdown: bool = False,
@@ -113,6 +114,10 @@ def serve_env(
             ``server.address``) or ``unix:///path``. Loopback unless you name another host.
         num_envs: the lanes to build from an id or a factory (default 1); a vector serves
             its own width.
+        workers: step the lanes in this many worker processes (``rlmesh.lanes.ProcessLanes``,
+            built there from an id or a module-level factory), so a slow simulator's lanes
+            step in parallel on the server; 1 (the default) steps them in the server's
+            process. A driver sees the same episodes either way.
         token: require ``authorization: Bearer <token>`` on every call (else UNAUTHENTICATED,
             before the env is touched).
         max_message_mb: the largest message accepted or sent, in MiB.
@@ -133,9 +138,14 @@ def serve_env(
         >>> server.address.startswith("tcp://127.0.0.1:")
         True
         >>> server.close()
+
+        A simulator's 8 lanes in 2 worker processes (in a script, under
+        ``if __name__ == "__main__":``, as any program that starts processes)::
+
+            server = serve_env("Hopper-v5", num_envs=8, workers=2)
     """
     tags = None if env_tags is None else checked_env_tags("serve_env(env_tags=...)", env_tags)
-    lanes = make_lanes(env, num_envs=num_envs)
+    lanes = make_lanes(env, num_envs=num_envs, workers=positive_int("workers", workers))
     try:
         servicer = EnvServicer(
             lanes,
