@@ -470,6 +470,33 @@ def test_waiters_stop_polling_so_an_idle_stream_and_a_slow_answer_cost_no_cpu(co
     assert waiting < 0.25, f"a receive waiting {IDLE_S} s for its answer: {waiting:.0%} of a CPU"
 
 
+SLOW_ANSWER_S = 0.01  # a slow env's step or a model's forward pass: longer than POLL
+
+
+def _delayed_echo(method, metadata, requests, call):
+    for message in requests:
+        time.sleep(SLOW_ANSWER_S)
+        yield message
+
+
+def test_waiters_whose_messages_keep_coming_slowly_park_at_once(core):
+    """Round after round of answers that take longer than ``POLL``: the client's ``receive``
+    and the server's wait for the next request stop polling after the first such wait, so a
+    driver of a slow simulator or model leaves the CPUs to it. Polling 2 ms of every 10 ms
+    wait at both ends would cost this process, which holds both, about 40% of a CPU."""
+    with connected(core, _delayed_echo) as (_, channel):
+        stream = channel.stream("/test.Echo/Talk")
+
+        def rounds() -> None:
+            for _ in range(40):
+                stream.send(b"ping")
+                assert stream.receive(timeout=WAIT) == b"ping"
+
+        share = _cpu_share(rounds)
+        stream.close_send()
+    assert share < 0.15, f"40 rounds of {SLOW_ANSWER_S * 1000:.0f} ms answers: {share:.0%} of a CPU"
+
+
 def test_close_send_ends_the_server_s_request_iterator(core):
     def counting(method, metadata, requests, call):
         count = sum(1 for _ in requests)

@@ -11,16 +11,16 @@
 //! runs HTTP/2 on a one-worker runtime and each call's Python side on a thread of its own,
 //! handing messages over through channels.
 //!
-//! A lone waiter polls for a while before it parks (`POLL`): a server's HTTP/2 side waiting for
-//! a call's next request when that call is the server's only open one, and a client's `receive`
-//! when no other waits in the process. See `POLL` for why. It changes only how soon a message
+//! A lone waiter whose previous wait was short polls for a while before it parks (`POLL`): a
+//! server's HTTP/2 side waiting for a call's next request when that call is the server's only
+//! open one, and a client's `receive` when no other waits in the process. See `POLL` for why. It changes only how soon a message
 //! is seen: the Python core, which does not poll, behaves the same.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -92,6 +92,12 @@ const FLUSH_ROUNDS: usize = 8;
 /// Python thread polling instead, a bare echo took 83 µs a round trip; with the HTTP/2 side
 /// polling, 59 µs. Both polling made the echo faster still, but a served env, whose Python
 /// thread has work to do, gained almost nothing: three threads crowded two CPUs.)
+///
+/// A waiter polls only when its previous wait ended within `POLL` (`PreviousWait`): one whose
+/// messages take longer (a slow simulator's step, a model's forward pass) would only take CPU
+/// from the work it waits for. Under Linux's autogroup scheduling that work may sit in another
+/// session (a server started in its own terminal), whose processes then share one CPU's worth
+/// against the poller's.
 const POLL: Duration = Duration::from_millis(2);
 /// The `receive` calls waiting in this process (only a lone one polls).
 static RECEIVING: AtomicUsize = AtomicUsize::new(0);
@@ -527,6 +533,7 @@ impl WireChannel {
                 cancel: Mutex::new(Some(cancel)),
                 phase: Mutex::new(Phase::Starting(start)),
                 cancelled: AtomicBool::new(false),
+                previous_wait: PreviousWait::default(),
             });
             let mut streams = lock(&core.streams);
             streams.retain(|open| open.strong_count() > 0);
@@ -580,6 +587,7 @@ struct StreamCore {
     cancel: Mutex<Option<CancellationHandle>>,
     phase: Mutex<Phase>,
     cancelled: AtomicBool,
+    previous_wait: PreviousWait,
 }
 
 impl StreamCore {
@@ -614,19 +622,43 @@ impl StreamCore {
     }
 }
 
-/// `future`'s output, polling it for up to `POLL` before awaiting it: between polls the
-/// runtime polls its sockets without blocking, and the thread yields its CPU.
-async fn polled<T>(future: impl Future<Output = T>) -> T {
-    let mut future = std::pin::pin!(future);
-    let until = Instant::now() + POLL;
-    while Instant::now() < until {
-        tokio::select! {
-            biased;
-            output = &mut future => return output,
-            _ = tokio::task::yield_now() => std::thread::yield_now(),
-        }
+/// How long a waiter's previous wait lasted (0 before the first).
+#[derive(Default)]
+struct PreviousWait(AtomicU64);
+
+impl PreviousWait {
+    /// Whether polling would have caught the previous wait's message.
+    fn was_short(&self) -> bool {
+        self.0.load(Ordering::Relaxed) < POLL.as_nanos() as u64
     }
-    future.await
+
+    fn record(&self, started: Instant) {
+        let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.0.store(nanos, Ordering::Relaxed);
+    }
+}
+
+/// `future`'s output, polling it for up to `POLL` before awaiting it when `previous` was
+/// short: between polls the runtime polls its sockets without blocking, and the thread yields
+/// its CPU. Records this wait in `previous`.
+async fn polled<T>(future: impl Future<Output = T>, previous: &PreviousWait) -> T {
+    let started = Instant::now();
+    let mut future = std::pin::pin!(future);
+    let output = 'wait: {
+        if previous.was_short() {
+            let until = started + POLL;
+            while Instant::now() < until {
+                tokio::select! {
+                    biased;
+                    output = &mut future => break 'wait output,
+                    _ = tokio::task::yield_now() => std::thread::yield_now(),
+                }
+            }
+        }
+        future.await
+    };
+    previous.record(started);
+    output
 }
 
 /// Counts a waiting `receive` in `RECEIVING` while it lives.
@@ -724,7 +756,7 @@ impl WireStream {
                 let next = async {
                     let next = next_message(&mut phase, &core.cancelled);
                     if alone {
-                        polled(next).await
+                        polled(next, &core.previous_wait).await
                     } else {
                         next.await
                     }
@@ -855,6 +887,7 @@ async fn forward(
     shared: Arc<ServerShared>,
 ) {
     let mut ended = call.ended.subscribe();
+    let previous_wait = PreviousWait::default();
     loop {
         let next = async {
             tokio::select! {
@@ -863,7 +896,7 @@ async fn forward(
             }
         };
         let next = if shared.open_calls() <= 1 {
-            polled(next).await
+            polled(next, &previous_wait).await
         } else {
             next.await
         };
