@@ -481,9 +481,10 @@ def _delayed_echo(method, metadata, requests, call):
 
 def test_waiters_whose_messages_keep_coming_slowly_park_at_once(core):
     """Round after round of answers that take longer than ``POLL``: the client's ``receive``
-    and the server's wait for the next request stop polling after the first such wait, so a
-    driver of a slow simulator or model leaves the CPUs to it. Polling 2 ms of every 10 ms
-    wait at both ends would cost this process, which holds both, about 40% of a CPU."""
+    and the server's wait for the next request stop polling after the first such waits (but
+    for a probe now and then), so a driver of a slow simulator or model leaves the
+    CPUs to it. Polling 2 ms of every 10 ms wait at both ends would cost this process, which
+    holds both, about 40% of a CPU."""
     with connected(core, _delayed_echo) as (_, channel):
         stream = channel.stream("/test.Echo/Talk")
 

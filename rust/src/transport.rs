@@ -11,7 +11,7 @@
 //! runs HTTP/2 on a one-worker runtime and each call's Python side on a thread of its own,
 //! handing messages over through channels.
 //!
-//! A lone waiter whose previous wait was short polls for a while before it parks (`POLL`): a
+//! A lone waiter whose waits are short polls for a while before it parks (`POLL`): a
 //! server's HTTP/2 side waiting for a call's next request when that call is the server's only
 //! open one, and a client's `receive` when no other waits in the process. See `POLL` for why. It changes only how soon a message
 //! is seen: the Python core, which does not poll, behaves the same.
@@ -20,7 +20,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -93,11 +93,13 @@ const FLUSH_ROUNDS: usize = 8;
 /// polling, 59 µs. Both polling made the echo faster still, but a served env, whose Python
 /// thread has work to do, gained almost nothing: three threads crowded two CPUs.)
 ///
-/// A waiter polls only when its previous wait ended within `POLL` (`PreviousWait`): one whose
-/// messages take longer (a slow simulator's step, a model's forward pass) would only take CPU
-/// from the work it waits for. Under Linux's autogroup scheduling that work may sit in another
-/// session (a server started in its own terminal), whose processes then share one CPU's worth
-/// against the poller's.
+/// A waiter polls only when its previous wait ended within `POLL`, and now and then in a run
+/// of longer ones (`LongWaits`): a waiter whose messages take longer (a slow
+/// simulator's step, a model's forward pass) would only take CPU from the work it waits for.
+/// Under Linux's autogroup scheduling that work may run in another session (a server started
+/// in its own terminal), which gets only an equal share of the CPUs against the poller's,
+/// however many processes it runs. (A served CPU-heavy env in 2 worker processes, its server
+/// in its own session: 1.32x one worker with every wait polled, 1.67x with this rule.)
 const POLL: Duration = Duration::from_millis(2);
 /// The `receive` calls waiting in this process (only a lone one polls).
 static RECEIVING: AtomicUsize = AtomicUsize::new(0);
@@ -533,7 +535,7 @@ impl WireChannel {
                 cancel: Mutex::new(Some(cancel)),
                 phase: Mutex::new(Phase::Starting(start)),
                 cancelled: AtomicBool::new(false),
-                previous_wait: PreviousWait::default(),
+                long_waits: LongWaits::default(),
             });
             let mut streams = lock(&core.streams);
             streams.retain(|open| open.strong_count() > 0);
@@ -587,7 +589,7 @@ struct StreamCore {
     cancel: Mutex<Option<CancellationHandle>>,
     phase: Mutex<Phase>,
     cancelled: AtomicBool,
-    previous_wait: PreviousWait,
+    long_waits: LongWaits,
 }
 
 impl StreamCore {
@@ -622,30 +624,41 @@ impl StreamCore {
     }
 }
 
-/// How long a waiter's previous wait lasted (0 before the first).
+/// How many of a waiter's waits in a row lasted longer than `POLL` (0 before the first).
 #[derive(Default)]
-struct PreviousWait(AtomicU64);
+struct LongWaits(AtomicU32);
 
-impl PreviousWait {
-    /// Whether polling would have caught the previous wait's message.
-    fn was_short(&self) -> bool {
-        self.0.load(Ordering::Relaxed) < POLL.as_nanos() as u64
+/// A waiter in a run of long waits still polls at every `PROBE_EVERY`th of them, so it sees
+/// when its messages come quickly again even if parking alone kept its waits long. Runs are
+/// often short (a served env's quick resets end them), so the first probe comes late.
+const PROBE_EVERY: u32 = 64;
+
+impl LongWaits {
+    /// Whether to poll: the previous wait was short (polling would have caught its message),
+    /// or it is time to probe.
+    fn poll_next(&self) -> bool {
+        self.0.load(Ordering::Relaxed) % PROBE_EVERY == 0
     }
 
     fn record(&self, started: Instant) {
-        let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.0.store(nanos, Ordering::Relaxed);
+        let streak = self.0.load(Ordering::Relaxed);
+        let next = if started.elapsed() < POLL {
+            0
+        } else {
+            streak.wrapping_add(1)
+        };
+        self.0.store(next, Ordering::Relaxed);
     }
 }
 
-/// `future`'s output, polling it for up to `POLL` before awaiting it when `previous` was
-/// short: between polls the runtime polls its sockets without blocking, and the thread yields
-/// its CPU. Records this wait in `previous`.
-async fn polled<T>(future: impl Future<Output = T>, previous: &PreviousWait) -> T {
+/// `future`'s output, polling it for up to `POLL` before awaiting it when `long_waits` says
+/// so: between polls the runtime polls its sockets without blocking, and the thread yields
+/// its CPU. Records this wait in `long_waits`.
+async fn polled<T>(future: impl Future<Output = T>, long_waits: &LongWaits) -> T {
     let started = Instant::now();
     let mut future = std::pin::pin!(future);
     let output = 'wait: {
-        if previous.was_short() {
+        if long_waits.poll_next() {
             let until = started + POLL;
             while Instant::now() < until {
                 tokio::select! {
@@ -657,7 +670,7 @@ async fn polled<T>(future: impl Future<Output = T>, previous: &PreviousWait) -> 
         }
         future.await
     };
-    previous.record(started);
+    long_waits.record(started);
     output
 }
 
@@ -756,7 +769,7 @@ impl WireStream {
                 let next = async {
                     let next = next_message(&mut phase, &core.cancelled);
                     if alone {
-                        polled(next, &core.previous_wait).await
+                        polled(next, &core.long_waits).await
                     } else {
                         next.await
                     }
@@ -887,7 +900,7 @@ async fn forward(
     shared: Arc<ServerShared>,
 ) {
     let mut ended = call.ended.subscribe();
-    let previous_wait = PreviousWait::default();
+    let long_waits = LongWaits::default();
     loop {
         let next = async {
             tokio::select! {
@@ -896,7 +909,7 @@ async fn forward(
             }
         };
         let next = if shared.open_calls() <= 1 {
-            polled(next, &previous_wait).await
+            polled(next, &long_waits).await
         } else {
             next.await
         };
