@@ -13,8 +13,9 @@
 //!
 //! A lone waiter whose waits are short polls for a while before it parks (`POLL`): a
 //! server's HTTP/2 side waiting for a call's next request when that call is the server's only
-//! open one, and a client's `receive` when no other waits in the process. See `POLL` for why. It changes only how soon a message
-//! is seen: the Python core, which does not poll, behaves the same.
+//! open one, and a client's `receive` when no other waits in the process. See `POLL` for why.
+//! It changes only how soon a message is seen: the Python core, which does not poll, behaves
+//! the same.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -94,12 +95,12 @@ const FLUSH_ROUNDS: usize = 8;
 /// thread has work to do, gained almost nothing: three threads crowded two CPUs.)
 ///
 /// A waiter polls only when its previous wait ended within `POLL`, and now and then in a run
-/// of longer ones (`LongWaits`): a waiter whose messages take longer (a slow
-/// simulator's step, a model's forward pass) would only take CPU from the work it waits for.
-/// Under Linux's autogroup scheduling that work may run in another session (a server started
-/// in its own terminal), which gets only an equal share of the CPUs against the poller's,
-/// however many processes it runs. (A served CPU-heavy env in 2 worker processes, its server
-/// in its own session: 1.32x one worker with every wait polled, 1.67x with this rule.)
+/// of longer ones (`LongWaits`): a waiter whose messages take longer (a slow simulator's step,
+/// a model's forward pass) would only take CPU from the work it waits for. Under Linux's
+/// autogroup scheduling that work may run in another session (a server started in its own
+/// terminal), which gets only an equal share of the CPUs against the poller's, however many
+/// processes it runs. (A served CPU-heavy env in 2 worker processes, its server in its own
+/// session: 1.32x one worker with every wait polled, 1.71x with this rule; BENCHMARKS.md.)
 const POLL: Duration = Duration::from_millis(2);
 /// The `receive` calls waiting in this process (only a lone one polls).
 static RECEIVING: AtomicUsize = AtomicUsize::new(0);
