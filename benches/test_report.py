@@ -30,13 +30,16 @@ def test_quick_report_runs_and_writes_every_row(tmp_path, capsys):
     # 10 core, 2 adapters, 5 end to end, 3 chunked, 8 process lanes (the same work over bare
     # pipes, and it and Hopper's lanes in independent processes, among them), 2 group pipelining,
     # 2 summary budget, 1 suite summary, 1 HTML report budget, 2 videos, 3 scale-out (Ray:
-    # the test extra), 2 served env and the transport's echo, 1 served model
-    assert len(rows) == 43
+    # the test extra), 2 served env, a served env in worker processes and the transport's
+    # echo, 1 served model
+    assert len(rows) == 44
     assert any(row["workload"].startswith("the same work over bare pipes") for row in rows)
     ceilings = [row for row in rows if row["workload"].startswith("the machine's ceiling")]
     assert len(ceilings) == 2
     assert any("model with predict and predict_batch" in row["workload"] for row in rows)
     assert any(row["section"].startswith("served model") for row in rows)
+    (served_workers,) = [row for row in rows if "in 2 worker processes" in row["workload"]]
+    assert served_workers["note"].startswith("per-episode results of the two servers equal")
     assert all(row["ratio"] > 0 for row in rows)
     # The host's speed, probed on every CPU this process may use, before and after the rows.
     speeds = written["host_speed"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -592,24 +593,31 @@ def test_a_second_writer_exits_2_naming_the_holder_while_readers_still_work(tmp_
     assert resumed.returncode == 0 and json.loads(resumed.stdout)["episodes"] == 4
 
 
-def test_a_file_is_loaded_afresh_under_its_name_unless_another_module_holds_it(
-    tmp_path, monkeypatch
-):
+def test_a_file_is_loaded_once_under_its_name_unless_another_module_holds_it(tmp_path, monkeypatch):
     """``file.py:name`` registers the file's module under its stem, so pickle sends its
-    functions to worker processes by name; a stem that names another module keeps it."""
-    from rlmesh.cli import load_object
+    functions to worker processes by name; loaded again, it is that module, as ``import``
+    would give (what a caller already holds stays the same object); a stem that names
+    another module keeps it."""
+    from rlmesh.cli import UsageError, load_object
 
-    # the name starts free (None), and whatever it holds at the end goes with the test, as
-    # do the files' directories that loading puts on sys.path
-    monkeypatch.setitem(sys.modules, "rlmesh_test_factories", None)
+    # the names start free, and what they hold at the end goes with the test, as do the
+    # files' directories that loading puts on sys.path
+    for free in ("rlmesh_test_factories", "rlmesh_test_broken"):
+        monkeypatch.delitem(sys.modules, free, raising=False)
     monkeypatch.setattr(sys, "path", list(sys.path))
     mine = tmp_path / "rlmesh_test_factories.py"
     mine.write_text("def make():\n    return 1\n")
     first = load_object(f"{mine}:make", "env", "expected a factory")
     assert sys.modules["rlmesh_test_factories"].make is first and first() == 1
-    mine.write_text("def make():\n    return 2\n")  # loaded again: the file as it is now
-    assert load_object(f"{mine}:make", "env", "expected a factory")() == 2
-    assert sys.modules["rlmesh_test_factories"].make() == 2
+    assert pickle.loads(pickle.dumps(first)) is first
+    mine.write_text("def make():\n    return 2\n")
+    assert load_object(f"{mine}:make", "env", "expected a factory") is first
+
+    broken = tmp_path / "rlmesh_test_broken.py"
+    broken.write_text("raise RuntimeError('no')\n")
+    with pytest.raises(UsageError, match="RuntimeError: no"):
+        load_object(f"{broken}:make", "env", "expected a factory")
+    assert "rlmesh_test_broken" not in sys.modules  # a file that fails leaves no module
 
     clash = tmp_path / "json.py"
     clash.write_text("def make():\n    return 3\n")

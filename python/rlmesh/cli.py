@@ -174,27 +174,29 @@ def load_object(spec: str, what: str, expected: str) -> Any:
 
 
 def _load_file(path: Path) -> Any:
-    """The module ``path`` defines, run afresh. Its directory goes on sys.path, so it can
-    import its neighbours, and it is registered as ``sys.modules[path.stem]`` unless another
-    file's module holds that name: worker processes then receive its functions by reference
-    (pickle imports them by module name) rather than failing to pickle them."""
+    """The module ``path`` defines, registered as ``sys.modules[path.stem]`` as ``import``
+    would, so worker processes receive its functions by reference (pickle imports them by
+    module name). A module of that file already there is reused, as ``import`` does, and keeps
+    the identity of what it defines; a name held by another module is left alone, and the
+    file runs unregistered. The file's directory goes on sys.path, so it can import its
+    neighbours."""
     resolved = path.resolve()
     sys.path.insert(0, str(resolved.parent))
     name = path.stem
     held = sys.modules.get(name)
-    register = held is None or getattr(held, "__file__", None) == str(resolved)
+    held_file = getattr(held, "__file__", None)
+    if held_file is not None and Path(held_file).resolve() == resolved:
+        return held
     module_spec = importlib.util.spec_from_file_location(name, resolved)
     module = importlib.util.module_from_spec(module_spec)
+    register = held is None
     if register:
         sys.modules[name] = module
     try:
         module_spec.loader.exec_module(module)
     except BaseException:
         if register:
-            if held is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = held
+            sys.modules.pop(name, None)
         raise
     return module
 
