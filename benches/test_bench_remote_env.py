@@ -64,6 +64,11 @@ def served(argv: Sequence[str], env: dict[str, str] | None = None) -> Iterator[s
                 break
         raise RuntimeError(f"{' '.join(argv)} printed no address within 60 s")
     finally:
+        # SIGTERM first: a server then closes its lanes, whose worker processes, shared memory
+        # and semaphores a SIGKILL of the whole session would leave behind.
+        process.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=5)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout=30)

@@ -2,9 +2,9 @@
 published rlmesh 0.1.0's, in a virtual environment of its own.
 
 ``served(argv)`` starts a process that prints the address it listens on (``tcp://...`` or
-``unix://...``) on a line of its stdout, waits for that line, yields the address, and kills
-the process (and its group) on exit, whatever happened. ``peer_python()`` is the Python of a
-venv holding ``rlmesh==0.1.0`` and Gymnasium: made once and cached under
+``unix://...``) on a line of its stdout, waits for that line, yields the address, and stops
+the process (and its group) on exit, whatever happened (``stop``). ``peer_python()`` is the
+Python of a venv holding ``rlmesh==0.1.0`` and Gymnasium: made once and cached under
 ``$RLMESH_PEER_VENV`` (default ``~/.cache/rlmesh-tests/peer-0.1.0``); a test that needs it
 skips, saying why, only when the install itself fails.
 """
@@ -121,11 +121,20 @@ def read_line(process: subprocess.Popen[str], timeout: float = 60.0) -> str:
         selector.close()
 
 
+STOP_GRACE_S = 5.0
+
+
 def stop(process: subprocess.Popen[str]) -> None:
-    """Kill ``process`` and its session, and reap it."""
+    """Stop ``process`` with SIGTERM, on which a server closes its lanes (their worker
+    processes and shared memory go with them, and multiprocessing's named semaphores, which a
+    SIGKILL of the whole session would leave in /dev/shm); then kill what is left of its session
+    (all of it, if the server did not end within ``STOP_GRACE_S``), and reap it."""
     if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
+        process.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=STOP_GRACE_S)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
     process.wait(timeout=30)
     for stream in (process.stdout, process.stderr):
         if stream is not None:

@@ -630,8 +630,9 @@ impl StreamCore {
 struct LongWaits(AtomicU32);
 
 /// A waiter in a run of long waits still polls at every `PROBE_EVERY`th of them, so it sees
-/// when its messages come quickly again even if parking alone kept its waits long. Runs are
-/// often short (a served env's quick resets end them), so the first probe comes late.
+/// when its messages come quickly again even if parking alone kept its waits long. The first
+/// probe comes late: earlier ones cost a served env with slow steps 8-10% (BENCHMARKS.md),
+/// likely because its quick resets end a run every few rounds.
 const PROBE_EVERY: u32 = 64;
 
 impl LongWaits {
