@@ -20,7 +20,7 @@ import rlmesh
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rlmesh.remote.codec import SpaceCodec, space_spec
 from rlmesh.remote.connection import handshake_response, message_bytes, token_metadata, uuid7
-from rlmesh.remote.env_server import check_values, value_checks
+from rlmesh.remote.env_server import ValueChecks
 from rlmesh.remote.wire.core.v1 import env_contract_pb2
 from rlmesh.remote.wire.env.v1 import interaction_pb2 as wire
 from rlmesh.remote.wire.env.v1 import service_pb2, service_pb2_grpc
@@ -226,20 +226,20 @@ def test_a_nan_action_is_invalid_and_not_delivered(serve_env):
 
 @pytest.mark.parametrize("rows", [3, 200])  # a short batch is checked in Python, a long one not
 def test_value_checks_name_the_first_row_that_breaks_its_space(rows):
-    box = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+    observations = ValueChecks(gym.spaces.Box(-np.inf, np.inf, (2,), np.float32), "observation")
     batch = np.zeros((rows, 2), np.float32)
-    assert check_values(value_checks(box), box, batch, "observation") is None
+    assert observations.first_failure(batch) is None
     batch[1] = [np.inf, -np.inf]  # their sum is NaN, yet no element is
-    assert check_values(value_checks(box), box, batch, "observation") is None
+    assert observations.first_failure(batch) is None
     batch[rows - 1, 1] = np.nan
-    row, message = check_values(value_checks(box), box, batch, "observation")
-    assert row == rows - 1 and "NaN" in message
-    discrete = gym.spaces.Discrete(3, start=1)
+    row, message = observations.first_failure(batch)
+    assert row == rows - 1 and "NaN" in message and message.startswith("observation leaf")
+    actions_checks = ValueChecks(gym.spaces.Discrete(3, start=1), "action")
     actions = np.ones(rows, np.int64)
-    assert check_values(value_checks(discrete), discrete, actions, "action") is None
+    assert actions_checks.first_failure(actions) is None
     for bad in (0, 4):
         actions[rows - 2] = bad
-        row, message = check_values(value_checks(discrete), discrete, actions, "action")
+        row, message = actions_checks.first_failure(actions)
         assert row == rows - 2 and f"is {bad}" in message and "[1, 4)" in message
 
 

@@ -251,6 +251,38 @@ class RoundRunner:
         is, any other exception as an ``EnvError`` naming the env; a batch of other lanes is
         a ``ValueError``."""
 
+# ------------------------------------------------------------------ a served env's steps
+# (``rust/src/served.rs``; ``rlmesh/_pycore/served.py``)
+
+class ServedSteps:
+    """A served env's steps over lanes whose envs' ``step`` the server holds; see
+    ``rlmesh/_pycore/served.py``."""
+
+    def __init__(
+        self,
+        env_steps: Sequence[Callable[[Any], tuple[Any, ...]]],
+        env_name: str,
+        encode: Callable[[list[Any], Int64Array], list[bytes]],
+        observation: tuple[Any, tuple[int, ...], Any] | None = None,
+    ) -> None: ...
+    def step(
+        self, lanes: Int64Array, actions: Any
+    ) -> tuple[list[bytes], list[float], bytes, bytes, list[dict[str, Any]]]:
+        """``(observation leaves, rewards, terminated, truncated, infos)``, a mask a byte per
+        lane; ``rlmesh.EnvError`` naming the lane whose env's ``step`` raised."""
+
+class ServedEpisodes:
+    """Which of a served env's lanes run an episode, and its steps and return so far."""
+
+    def __init__(self, num_lanes: int) -> None: ...
+    def start(self, lanes: Int64Array) -> None: ...
+    def not_running(self, lanes: Int64Array) -> list[int]: ...
+    def add(self, lanes: Int64Array, rewards: Sequence[float]) -> None: ...
+    def finish(self, lane: int) -> tuple[int, float]:
+        """``(steps, return)`` of the lane's episode, which ends."""
+    def running_lanes(self) -> list[int]: ...
+    def stop(self) -> None: ...
+
 # ------------------------------------------------------------------ the raw-bytes gRPC transport
 # (``rust/src/transport.rs`` on tonic; mirrored over grpcio by ``rlmesh/_pycore/transport.py``)
 

@@ -2,7 +2,8 @@
 //!
 //! Mirrors the pure-Python core `python/rlmesh/_pycore/` file for file: `seeding`, `args`,
 //! `ledger`, `assembly`, `actions`, `chunks`, `telemetry`, `rounds` (the per-lane work of a
-//! round, and the synchronous loop of rounds on top of the others), `transport` (a raw-bytes
+//! round, and the synchronous loop of rounds on top of the others), `served` (a served env's
+//! step of in-process lanes), `transport` (a raw-bytes
 //! gRPC transport on tonic). The Python core is the
 //! specification; the parity tests keep the two in lockstep.
 
@@ -17,6 +18,7 @@ pub mod resize;
 pub mod rotations;
 pub mod rounds;
 pub mod seeding;
+pub mod served;
 pub mod telemetry;
 pub mod transport;
 
@@ -31,6 +33,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<actions::ActionApplier>()?;
     m.add_class::<telemetry::LatencyStats>()?;
     m.add_class::<rounds::RoundRunner>()?;
+    m.add_class::<served::ServedEpisodes>()?;
+    m.add_class::<served::ServedSteps>()?;
     transport::register(m)?;
     Ok(())
 }

@@ -142,7 +142,7 @@ fn batch_of<'py>(
 }
 
 /// The `EnvError` for an env's `method` that raised `err` on `lane`, with `err` as its cause.
-fn env_failure(
+pub(crate) fn env_failure(
     py: Python<'_>,
     env_name: &Bound<'_, PyAny>,
     method: &str,
@@ -428,7 +428,7 @@ fn unpacker<'py>(
 }
 
 /// `(observation, reward, terminated, truncated, info)` of what an env's `step` returned.
-fn unpack_step<'py>(result: Bound<'py, PyAny>) -> PyResult<[Bound<'py, PyAny>; 5]> {
+pub(crate) fn unpack_step<'py>(result: Bound<'py, PyAny>) -> PyResult<[Bound<'py, PyAny>; 5]> {
     let tuple = match result.cast_into_exact::<PyTuple>() {
         Ok(tuple) if tuple.len() == 5 => tuple,
         Ok(tuple) => unpack_slow(tuple.into_any())?,
@@ -626,7 +626,7 @@ fn numpy_scalars(py: Python<'_>) -> PyResult<&Bound<'_, PyTuple>> {
 /// One column of a round's step results into `column` (cleared first): each value read
 /// directly, or, when `read` says None for one, all of them handed to `numpy.array(values,
 /// dtype)` and checked as `vector(array, dtype, name)`, as the Python core does.
-fn read_column<'py, T: numpy::Element + Copy>(
+pub(crate) fn read_column<'py, T: numpy::Element + Copy>(
     values: &[Bound<'py, PyAny>],
     dtype: Dtype,
     name: &str,
@@ -653,7 +653,7 @@ fn read_column<'py, T: numpy::Element + Copy>(
 }
 
 /// A reward as `numpy.array(rewards, dtype=float64)` reads it, when it is a plain scalar.
-fn read_reward(value: &Bound<'_, PyAny>) -> PyResult<Option<f64>> {
+pub(crate) fn read_reward(value: &Bound<'_, PyAny>) -> PyResult<Option<f64>> {
     if let Ok(float) = value.cast::<PyFloat>() {
         return Ok(Some(float.value()));
     }
@@ -664,7 +664,7 @@ fn read_reward(value: &Bound<'_, PyAny>) -> PyResult<Option<f64>> {
 }
 
 /// A flag as `numpy.array(flags, dtype=bool)` reads it, when it is a plain scalar.
-fn read_flag(value: &Bound<'_, PyAny>) -> PyResult<Option<bool>> {
+pub(crate) fn read_flag(value: &Bound<'_, PyAny>) -> PyResult<Option<bool>> {
     if let Ok(flag) = value.cast::<PyBool>() {
         return Ok(Some(flag.is_true()));
     }

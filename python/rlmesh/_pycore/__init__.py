@@ -3,7 +3,8 @@
 Same classes, same methods, same results as the Rust core (``rust/src/``), file for file:
 ``seeding.py`` ~ ``seeding.rs``, ``args.py`` ~ ``args.rs``, ``ledger.py`` ~ ``ledger.rs``,
 ``assembly.py`` ~ ``assembly.rs``, ``actions.py`` ~ ``actions.rs``, ``chunks.py`` ~ ``chunks.rs``,
-``telemetry.py`` ~ ``telemetry.rs``, ``rounds.py`` ~ ``rounds.rs``, ``transport.py`` ~
+``telemetry.py`` ~ ``telemetry.rs``, ``rounds.py`` ~ ``rounds.rs``, ``served.py`` ~
+``served.rs``, ``transport.py`` ~
 ``transport.rs`` (the raw-bytes gRPC transport; grpcio is imported only when it is used).
 Selected with ``RLMESH_CORE=python``; the parity tests keep the two in lockstep. What is
 exported here is what the Rust core exports; ``ledger.RouteLedger`` is internal to the
@@ -16,6 +17,7 @@ from .chunks import ChunkQueues, split_chunk
 from .ledger import EpisodeStarts, EpisodeSummary
 from .rounds import RoundRunner
 from .seeding import episode_seed
+from .served import ServedEpisodes, ServedSteps
 from .telemetry import LatencyStats
 from .transport import (
     ServerCall,
@@ -34,6 +36,8 @@ __all__ = [
     "LatencyStats",
     "ObservationAssembler",
     "RoundRunner",
+    "ServedEpisodes",
+    "ServedSteps",
     "ServerCall",
     "ServerRequests",
     "WireChannel",

@@ -53,7 +53,7 @@ from ..adapters import ENV_TAGS_CONTRACT_KEY, EnvTags, checked_env_tags, env_tag
 from ..errors import RlmeshError
 from ..lanes import Lanes, make_lanes
 from ..lanes.base import TRIAL_INDEX_FLAG, TRIAL_INDEX_OPTION
-from ..spaces import batch_leaves, space_leaves
+from ..spaces import batch_leaves, leaf_shape, space_leaves
 from ..utils import lane_actions, positive_int
 from .codec import (
     WORKFLOW_EDITION,
@@ -63,7 +63,7 @@ from .codec import (
     meta_map,
     space_spec,
 )
-from .connection import DEFAULT_MAX_MESSAGE_MB, Server, handshake_response
+from .connection import DEFAULT_MAX_MESSAGE_MB, Server, handshake_response, wire_transport
 from .wire.core.v1 import env_contract_pb2, handshake_pb2
 from .wire.env.v1 import interaction_pb2 as wire
 from .wire.env.v1 import service_pb2, service_pb2_grpc
@@ -149,6 +149,7 @@ def serve_env(
     try:
         servicer = EnvServicer(
             lanes,
+            core=core,
             allow_shutdown=allow_shutdown,
             first_message_timeout=first_message_timeout,
             env_tags=tags,
@@ -216,6 +217,7 @@ class EnvServicer(service_pb2_grpc.EnvServiceServicer):
         allow_shutdown: bool = False,
         first_message_timeout: float = 10.0,
         env_tags: EnvTags | None = None,
+        core: str | None = None,
     ) -> None:
         self.lanes = lanes
         self.server: Server | None = None
@@ -228,6 +230,7 @@ class EnvServicer(service_pb2_grpc.EnvServiceServicer):
         # from the next request until it returns.
         self._env_lock = threading.Lock()
         self._deadline_pool: futures.ThreadPoolExecutor | None = None
+        self.core = wire_transport(core)
         self._session = Session(self)
 
     # ---------------------------------------------------------------- unary calls
@@ -304,11 +307,16 @@ class EnvServicer(service_pb2_grpc.EnvServiceServicer):
 
     # ---------------------------------------------------------------- env calls
 
-    def call_env(self, fn: Callable[[], Any], timeout_ms: int, doing: str) -> Any:
-        """``fn()`` under the env lock; past ``timeout_ms`` (0: none) a TIMEOUT error, the
+    def call_env(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], timeout_ms: int, doing: str
+    ) -> Any:
+        """``fn(*args)`` under the env lock; past ``timeout_ms`` (0: none) a TIMEOUT error, the
         call left to finish on its own thread (holding the env until it does)."""
         try:
-            return self._run(fn, timeout_ms, doing)
+            if not timeout_ms:
+                with self._env_lock:
+                    return fn(*args)
+            return self._run_with_deadline(fn, args, timeout_ms, doing)
         except RequestError:
             raise
         except Exception as err:
@@ -318,16 +326,15 @@ class EnvServicer(service_pb2_grpc.EnvServiceServicer):
                 recoverable=False,
             ) from err
 
-    def _run(self, fn: Callable[[], Any], timeout_ms: int, doing: str) -> Any:
-        if not timeout_ms:
-            with self._env_lock:
-                return fn()
+    def _run_with_deadline(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], timeout_ms: int, doing: str
+    ) -> Any:
         if self._deadline_pool is None:
             self._deadline_pool = futures.ThreadPoolExecutor(1, thread_name_prefix="rlmesh-env")
 
         def locked() -> Any:
             with self._env_lock:
-                return fn()
+                return fn(*args)
 
         future = self._deadline_pool.submit(locked)
         try:
@@ -360,23 +367,43 @@ class Session:
         self.observation_codec = SpaceCodec(lanes.single_observation_space)
         self.action_codec = SpaceCodec(lanes.single_action_space)
         self.observation_space = lanes.single_observation_space
-        self.action_checks = value_checks(lanes.single_action_space)
-        self.observation_checks = value_checks(lanes.single_observation_space)
+        # One array leaf (most envs): the rows stack with one call, no walk of the space.
+        self._single_observation = not isinstance(
+            self.observation_space, (spaces.Dict, spaces.Tuple, spaces.Text)
+        )
+        self.action_checks = ValueChecks(lanes.single_action_space, "action")
+        self.observation_checks = ValueChecks(lanes.single_observation_space, "observation")
+        self._single_action = not isinstance(lanes.single_action_space, (spaces.Dict, spaces.Tuple))
+        # How a request's lanes step: the core steps in-process lanes' envs itself (their
+        # ``env_steps``), other lanes step through ``Lanes.step``.
+        self._step_all = (
+            self._lanes_step
+            if lanes.env_steps is None
+            else servicer.core.ServedSteps(
+                lanes.env_steps, lanes.name, self._step_observation_leaves, self._plain_layout()
+            ).step
+        )
         self.open()
+
+    def _plain_layout(self) -> tuple[np.dtype[Any], tuple[int, ...], Any] | None:
+        """The observation space's one numeric leaf as ``ServedSteps`` takes it, or None."""
+        rule = self.observation_checks.plain_rule
+        if rule is NO_PLAIN_RULE:
+            return None
+        space = self.observation_space
+        return space.dtype, leaf_shape(space), rule
 
     def open(self) -> None:
         n = self.num_lanes
         self._last_step_key: tuple[int, ...] | None = None
         self._last_step_lanes = self.all_lanes
-        self.running = np.zeros(n, dtype=np.bool_)
+        self.episodes = self.servicer.core.ServedEpisodes(n)
         self.episode_ids = np.full(n, "", dtype=object)
         self.seeds: list[int | None] = [None] * n
-        self.steps = np.zeros(n, dtype=np.int64)
-        self.returns = np.zeros(n, dtype=np.float64)
         self.started_ns = np.zeros(n, dtype=np.int64)
 
     def end(self) -> None:
-        self.running[:] = False
+        self.episodes.stop()
 
     def handle(self, request: wire.JoinRequest) -> tuple[wire.JoinResponse, bool]:
         """The answer to one request, and whether the session ends with it."""
@@ -441,12 +468,10 @@ class Session:
         seeds: list[int | None] = list(request.seeds) if len(request.seeds) else [None] * count
         trials = self._trials(from_meta_map(request.options), count)
         observations, infos = self.servicer.call_env(
-            lambda: self.lanes.reset(lanes, seeds, trials), request.timeout_ms, "reset"
+            self.lanes.reset, (lanes, seeds, trials), request.timeout_ms, "reset"
         )
         observation = self._observation_leaves(observations, lanes, "reset")
-        self.running[lanes] = True
-        self.steps[lanes] = 0
-        self.returns[lanes] = 0.0
+        self.episodes.start(lanes)
         self.started_ns[lanes] = time.time_ns()
         self.episode_ids[lanes] = list(request.episode_ids) or [""] * count
         for lane, seed in zip(lanes.tolist(), seeds, strict=True):
@@ -459,13 +484,11 @@ class Session:
         """Step the request's lanes and write the answer into ``out``."""
         lanes = self._step_lanes(request.env_indices)
         count = len(lanes)
-        running = self.running if count == self.num_lanes else self.running[lanes]
-        # count_nonzero is a C call; ndarray.all() goes through Python-level numpy code.
-        if np.count_nonzero(running) != count:
-            idle = ~running
+        idle = self.episodes.not_running(lanes)
+        if idle:
             raise RequestError(
                 Code.ENV_ERROR_CODE_NOT_READY,
-                f"lanes {lanes[idle].tolist()} have no running episode (never reset, or it "
+                f"lanes {idle} have no running episode (never reset, or it "
                 f"ended): reset them before stepping them",
                 recoverable=True,
             )
@@ -478,7 +501,7 @@ class Session:
                 f"{self.action_codec.space}: {err}",
                 recoverable=True,
             ) from None
-        problem = check_values(self.action_checks, self.action_codec.space, actions, "action")
+        problem = self.action_checks.first_failure(actions)
         if problem is not None:
             row, message = problem
             raise RequestError(
@@ -486,44 +509,51 @@ class Session:
                 f"the action for lane {int(lanes[row])}: {message}; it was not delivered",
                 recoverable=True,
             )
-        batch = self.servicer.call_env(
-            lambda: self.lanes.step(lanes, actions), request.timeout_ms, "step"
+        if not self._single_action:
+            actions = lane_actions(actions, count)
+        leaves, rewards, terminated, truncated, infos = self.servicer.call_env(
+            self._step_all, (lanes, actions), request.timeout_ms, "step"
         )
-        if len(batch.stepped) != count:
+        self.episodes.add(lanes, rewards)
+        out.observation.leaves.extend(leaves)
+        out.rewards.extend(rewards)
+        out.terminated_mask = terminated
+        out.truncated_mask = truncated
+        if any(infos):
+            out.infos.CopyFrom(self._encode_infos(infos))
+        out.env_indices.extend(request.env_indices)
+        if terminated.count(0) != count or truncated.count(0) != count:
+            out.completed_episodes.extend(
+                self._complete(
+                    int(lanes[row]), bool(terminated[row]), bool(truncated[row]), infos[row]
+                )
+                for row in range(count)
+                if terminated[row] or truncated[row]
+            )
+
+    def _lanes_step(
+        self, lanes: np.ndarray, actions: Any
+    ) -> tuple[list[bytes], list[float], bytes, bytes, list[dict[str, Any]]]:
+        """``ServedSteps.step`` through ``Lanes.step``, for lanes the core cannot step itself
+        (worker processes, a vector)."""
+        batch = self.lanes.step(lanes, actions)
+        if len(batch.stepped) != len(lanes):
             raise RequestError(
                 Code.ENV_ERROR_CODE_INTERNAL,
                 f"the served lanes moved {batch.stepped.tolist()} when asked to step "
                 f"{lanes.tolist()}",
                 recoverable=False,
             )
-        rewards = np.asarray(batch.rewards, dtype=np.float64)
-        terminated = np.asarray(batch.terminated, dtype=np.bool_)
-        truncated = np.asarray(batch.truncated, dtype=np.bool_)
-        if count == self.num_lanes:  # every lane: no fancy indexing
-            self.steps += 1
-            self.returns += rewards
-        else:
-            self.steps[lanes] += 1
-            self.returns[lanes] += rewards
-        out.observation.leaves.extend(self._observation_leaves(batch.observations, lanes, "step"))
-        out.rewards.extend(rewards.tolist())
-        out.terminated_mask = terminated.tobytes()
-        out.truncated_mask = truncated.tobytes()
-        ended = np.count_nonzero(terminated) or np.count_nonzero(truncated)
-        infos = self._encode_infos(batch.infos)
-        if infos is not None:
-            out.infos.CopyFrom(infos)
-        out.env_indices.extend(request.env_indices)
-        if ended:
-            out.completed_episodes.extend(
-                self._complete(
-                    int(lanes[row]),
-                    bool(terminated[row]),
-                    bool(truncated[row]),
-                    batch.infos[row],
-                )
-                for row in np.flatnonzero(terminated | truncated).tolist()
-            )
+        return (
+            self._step_observation_leaves(batch.observations, lanes),
+            np.asarray(batch.rewards, dtype=np.float64).tolist(),
+            np.asarray(batch.terminated, dtype=np.bool_).tobytes(),
+            np.asarray(batch.truncated, dtype=np.bool_).tobytes(),
+            batch.infos,
+        )
+
+    def _step_observation_leaves(self, observations: list[Any], lanes: np.ndarray) -> list[bytes]:
+        return self._observation_leaves(observations, lanes, "step")
 
     # ---------------------------------------------------------------- helpers
 
@@ -589,8 +619,12 @@ class Session:
         """The lanes' observations as the leaves of one SpaceValue, refused (INTERNAL) where
         one does not fit the observation space: the served env broke its own contract."""
         space = self.observation_space
-        batch = stack_rows(space, observations)
-        problem = check_values(self.observation_checks, space, batch, "observation")
+        batch = (
+            np.asarray(observations)
+            if self._single_observation
+            else stack_rows(space, observations)
+        )
+        problem = self.observation_checks.first_failure(batch)
         if problem is not None:
             row, message = problem
             raise RequestError(
@@ -619,13 +653,13 @@ class Session:
     def _complete(
         self, lane: int, terminated: bool, truncated: bool, final_info: dict[str, Any] | None
     ) -> wire.EpisodeMetadata:
-        self.running[lane] = False
+        steps, cumulative_reward = self.episodes.finish(lane)
         metadata = wire.EpisodeMetadata(
             episode_id=self.episode_ids[lane],
             seed=self.seeds[lane],
             env_index=lane,
-            step_count=int(self.steps[lane]),
-            cumulative_reward=float(self.returns[lane]),
+            step_count=steps,
+            cumulative_reward=cumulative_reward,
             terminated=terminated,
             truncated=truncated,
             start_timestamp_ns=int(self.started_ns[lane]),
@@ -637,7 +671,7 @@ class Session:
 
     def interrupt_all(self) -> list[wire.EpisodeMetadata]:
         """End every running episode as truncated (a Close, or a session that failed)."""
-        return [self._complete(lane, False, True, None) for lane in np.flatnonzero(self.running)]
+        return [self._complete(lane, False, True, None) for lane in self.episodes.running_lanes()]
 
 
 def _error_response(request_id: str, err: RequestError) -> wire.JoinResponse:
@@ -671,36 +705,76 @@ def split_rows(batch: Any, count: int) -> list[Any]:
 LeafCheck = Callable[[np.ndarray], "np.ndarray | None"]
 
 
-def value_checks(space: gymnasium.Space[Any]) -> list[tuple[int, str, str, LeafCheck]]:
-    """The structural checks of the edition's value conformance, per leaf of ``space``:
-    ``(leaf position, path, what is expected, check)``; ``check(batch)`` is a bool mask of the
-    rows that break it, or None when every row is fine. Leaves with nothing to check (an
-    integer ``Box``, ``Text``) are left out."""
-    checks: list[tuple[int, str, str, LeafCheck]] = []
-    for position, (path, leaf) in enumerate(space_leaves(space)):
-        where = "/".join(path) or "value"
-        if isinstance(leaf, spaces.Discrete):
-            low, high = int(leaf.start), int(leaf.start + leaf.n)
-            checks.append(
-                (position, where, f"an integer in [{low}, {high})", _outside(low, high, 0))
-            )
-        elif isinstance(leaf, spaces.MultiDiscrete):
-            low = np.asarray(leaf.start)
-            high = low + np.asarray(leaf.nvec)
-            checks.append(
-                (
-                    position,
-                    where,
-                    f"elements in [start, start + nvec) of {leaf}",
-                    _outside(low, high, leaf.nvec.ndim),
-                )
-            )
-        elif isinstance(leaf, spaces.MultiBinary):
-            checks.append((position, where, "elements 0 or 1", _outside(0, 2, len(leaf.shape))))
-        elif isinstance(leaf, spaces.Box) and np.issubdtype(leaf.dtype, np.floating):
-            axes = tuple(range(1, 1 + len(leaf.shape)))
-            checks.append((position, where, "no NaN element", _nan_rows(axes)))
-    return checks
+NO_PLAIN_RULE = "none: the space's checks have no plain form"
+
+
+class ValueChecks:
+    """The structural checks of the edition's value conformance over batches of one space:
+    per leaf, a ``Discrete`` or ``MultiDiscrete`` value in its range, ``MultiBinary`` elements 0
+    or 1, no NaN in a float ``Box``. Leaves with nothing to check (an integer ``Box``, ``Text``)
+    cost nothing.
+
+    Args:
+        space: the space the batches hold values of.
+        root: what the values are, for messages (``"action"``, ``"observation"``).
+
+    Example:
+        >>> import gymnasium as gym
+        >>> checks = ValueChecks(gym.spaces.Discrete(3), "action")
+        >>> checks.first_failure(np.array([0, 2])) is None
+        True
+        >>> checks.first_failure(np.array([0, 5]))
+        (1, "action leaf 'value' is 5, expected an integer in [0, 3)")
+    """
+
+    def __init__(self, space: gymnasium.Space[Any], root: str) -> None:
+        self.space = space
+        self.root = root
+        self._composite = isinstance(space, (spaces.Dict, spaces.Tuple))
+        self._checks: list[tuple[int, str, str, LeafCheck]] = []
+        # The rule of a one-leaf space as ``ServedSteps`` takes it: None (nothing to check),
+        # "nan" or (low, high); a MultiDiscrete's per-element bounds have no such form.
+        self.plain_rule: Any = None
+        for position, (path, leaf) in enumerate(space_leaves(space)):
+            where = "/".join(path) or "value"
+            if isinstance(leaf, spaces.Discrete):
+                low, high = int(leaf.start), int(leaf.start + leaf.n)
+                expected, check = f"an integer in [{low}, {high})", _outside(low, high, 0)
+                self.plain_rule = (low, high)
+            elif isinstance(leaf, spaces.MultiDiscrete):
+                low = np.asarray(leaf.start)
+                expected = f"elements in [start, start + nvec) of {leaf}"
+                check = _outside(low, low + np.asarray(leaf.nvec), leaf.nvec.ndim)
+                self.plain_rule = NO_PLAIN_RULE
+            elif isinstance(leaf, spaces.MultiBinary):
+                expected, check = "elements 0 or 1", _outside(0, 2, len(leaf.shape))
+                self.plain_rule = (0, 2)
+            elif isinstance(leaf, spaces.Box) and np.issubdtype(leaf.dtype, np.floating):
+                expected, check = "no NaN element", _nan_rows(tuple(range(1, 1 + len(leaf.shape))))
+                self.plain_rule = "nan"
+            else:
+                continue
+            self._checks.append((position, where, expected, check))
+        if self._composite or isinstance(space, spaces.Text):
+            self.plain_rule = NO_PLAIN_RULE
+
+    def first_failure(self, batch: Any) -> tuple[int, str] | None:
+        """The first row of ``batch`` (batched as ``rlmesh.spaces`` describes) that breaks a
+        check, and what is wrong with it; None when every row conforms."""
+        if not self._checks:
+            return None
+        leaves = batch_leaves(self.space, batch) if self._composite else (batch,)
+        for position, where, expected, check in self._checks:
+            leaf = leaves[position]
+            if type(leaf) is not np.ndarray:
+                leaf = np.asarray(leaf)
+            bad = check(leaf)
+            if bad is not None:
+                row = int(np.flatnonzero(bad)[0])
+                value = leaf[row]
+                shown = value.tolist() if isinstance(value, np.ndarray) else value.item()
+                return row, f"{self.root} leaf {where!r} is {shown!r}, expected {expected}"
+        return None
 
 
 SMALL_BATCH = 64
@@ -742,28 +816,6 @@ def _nan_rows(axes: tuple[int, ...]) -> LeafCheck:
         return bad.any(axis=axes) if axes else bad
 
     return check
-
-
-def check_values(
-    checks: list[tuple[int, str, str, LeafCheck]],
-    space: gymnasium.Space[Any],
-    batch: Any,
-    root: str,
-) -> tuple[int, str] | None:
-    """The first row that breaks a check, and what is wrong with it; None when all conform."""
-    if not checks:
-        return None
-    composite = isinstance(space, (spaces.Dict, spaces.Tuple))
-    leaves = batch_leaves(space, batch) if composite else [batch]
-    for position, where, expected, check in checks:
-        leaf = np.asarray(leaves[position])
-        bad = check(leaf)
-        if bad is not None:
-            row = int(np.flatnonzero(bad)[0])
-            value = leaf[row]
-            shown = value.tolist() if isinstance(value, np.ndarray) else value.item()
-            return row, f"{root} leaf {where!r} is {shown!r}, expected {expected}"
-    return None
 
 
 def vector_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:
