@@ -194,8 +194,8 @@ class RemoteEnv:
         self._observation_codec = SpaceCodec(self.single_observation_space)
         self._action_codec = SpaceCodec(self.single_action_space)
         self._episode_ids = np.full(self.num_lanes, "", dtype=object)
-        self._step_ids_key: tuple[int, ...] | None = None
-        self._step_ids: list[str] = []
+        self._step_key: tuple[int, ...] | None = None
+        self._step_template = wire.JoinRequest()
 
     # ---------------------------------------------------------------- the Lanes protocol
 
@@ -229,28 +229,22 @@ class RemoteEnv:
             failure.outcome = (np.zeros(0, dtype=np.int64), [], [])  # no lane was reset
             raise
         self._episode_ids[checked] = episode_ids
-        self._step_ids_key = None
+        self._step_key = None
         observations = self._observations(answer.observation, count, "reset")
         return observations, self._infos(answer.infos, count)
 
     def step(self, lanes: np.ndarray, actions: Any) -> StepBatch:
         lanes = np.asarray(lanes, dtype=np.int64)
         count = len(lanes)
-        lane_list = lanes.tolist()
+        request, lane_list = self._step_request(lanes)
         try:
-            action = self._action_codec.encode_leaves(actions, count)
+            # In place: the request is kept from round to round, only its action changes.
+            request.step.action.leaves[:] = self._action_codec.encode_leaves(actions, count)
         except WireFormatError as err:
             raise WireFormatError(
                 f"the actions for lanes {lane_list} do not fit the action space "
                 f"{self.single_action_space} of {self.address}: {err}"
             ) from None
-        # Built in place: a StepRequest handed to JoinRequest(step=) would be copied.
-        request = wire.JoinRequest()
-        step = request.step
-        step.action.leaves.extend(action)
-        step.env_indices.extend(lane_list)
-        step.episode_ids.extend(self._step_episode_ids(lanes, lane_list))
-        step.timeout_ms = self._timeout_ms
         try:
             answer = self._call("a step", "step", request).step
         except SessionEndedError as failure:
@@ -275,14 +269,20 @@ class RemoteEnv:
             self._infos(answer.infos, count),
         )
 
-    def _step_episode_ids(self, lanes: np.ndarray, lane_list: list[int]) -> list[str]:
-        # A driver steps the same lanes round after round and ids change only at a reset:
-        # the list is rebuilt only when either changes.
+    def _step_request(self, lanes: np.ndarray) -> tuple[wire.JoinRequest, list[int]]:
+        """The ``StepRequest`` of ``lanes`` (their indices, episode ids and the deadline) and
+        the lanes as a list. A driver steps the same lanes round after round, and ids change
+        only at a reset: both are rebuilt only when either changes."""
+        lane_list = lanes.tolist()
         key = tuple(lane_list)
-        if self._step_ids_key != key:
-            self._step_ids = self._episode_ids[lanes].tolist()
-            self._step_ids_key = key
-        return self._step_ids
+        if self._step_key != key:
+            request = wire.JoinRequest()
+            step = request.step
+            step.env_indices.extend(lane_list)
+            step.episode_ids.extend(self._episode_ids[lanes].tolist())
+            step.timeout_ms = self._timeout_ms
+            self._step_template, self._step_key = request, key
+        return self._step_template, lane_list
 
     def env_episode_ids(self) -> np.ndarray | None:
         return None
@@ -389,7 +389,8 @@ class RemoteEnv:
             batch = self._observation_codec.decode(value, count)
         except WireFormatError as err:
             raise self._malformed(f"the observations of a {doing}: {err}") from None
-        return split_rows(batch, count)
+        # An array's rows are its lanes' observations (views); a dict or tuple is split.
+        return list(batch) if type(batch) is np.ndarray else split_rows(batch, count)
 
     def _mask(self, raw: bytes, count: int, name: str) -> np.ndarray:
         if len(raw) not in (0, count):
@@ -400,7 +401,7 @@ class RemoteEnv:
 
     def _infos(self, infos: Any, count: int) -> list[dict[str, Any]]:
         if not infos.entries:
-            return [{} for _ in range(count)]
+            return [{}] if count == 1 else [{} for _ in range(count)]
         info = from_meta_map(infos)
         if self.num_lanes == 1:
             return [info]
