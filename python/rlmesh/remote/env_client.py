@@ -253,7 +253,7 @@ class RemoteEnv:
                 np.zeros(0, dtype=np.int64), [], np.zeros(0), nothing, nothing.copy(), []
             )
             raise
-        if len(answer.env_indices) and answer.env_indices != lane_list:
+        if answer.env_indices != lane_list and len(answer.env_indices):
             raise self._malformed(
                 f"a step of lanes {lane_list} was answered for lanes {list(answer.env_indices)}"
             )

@@ -395,7 +395,7 @@ class Session:
 
     def open(self) -> None:
         n = self.num_lanes
-        self._last_step_key: tuple[int, ...] | None = None
+        self._last_step_indices: list[int] = []
         self._last_step_lanes = self.all_lanes
         self.episodes = self.servicer.core.ServedEpisodes(n)
         self.episode_ids = np.full(n, "", dtype=object)
@@ -482,7 +482,7 @@ class Session:
 
     def step(self, request: wire.StepRequest, out: wire.StepResponse) -> None:
         """Step the request's lanes and write the answer into ``out``."""
-        lanes = self._step_lanes(request.env_indices)
+        lanes, indices = self._step_lanes(request.env_indices)
         count = len(lanes)
         idle = self.episodes.not_running(lanes)
         if idle:
@@ -521,7 +521,7 @@ class Session:
         out.truncated_mask = truncated
         if any(infos):
             out.infos.CopyFrom(self._encode_infos(infos))
-        out.env_indices.extend(request.env_indices)
+        out.env_indices[:] = indices  # from a list: far cheaper than from the request's field
         if terminated.count(0) != count or truncated.count(0) != count:
             out.completed_episodes.extend(
                 self._complete(
@@ -557,13 +557,14 @@ class Session:
 
     # ---------------------------------------------------------------- helpers
 
-    def _step_lanes(self, env_indices: Sequence[int]) -> np.ndarray:
-        # A driver steps the same lanes round after round: they are checked once per change.
-        key = tuple(env_indices)
-        if key != self._last_step_key:
-            self._last_step_lanes = self._lanes_of(key, "StepRequest")
-            self._last_step_key = key
-        return self._last_step_lanes
+    def _step_lanes(self, env_indices: Sequence[int]) -> tuple[np.ndarray, list[int]]:
+        """The lanes a ``StepRequest`` names, as an array and as its ``env_indices`` list. A
+        driver steps the same lanes round after round: they are checked once per change."""
+        if env_indices != self._last_step_indices:
+            indices = list(env_indices)
+            self._last_step_lanes = self._lanes_of(indices, "StepRequest")
+            self._last_step_indices = indices
+        return self._last_step_lanes, self._last_step_indices
 
     def _lanes_of(self, env_indices: Sequence[int], what: str) -> np.ndarray:
         if not len(env_indices):
