@@ -273,3 +273,12 @@ def test_served_episodes_tally_steps_and_returns():
         assert episodes.finish(2) == (0, 0.0)
         episodes.stop()
         assert episodes.running_lanes() == []
+
+
+def test_lanes_given_as_a_list_step_alike():
+    for core in CORES.values():
+        envs = [Scripted(BOX, steps_of([np.full(4, 0.5, F32)])) for _ in range(2)]
+        steps = core.ServedSteps([env.step for env in envs], "scripted", Encoder(BOX), None)
+        leaves, rewards, *_ = steps.step([1], np.array([2]))
+        assert leaves == [np.full((1, 4), 0.5, F32).tobytes()] and rewards == [1.0]
+        assert [env.actions for env in envs] == [[], [2]]

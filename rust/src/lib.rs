@@ -3,9 +3,8 @@
 //! Mirrors the pure-Python core `python/rlmesh/_pycore/` file for file: `seeding`, `args`,
 //! `ledger`, `assembly`, `actions`, `chunks`, `telemetry`, `rounds` (the per-lane work of a
 //! round, and the synchronous loop of rounds on top of the others), `served` (a served env's
-//! step of in-process lanes), `transport` (a raw-bytes
-//! gRPC transport on tonic). The Python core is the
-//! specification; the parity tests keep the two in lockstep.
+//! steps and episode tallies), `transport` (a raw-bytes gRPC transport on tonic). The Python
+//! core is the specification; the parity tests keep the two in lockstep.
 
 use pyo3::prelude::*;
 

@@ -4,8 +4,8 @@ Same classes, same methods, same results as the Rust core (``rust/src/``), file 
 ``seeding.py`` ~ ``seeding.rs``, ``args.py`` ~ ``args.rs``, ``ledger.py`` ~ ``ledger.rs``,
 ``assembly.py`` ~ ``assembly.rs``, ``actions.py`` ~ ``actions.rs``, ``chunks.py`` ~ ``chunks.rs``,
 ``telemetry.py`` ~ ``telemetry.rs``, ``rounds.py`` ~ ``rounds.rs``, ``served.py`` ~
-``served.rs``, ``transport.py`` ~
-``transport.rs`` (the raw-bytes gRPC transport; grpcio is imported only when it is used).
+``served.rs`` (a served env's steps and episode tallies), ``transport.py`` ~ ``transport.rs``
+(the raw-bytes gRPC transport; grpcio is imported only when it is used).
 Selected with ``RLMESH_CORE=python``; the parity tests keep the two in lockstep. What is
 exported here is what the Rust core exports; ``ledger.RouteLedger`` is internal to the
 ``RoundRunner`` in both.

@@ -81,7 +81,7 @@ class ServedSteps:
         """
         observations, rewards, terminated, truncated, infos = [], [], [], [], []
         env_steps = self._env_steps
-        for k, lane in enumerate(lanes.tolist()):
+        for k, lane in enumerate(vector(lanes, "int64", "lanes").tolist()):
             try:
                 observation, reward, term, trunc, info = env_steps[lane](actions[k])
             except Exception as err:
