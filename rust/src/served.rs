@@ -1,5 +1,6 @@
-//! A served env's step of in-process lanes (`ServedSteps`): each lane's env stepped with its row
-//! of an action batch, and the results in the form a `StepResponse` carries them.
+//! A served env's per-lane work: `ServedSteps` steps in-process lanes, each lane's env with its
+//! row of an action batch, and gives the results in the form a `StepResponse` carries them;
+//! `ServedEpisodes` keeps which lanes run an episode, and each one's steps and return.
 //!
 //! Mirrors `python/rlmesh/_pycore/served.py`, the specification. One thing is this core's own:
 //! where every observation is an array of exactly the observation leaf's dtype and shape and
