@@ -612,6 +612,7 @@ def test_a_file_is_loaded_once_under_its_name_unless_another_module_holds_it(tmp
     assert pickle.loads(pickle.dumps(first)) is first
     mine.write_text("def make():\n    return 2\n")
     assert load_object(f"{mine}:make", "env", "expected a factory") is first
+    assert sys.path.count(str(tmp_path.resolve())) == 1  # its directory went on once
 
     broken = tmp_path / "rlmesh_test_broken.py"
     broken.write_text("raise RuntimeError('no')\n")

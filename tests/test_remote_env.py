@@ -25,7 +25,9 @@ from test_remote_env_cases import (
     HangingEnv,
     RaisingEnv,
     comparable_fields,
+    dict_action_policy,
     dict_policy,
+    make_dict_action_env,
     make_dict_env,
 )
 
@@ -36,6 +38,7 @@ CASES = {
     "cartpole": ("CartPole-v1", "CartPole-v1", cartpole_policy, {"max_episode_steps": 120}),
     "pendulum": ("Pendulum-v1", "Pendulum-v1", lambda obs: [obs[2]], {"max_episode_steps": 60}),
     "dict": (f"{HERE}:make_dict_env", make_dict_env, dict_policy, {}),
+    "dict action": (f"{HERE}:make_dict_action_env", make_dict_action_env, dict_action_policy, {}),
 }
 
 
@@ -97,7 +100,7 @@ def test_a_width_that_differs_from_the_servers_is_refused_naming_both():
 # ------------------------------------------------------------------------------ workers
 
 
-@pytest.mark.parametrize("case", ["cartpole", "dict"])
+@pytest.mark.parametrize("case", ["cartpole", "dict", "dict action"])
 @pytest.mark.parametrize("core", CORES)
 def test_a_server_stepping_in_worker_processes_serves_the_in_process_runs_episodes(case, core):
     target, local_env, policy, options = CASES[case]

@@ -62,6 +62,28 @@ def dict_policy(obs):
     return int(obs["pos"][0] < 0)
 
 
+class DictActionEnv(DictObservationEnv):
+    """The walk with a Dict action: the push, and a Box scaling it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.action_space = gym.spaces.Dict(
+            {"push": gym.spaces.Discrete(2), "scale": gym.spaces.Box(0.0, 2.0, (1,), np.float32)}
+        )
+
+    def step(self, action):
+        observation, reward, terminated, truncated, info = super().step(int(action["push"]))
+        return observation, reward * float(action["scale"][0]), terminated, truncated, info
+
+
+def make_dict_action_env() -> gym.Env:
+    return DictActionEnv()
+
+
+def dict_action_policy(obs):
+    return {"push": dict_policy(obs), "scale": np.array([0.5 + obs["mode"] / 2], np.float32)}
+
+
 class CartPoleChunks(rlmesh.Model):
     """A chunk corner: the heuristic's action repeated, alternating inside the chunk."""
 

@@ -282,3 +282,18 @@ def test_lanes_given_as_a_list_step_alike():
         leaves, rewards, *_ = steps.step([1], np.array([2]))
         assert leaves == [np.full((1, 4), 0.5, F32).tobytes()] and rewards == [1.0]
         assert [env.actions for env in envs] == [[], [2]]
+
+
+def test_a_dict_batch_of_actions_reaches_each_lane_as_its_dict():
+    seen, errors = [], []
+    for core in CORES.values():
+        envs = [Scripted(BOX, steps_of([np.zeros(4, F32)])) for _ in range(2)]
+        steps = core.ServedSteps([env.step for env in envs], "scripted", Encoder(BOX), None)
+        batch = {"a": np.array([1, 2]), "b": np.array([[0.5], [1.5]], np.float32)}
+        steps.step(np.array([0, 1]), batch)
+        seen.append([(env.actions[0]["a"].item(), env.actions[0]["b"].tolist()) for env in envs])
+        with pytest.raises(ValueError) as caught:
+            steps.step(np.array([0, 1]), {"a": np.array([1])})
+        errors.append(str(caught.value))
+    assert seen[0] == seen[1] == [(1, [0.5]), (2, [1.5])]
+    assert errors[0] == errors[1] and 'actions["a"]' in errors[0] and "(2)" in errors[0]

@@ -181,12 +181,12 @@ def _load_file(path: Path) -> Any:
     file runs unregistered. The file's directory goes on sys.path, so it can import its
     neighbours."""
     resolved = path.resolve()
-    sys.path.insert(0, str(resolved.parent))
     name = path.stem
     held = sys.modules.get(name)
     held_file = getattr(held, "__file__", None)
     if held_file is not None and Path(held_file).resolve() == resolved:
-        return held
+        return held  # its directory went on sys.path when it was loaded
+    sys.path.insert(0, str(resolved.parent))
     module_spec = importlib.util.spec_from_file_location(name, resolved)
     module = importlib.util.module_from_spec(module_spec)
     register = held is None

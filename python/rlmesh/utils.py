@@ -73,14 +73,15 @@ def lane_actions(actions: Any, count: int, path: tuple[str, ...] = ()) -> Sequen
     Raises:
         ValueError: a leaf without ``count`` rows along its leading axis.
     """
-    if isinstance(actions, Mapping):
-        columns = {
-            key: lane_actions(leaf, count, (*path, str(key))) for key, leaf in actions.items()
-        }
-        return [{key: column[k] for key, column in columns.items()} for k in range(count)]
-    if isinstance(actions, tuple):
-        parts = [lane_actions(leaf, count, (*path, str(i))) for i, leaf in enumerate(actions)]
-        return [tuple(part[k] for part in parts) for k in range(count)]
+    if type(actions) is not np.ndarray:  # the usual batch skips the Mapping ABC check
+        if isinstance(actions, Mapping):
+            columns = {
+                key: lane_actions(leaf, count, (*path, str(key))) for key, leaf in actions.items()
+            }
+            return [{key: column[k] for key, column in columns.items()} for k in range(count)]
+        if isinstance(actions, tuple):
+            parts = [lane_actions(leaf, count, (*path, str(i))) for i, leaf in enumerate(actions)]
+            return [tuple(part[k] for part in parts) for k in range(count)]
     try:
         rows = len(actions)
     except TypeError:

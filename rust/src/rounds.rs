@@ -45,7 +45,7 @@ type Finished<'py> = (Vec<EpisodeSummary>, Int64Array<'py>, Int64Array<'py>);
 type LaneEpisodes<'py> = (Int64Array<'py>, Vec<Option<u64>>, Int64Array<'py>);
 
 /// A batch of actions indexed by lane position, as `lane_actions` returns it.
-enum LaneActions<'py> {
+pub(crate) enum LaneActions<'py> {
     /// An array (or any sequence) indexed as it is: `actions[k]`.
     Batch(Bound<'py, PyAny>),
     /// One object per lane: the per-lane dicts or tuples of a dict or tuple batch.
@@ -53,7 +53,7 @@ enum LaneActions<'py> {
 }
 
 impl<'py> LaneActions<'py> {
-    fn get(&self, k: usize) -> PyResult<Bound<'py, PyAny>> {
+    pub(crate) fn get(&self, k: usize) -> PyResult<Bound<'py, PyAny>> {
         match self {
             LaneActions::Batch(actions) => actions.get_item(k),
             LaneActions::PerLane(actions) => Ok(actions[k].clone()),
@@ -66,7 +66,7 @@ impl<'py> LaneActions<'py> {
 /// An array stays as it is (indexing it yields a lane's row, a numpy scalar for a 1-D batch,
 /// as Gymnasium's own vectors pass them); a dict (any mapping) or tuple of batches becomes
 /// `count` per-lane dicts or tuples. A `ValueError` names a leaf without `count` rows along its leading axis.
-fn lane_actions<'py>(
+pub(crate) fn lane_actions<'py>(
     actions: &Bound<'py, PyAny>,
     count: usize,
     path: &mut Vec<String>,

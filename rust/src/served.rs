@@ -14,7 +14,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
 use crate::args::{array_bytes, lanes_arg, Dtype};
-use crate::rounds::{env_failure, read_column, read_flag, read_reward, unpack_step};
+use crate::rounds::{env_failure, lane_actions, read_column, read_flag, read_reward, unpack_step};
 
 /// What every value of the observation leaf must pass (the server's value checks).
 enum Check {
@@ -63,9 +63,10 @@ impl Layout {
             .call1((dtype,))?
             .cast_into::<PyArrayDescr>()?;
         let (kind, itemsize) = (dtype.kind(), dtype.itemsize());
-        let native = matches!(dtype.byteorder(), b'=' | b'|')
-            || (dtype.byteorder() == b'<' && cfg!(target_endian = "little"));
-        if !native || !cfg!(target_endian = "little") || !b"fiub".contains(&kind) {
+        // The wire is little-endian: an array's bytes are the wire's only on such a machine,
+        // and only for a dtype not marked big-endian.
+        let little = cfg!(target_endian = "little") && dtype.byteorder() != b'>';
+        if !little || !b"fiub".contains(&kind) {
             return Ok(None);
         }
         Ok(Some(Layout {
@@ -191,8 +192,8 @@ impl ServedSteps {
         })
     }
 
-    /// Step `lanes` (`[K]` int64: distinct, in range) with `actions` (lane `lanes[k]` gets
-    /// `actions[k]`); see the Python core.
+    /// Step `lanes` (`[K]` int64: distinct, in range) with `actions`, batched as `Lanes.step`
+    /// takes them; see the Python core.
     fn step<'py>(
         &self,
         py: Python<'py>,
@@ -203,6 +204,7 @@ impl ServedSteps {
         let lane_list = lane_list.as_slice()?;
         let env_steps = self.env_steps.bind(py);
         let count = lane_list.len();
+        let actions = lane_actions(actions, count, &mut Vec::new())?;
         let mut observations = Vec::with_capacity(count);
         let (mut rewards, mut terminated, mut truncated) = (
             Vec::with_capacity(count),
@@ -213,7 +215,7 @@ impl ServedSteps {
         for (k, &lane) in lane_list.iter().enumerate() {
             let stepped = (|| {
                 let step = env_steps.get_item(lane)?;
-                unpack_step(step.call1((actions.get_item(k)?,))?)
+                unpack_step(step.call1((actions.get(k)?,))?)
             })();
             let [observation, reward, term, trunc, info] = match stepped {
                 Ok(result) => result,

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..utils import env_failure
+from ..utils import env_failure, lane_actions
 from .args import vector
 
 ObservationLeaves = Callable[[list[Any], np.ndarray], list[bytes]]
@@ -68,8 +68,8 @@ class ServedSteps:
     def step(
         self, lanes: np.ndarray, actions: Any
     ) -> tuple[list[bytes], list[float], bytes, bytes, list[dict[str, Any]]]:
-        """Step ``lanes`` (``[K]`` int64: distinct, in range) with ``actions`` (``K`` rows:
-        lane ``lanes[k]`` gets ``actions[k]``).
+        """Step ``lanes`` (``[K]`` int64: distinct, in range) with ``actions``, batched as
+        ``Lanes.step`` takes them: lane ``lanes[k]`` gets row ``k`` (``rlmesh.utils.lane_actions``).
 
         Returns:
             ``(observation leaves, K rewards, terminated, truncated, K infos)``: the masks a
@@ -78,13 +78,16 @@ class ServedSteps:
         Raises:
             EnvError: an env's ``step`` raised (chained), naming its lane; the lanes after it
                 were not stepped.
-            ValueError: rewards or flags that are not one number each.
+            ValueError: rewards or flags that are not one number each, or an action leaf
+                without a row per lane.
         """
         observations, rewards, terminated, truncated, infos = [], [], [], [], []
         env_steps = self._env_steps
-        for k, lane in enumerate(vector(lanes, "int64", "lanes").tolist()):
+        checked = vector(lanes, "int64", "lanes").tolist()
+        per_lane = lane_actions(actions, len(checked))
+        for k, lane in enumerate(checked):
             try:
-                observation, reward, term, trunc, info = env_steps[lane](actions[k])
+                observation, reward, term, trunc, info = env_steps[lane](per_lane[k])
             except Exception as err:
                 raise env_failure(self._env_name, "step", err, lane) from err
             observations.append(observation)

@@ -275,8 +275,9 @@ class SpaceCodec:
             )
             for _, dtype, shape in self._leaves
         ]
-        # A space that is one numeric leaf (most envs) skips the tree walk both ways.
-        self._single = (
+        # A space that is one numeric leaf (most envs): a batch is one array, and it skips the
+        # tree walk both ways.
+        self.single_array = (
             not isinstance(space, (spaces.Dict, spaces.Tuple)) and self._layout[0] is not None
         )
 
@@ -295,7 +296,7 @@ class SpaceCodec:
     def encode_leaves(self, batch: Any, rows: int) -> list[bytes]:
         """``encode``'s leaves alone, to extend a message's ``SpaceValue`` in place (a
         SpaceValue handed to a message is copied into it)."""
-        if self._single:
+        if self.single_array:
             return [self._encode_leaf(0, batch, rows)]
         try:
             leaf_batches = batch_leaves(self.space, batch)
@@ -336,7 +337,7 @@ class SpaceCodec:
                 f"the value has {len(value.leaves)} leaves, expected {len(self._leaves)} "
                 f"(one per leaf of {self.space})"
             )
-        if self._single:
+        if self.single_array:
             return self._decode_leaf(0, value.leaves[0], rows)
         decoded = [
             _decode_text(raw, rows, self._leaves[position][0])

@@ -389,8 +389,7 @@ class RemoteEnv:
             batch = self._observation_codec.decode(value, count)
         except WireFormatError as err:
             raise self._malformed(f"the observations of a {doing}: {err}") from None
-        # An array's rows are its lanes' observations (views); a dict or tuple is split.
-        return list(batch) if type(batch) is np.ndarray else split_rows(batch, count)
+        return split_rows(batch, count)
 
     def _mask(self, raw: bytes, count: int, name: str) -> np.ndarray:
         if len(raw) not in (0, count):
@@ -401,7 +400,7 @@ class RemoteEnv:
 
     def _infos(self, infos: Any, count: int) -> list[dict[str, Any]]:
         if not infos.entries:
-            return [{}] if count == 1 else [{} for _ in range(count)]
+            return [{} for _ in range(count)]
         info = from_meta_map(infos)
         if self.num_lanes == 1:
             return [info]

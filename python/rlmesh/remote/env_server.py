@@ -367,13 +367,8 @@ class Session:
         self.observation_codec = SpaceCodec(lanes.single_observation_space)
         self.action_codec = SpaceCodec(lanes.single_action_space)
         self.observation_space = lanes.single_observation_space
-        # One array leaf (most envs): the rows stack with one call, no walk of the space.
-        self._single_observation = not isinstance(
-            self.observation_space, (spaces.Dict, spaces.Tuple, spaces.Text)
-        )
         self.action_checks = ValueChecks(lanes.single_action_space, "action")
         self.observation_checks = ValueChecks(lanes.single_observation_space, "observation")
-        self._single_action = not isinstance(lanes.single_action_space, (spaces.Dict, spaces.Tuple))
         # How a request's lanes step: the core steps in-process lanes' envs itself (their
         # ``env_steps``), other lanes step through ``Lanes.step``.
         self._step_all = (
@@ -509,8 +504,6 @@ class Session:
                 f"the action for lane {int(lanes[row])}: {message}; it was not delivered",
                 recoverable=True,
             )
-        if not self._single_action:
-            actions = lane_actions(actions, count)
         leaves, rewards, terminated, truncated, infos = self.servicer.call_env(
             self._step_all, (lanes, actions), request.timeout_ms, "step"
         )
@@ -523,12 +516,12 @@ class Session:
             out.infos.CopyFrom(self._encode_infos(infos))
         out.env_indices[:] = indices  # from a list: far cheaper than from the request's field
         if terminated.count(0) != count or truncated.count(0) != count:
+            ended = np.frombuffer(terminated, np.bool_) | np.frombuffer(truncated, np.bool_)
             out.completed_episodes.extend(
                 self._complete(
                     int(lanes[row]), bool(terminated[row]), bool(truncated[row]), infos[row]
                 )
-                for row in range(count)
-                if terminated[row] or truncated[row]
+                for row in np.flatnonzero(ended).tolist()
             )
 
     def _lanes_step(
@@ -620,9 +613,10 @@ class Session:
         """The lanes' observations as the leaves of one SpaceValue, refused (INTERNAL) where
         one does not fit the observation space: the served env broke its own contract."""
         space = self.observation_space
+        # One array leaf (most envs): the rows stack with one call, no walk of the space.
         batch = (
             np.asarray(observations)
-            if self._single_observation
+            if self.observation_codec.single_array
             else stack_rows(space, observations)
         )
         problem = self.observation_checks.first_failure(batch)
