@@ -13,9 +13,11 @@ import sys
 import numpy as np
 import pytest
 import rlmesh
+from helpers import CORES
+from rlmesh.cli import main
 from rlmesh.errors import ResultsFileError
 from rlmesh.report import RunsNotPairedError, compare, format_comparison
-from rlmesh.results import HEADER_KEY, RUN_KEY, EpisodeResult, RunResult, dumps
+from rlmesh.results import HEADER_KEY, RUN_KEY, EpisodeResult, RunResult, dumps, read_suite
 from rlmesh.stats import (
     BOOTSTRAP_BLOCK,
     bootstrap_mean_ci,
@@ -470,7 +472,7 @@ def test_bad_arguments_and_files_are_refused_saying_what_was_expected(tmp_path):
     with pytest.raises(ResultsFileError, match="cannot read it"):
         compare(tmp_path / "missing.jsonl", run)
     twice = write_run(tmp_path / "twice.jsonl", [record(0, 1), record(0, 2)])
-    with pytest.raises(ResultsFileError, match="holds episode 0 twice"):
+    with pytest.raises(ResultsFileError, match="line 3 repeats episode index 0"):
         compare(twice, run)
 
 
@@ -543,3 +545,98 @@ def test_a_task_whose_every_pair_erred_keeps_its_row_without_figures(tmp_path):
     assert result["excluded_for_errors"]["pairs"] == 3
     json.loads(dumps(result), parse_constant=pytest.fail)
     assert "push" in format_comparison(result)
+
+
+# ---------------------------------------------------------------------------- real suite files
+
+SUITE_TOML = """
+name = "pairs"
+
+[defaults]
+episodes = 4
+max_episode_steps = 40
+
+[[task]]
+name = "cartpole"
+env = "CartPole-v1"
+seed = 5
+
+[[task]]
+name = "acrobot"
+env = "Acrobot-v1"
+episodes = 3
+"""
+
+POLICIES = """
+import numpy as np
+
+
+def lean(obs):
+    if obs.shape == (4,):
+        return int(obs[2] + 0.3 * obs[3] > 0)
+    return int(np.sign(obs[4]) + 1)
+
+
+def left(obs):
+    return 0
+"""
+
+
+def _expected_rows(path_a, path_b):
+    """Per task, the pairs and mean return difference b - a, from the files read by task."""
+    _, runs_a = read_suite(path_a)
+    _, runs_b = read_suite(path_b)
+    rows = {}
+    for name, run_a in runs_a.items():
+        a = {episode.index: episode.reward for episode in run_a.episodes}
+        b = {episode.index: episode.reward for episode in runs_b[name].episodes}
+        assert a.keys() == b.keys()
+        rows[name] = (len(a), float(np.mean([b[k] - a[k] for k in a])))
+    return rows
+
+
+def _check_suite_comparison(result, path_a, path_b):
+    expected = _expected_rows(path_a, path_b)
+    assert {row["task"]: row["pairs"] for row in result["tasks"]} == {
+        name: pairs for name, (pairs, _) in expected.items()
+    }
+    for row in result["tasks"]:
+        assert row["mean_return_difference"] == pytest.approx(expected[row["task"]][1])
+    assert result["pairs"] == sum(pairs for pairs, _ in expected.values())
+
+
+def test_cli_compare_reads_suite_files_written_by_eval_suite(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "suite.toml").write_text(SUITE_TOML)
+    (tmp_path / "pols.py").write_text(POLICIES)
+    for name in ("lean", "left"):
+        argv = ["eval", f"pols.py:{name}", "--suite", "suite.toml", "--out", f"{name}.jsonl"]
+        assert main([*argv, "--no-progress", "--json"]) == 0
+    capsys.readouterr()
+    # Every suite file holds a task header line per task: the comparison reads past them.
+    assert (tmp_path / "lean.jsonl").read_text().count('"rlmesh_task"') == 2
+    assert main(["compare", "lean.jsonl", "left.jsonl", "--json"]) == 0, capsys.readouterr().err
+    result = json.loads(capsys.readouterr().out)
+    _check_suite_comparison(result, tmp_path / "lean.jsonl", tmp_path / "left.jsonl")
+    assert main(["compare", "lean.jsonl", "left.jsonl"]) == 0
+    table = capsys.readouterr().out
+    assert "cartpole" in table and "acrobot" in table and "overall" in table
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_compare_reads_suite_files_written_by_run_suite(core, tmp_path):
+    (tmp_path / "suite.toml").write_text(SUITE_TOML)
+    namespace: dict = {}
+    exec(POLICIES, namespace)
+    paths = {}
+    for name in ("lean", "left"):
+        paths[name] = tmp_path / f"{name}.jsonl"
+        rlmesh.run_suite(
+            namespace[name], tmp_path / "suite.toml", num_envs=2, core=core,
+            results_path=paths[name],
+        )  # fmt: skip
+    result = compare(paths["lean"], paths["left"])
+    _check_suite_comparison(result, paths["lean"], paths["left"])
+    same = compare(paths["lean"], paths["lean"])
+    assert same["overall"]["mean_return_difference"] == 0.0
+    assert {row["task"]: row["pairs"] for row in same["tasks"]} == {"cartpole": 4, "acrobot": 3}

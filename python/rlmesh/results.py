@@ -562,8 +562,10 @@ def merge_telemetry(segments: list[tuple[TelemetryRow, ...]]) -> tuple[Telemetry
 
 
 @dataclass
-class _Contents:
-    """What a results file holds: its header, episodes, run segments, and its valid length."""
+class FileContents:
+    """What a results file holds, by line kind: its header (line 1), its episodes, its run
+    segments, its resumptions and a suite's task headers, and how many bytes of it are whole
+    lines (``dropped``: a last line cut off mid-write, set aside)."""
 
     header: dict[str, Any] | None
     episodes: list[EpisodeResult]
@@ -572,6 +574,12 @@ class _Contents:
     dropped: bytes
     resumes: list[dict[str, Any]] = field(default_factory=list)
     tasks: list[dict[str, Any]] = field(default_factory=list)  # a suite's task headers
+
+    def config(self) -> dict[str, Any]:
+        """The header without its format key (a file's header is always there once
+        ``read_contents`` returned it)."""
+        assert self.header is not None
+        return _config(self.header)
 
 
 _EPISODE_FIELDS = tuple(field.name for field in fields(EpisodeResult))
@@ -610,12 +618,43 @@ def _episode(record: dict[str, Any], where: str) -> EpisodeResult:
         ) from None
 
 
-def _read(path: str | os.PathLike[str]) -> _Contents:
+def read_contents(path: str | os.PathLike[str], *, cut_off: str = "skipped") -> FileContents:
+    """Every line of a results file, by kind: the one reader of the format.
+
+    A header must be there; a last line cut off mid-write (a crash) is set aside with a
+    warning that says it was ``cut_off`` ("skipped" by readers, "repaired" by a resumption).
+
+    Raises:
+        ResultsFileError: the file cannot be read, is empty, or a line is not of a kind the
+            format knows (the message names the file and line).
+
+    Example:
+        >>> import os, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "r.jsonl")
+        >>> with ResultsFile.open(path, {"env": "CartPole-v1"}, resume=False) as out:
+        ...     out.append(EpisodeResult(0, 5, 0, 0, 12, 12.0, True, False, None, 0.2, 0.1, 0.2))
+        >>> contents = read_contents(path)
+        >>> contents.config(), [episode.index for episode in contents.episodes]
+        ({'env': 'CartPole-v1'}, [0])
+    """
+    contents = _read(path)
+    if contents.dropped:
+        _warn_dropped(path, contents.dropped, cut_off)
+    if contents.header is None:
+        raise ResultsFileError(f"{os.fspath(path)} is empty: it holds no results header")
+    return contents
+
+
+def _read(path: str | os.PathLike[str]) -> FileContents:
     """Parse a results file line by line; a last line without its newline (cut by a crash)
     is set aside."""
-    contents = _Contents(None, [], [], 0, b"")
+    contents = FileContents(None, [], [], 0, b"")
     seen: set[int] = set()
-    with open(path, "rb") as handle:
+    try:
+        handle = open(path, "rb")  # noqa: SIM115 - closed by the with below
+    except OSError as exc:
+        raise ResultsFileError(f"{os.fspath(path)}: cannot read it ({exc.strerror})") from None
+    with handle:
         for number, raw in enumerate(handle, start=1):
             if not raw.endswith(b"\n"):
                 contents.dropped = raw
@@ -725,11 +764,7 @@ def read_run(
     """A results file as its header, one ``RunResult`` over every episode (with the merged
     telemetry and waste of every run segment, the header's core, success rule and episode
     count), and the segments' total seconds (None if no segment recorded its time)."""
-    contents = _read(path)
-    if contents.dropped:
-        _warn_dropped(path, contents.dropped, "skipped")
-    if contents.header is None:
-        raise ResultsFileError(f"{os.fspath(path)} is empty: it holds no results header")
+    contents = read_contents(path)
     result, elapsed = _combine(contents.header, contents.episodes, contents.runs)
     return _config(contents.header), result, elapsed
 
@@ -1186,11 +1221,7 @@ def read_suite_columns(
 def read_suite(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, RunResult]]:
     """A suite's results file as its header and one ``RunResult`` per task of the suite, in
     its order (a task never started holds no episodes). Errors as ``read_suite_columns``."""
-    contents = _read(path)
-    if contents.dropped:
-        _warn_dropped(path, contents.dropped, "skipped")
-    if contents.header is None:
-        raise ResultsFileError(f"{os.fspath(path)} is empty: it holds no results header")
+    contents = read_contents(path)
     tasks = _suite_tasks(path, contents.header)
     headers = {record["task"]: _config(record, TASK_KEY) for record in contents.tasks}
     runs = {}

@@ -51,10 +51,8 @@ Example:
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Union
@@ -62,7 +60,7 @@ from typing import Any, Union
 import numpy as np
 
 from ..errors import ResultsFileError, RlmeshError
-from ..results import HEADER_KEY, RESUME_KEY, RUN_KEY, RunResult, decode_float, mean
+from ..results import EpisodeResult, RunResult, mean, read_contents
 from ..stats import (
     bootstrap_mean_ci,
     mcnemar_exact_p,
@@ -207,25 +205,28 @@ def _check_arguments(confidence: float, resamples: int, seed: int) -> None:
 
 def _load(run: Run, side: str) -> _Run:
     if isinstance(run, RunResult):
-        episodes = [
-            _Episode(
-                task=getattr(episode, "task", None),
-                index=episode.index,
-                seed=episode.seed,
-                reward=episode.reward,
-                success=episode.success,
-                error=getattr(episode, "error", None),
-            )
-            for episode in run.episodes
-        ]
-        return _keyed(f"RunResult {side}", {"seed": run.base_seed}, episodes)
+        return _keyed(f"RunResult {side}", {"seed": run.base_seed}, _episodes(run.episodes))
     if not isinstance(run, (str, os.PathLike)):
         raise TypeError(
             f"compare: {side} must be a results file's path or a RunResult, got "
             f"{type(run).__name__}"
         )
-    header, episodes = _read_file(run)
-    return _keyed(os.fspath(run), header, episodes)
+    contents = read_contents(run, cut_off="skipped")
+    return _keyed(os.fspath(run), contents.config(), _episodes(contents.episodes))
+
+
+def _episodes(episodes: Sequence[EpisodeResult]) -> list[_Episode]:
+    return [
+        _Episode(
+            task=episode.task,
+            index=episode.index,
+            seed=episode.seed,
+            reward=episode.reward,
+            success=episode.success,
+            error=episode.error,
+        )
+        for episode in episodes
+    ]
 
 
 def _keyed(label: str, header: dict[str, Any], episodes: list[_Episode]) -> _Run:
@@ -236,66 +237,6 @@ def _keyed(label: str, header: dict[str, Any], episodes: list[_Episode]) -> _Run
             raise ResultsFileError(f"{label} holds {_key_text(key)} twice")
         keyed[key] = episode
     return _Run(label, header, keyed)
-
-
-def _read_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[_Episode]]:
-    """A results file's header and episodes, with the fields of other parts of rlmesh that a
-    comparison reads (``task``, ``error``) where the file has them."""
-    name = os.fspath(path)
-    header: dict[str, Any] | None = None
-    episodes: list[_Episode] = []
-    try:
-        handle = open(path, "rb")  # noqa: SIM115 - closed below
-    except OSError as exc:
-        raise ResultsFileError(f"{name}: cannot read it ({exc.strerror})") from None
-    with handle:
-        for number, raw in enumerate(handle, start=1):
-            if not raw.endswith(b"\n"):
-                warnings.warn(
-                    f"{name}: the last line was cut off mid-write (a crash?); skipped it",
-                    UserWarning,
-                    stacklevel=4,
-                )
-                break
-            where = f"{name}, line {number}"
-            try:
-                record = json.loads(raw)
-            except ValueError:
-                raise ResultsFileError(f"{where} is not JSON ({raw[:60]!r})") from None
-            if not isinstance(record, dict):
-                raise ResultsFileError(f"{where} is {raw[:60]!r}, expected a JSON object")
-            if number == 1:
-                if HEADER_KEY not in record:
-                    raise ResultsFileError(
-                        f"{where}: expected the header line {{{HEADER_KEY!r}: 1, ...}}; "
-                        "is this an rlmesh results file?"
-                    )
-                header = {key: value for key, value in record.items() if key != HEADER_KEY}
-            elif RUN_KEY not in record and RESUME_KEY not in record:
-                episodes.append(_episode(record, where))
-    if header is None:
-        raise ResultsFileError(f"{name} is empty: it holds no results header")
-    return header, episodes
-
-
-def _episode(record: dict[str, Any], where: str) -> _Episode:
-    try:
-        index, seed, reward = record["index"], record["seed"], record["reward"]
-    except KeyError as exc:
-        raise ResultsFileError(f"{where} is not an episode line: it has no {exc}") from None
-    success = record.get("success")
-    if not isinstance(index, int) or (seed is not None and not isinstance(seed, int)):
-        raise ResultsFileError(f"{where}: index and seed must be integers (a seed may be null)")
-    if success is not None and not isinstance(success, bool):
-        raise ResultsFileError(f"{where}: success is {success!r}; expected true, false or null")
-    return _Episode(
-        task=record.get("task"),
-        index=index,
-        seed=seed,
-        reward=decode_float(reward, f"{where}, field 'reward'"),
-        success=success,
-        error=record.get("error"),
-    )
 
 
 def _side(run: _Run) -> dict[str, Any]:
