@@ -4,8 +4,6 @@ Episodes are numbered in the order they start, each is seeded by its index, and 
 exactly the episodes asked for, whatever the number of parallel environments.
 """
 
-from importlib.metadata import PackageNotFoundError, version
-
 from .adapters import Action, Concat, Custom, Image, ModelSpec, Plan, State, Text, compile_spec
 from .contexts import PredictContext
 from .core import active as _active_core
@@ -37,11 +35,7 @@ from .results import (
     read_suite,
 )
 from .suites import SuiteResult, Task, arun_suite, load_suite, run_suite
-
-try:
-    __version__ = version("rlmesh")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0+unknown"
+from .version import __version__
 
 episode_seed = _active_core.episode_seed
 

@@ -59,7 +59,7 @@ from typing import Any, NoReturn
 import gymnasium as gym
 import numpy as np
 
-from . import __version__, core_name, driver
+from . import core_name, driver
 from .adapters import Action, Custom, ModelSpec, checked_env_tags, compile_spec, env_tags_of
 from .errors import ModelDefinitionError, ResultsFileError, RlmeshError, SpecError
 from .hooks import RunHooks, RuntimeHooks
@@ -79,6 +79,7 @@ from .results import (
 from .settings import ON_ERRORS, RAY_MODES, check_video_settings
 from .stats import format_suite_summary, format_summary, summarize, summarize_suite
 from .success import rule_for
+from .version import __version__
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE if hasattr(signal, "SIGPIPE") else 1  # as `cat` ends

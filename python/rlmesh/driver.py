@@ -49,6 +49,7 @@ from .settings import RunSettings, check_cluster_settings, check_settings, check
 from .success import SuccessRule, rule_for
 from .telemetry import Telemetry
 from .utils import env_label, map_leaves, shares
+from .version import __version__
 from .video import NoVideos, VideoRecorder
 
 YIELD_EVERY_NS = 50_000_000
@@ -351,7 +352,7 @@ def _results_header(
         "max_episode_steps": settings.max_episode_steps,
         "max_episode_seconds": settings.max_episode_seconds,
         "trial_index_base": settings.trial_index_base,
-        "rlmesh_version": _version(),
+        "rlmesh_version": __version__,
         "core": core or core_name(),
         **(run_info or {}),
     }
@@ -368,12 +369,6 @@ def _with_provenance(
     resume check skips): collected only for a run that writes a results file (git runs)."""
     record = collect_provenance(model=model, env=env, core=core or core_name(), **stated)
     return {**(run_info or {}), PROVENANCE_KEY: record}
-
-
-def _version() -> str:
-    from . import __version__
-
-    return __version__
 
 
 def _success(info: dict) -> bool | None:

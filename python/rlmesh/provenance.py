@@ -98,7 +98,7 @@ def collect_provenance(
     import gymnasium
     import numpy
 
-    from . import __version__
+    from .version import __version__
 
     source = _spec_source(policy) or _source_file(model)
     return {

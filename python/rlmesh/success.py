@@ -41,8 +41,8 @@ import numpy as np
 from gymnasium.envs.registration import EnvSpec
 
 from .errors import HookError
-from .lanes.vector import vector_spec
 from .remote.address import is_address
+from .utils import vector_spec
 
 if TYPE_CHECKING:
     from .lanes import Lanes

@@ -50,9 +50,10 @@ import gymnasium as gym
 import numpy as np
 
 from .core import core_name
-from .driver import _version, arun, run_to_end
+from .driver import arun, run_to_end
 from .provenance import PROVENANCE_KEY, check_provenance, collect_provenance
 from .results import SUITE_KEY, ResultsFile, RunResult
+from .version import __version__
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -481,7 +482,7 @@ async def arun_suite(
     if results_path is not None:
         header = {
             SUITE_KEY: [task.to_dict() for task in suite],
-            "rlmesh_version": _version(),
+            "rlmesh_version": __version__,
             "core": core,
             # The suite's auditable record (not checked on resume); each task's header has its
             # own too.

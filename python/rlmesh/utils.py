@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from gymnasium.envs.registration import EnvSpec
+from gymnasium.vector import VectorEnv
 
 from .errors import EnvError
 
@@ -142,3 +144,23 @@ def env_failure(env_name: str, method: str, err: Exception, lane: int | None = N
     """The ``EnvError`` for an env's ``method`` that raised ``err`` on ``lane``."""
     where = env_name if lane is None else f"lane {lane} ({env_name})"
     return EnvError(f"{where}: {method}() raised {type(err).__name__}: {err}")
+
+
+def vector_spec(env: VectorEnv[Any, Any, Any]) -> EnvSpec | None:
+    """The ``EnvSpec`` of one lane of ``env``: the vector's own (``gymnasium.make_vec`` sets
+    it), else its first env's (a vector built from env functions has none of its own), else
+    None.
+
+    Example:
+        >>> import gymnasium
+        >>> vector = gymnasium.vector.SyncVectorEnv([lambda: gymnasium.make("CartPole-v1")])
+        >>> vector.spec is None, vector_spec(vector).reward_threshold
+        (True, 475.0)
+    """
+    if env.spec is not None:
+        return env.spec
+    try:
+        spec = env.get_attr("spec")[0]
+    except Exception:  # a vector that cannot say (e.g. a custom one without get_attr)
+        return None
+    return spec if isinstance(spec, EnvSpec) else None

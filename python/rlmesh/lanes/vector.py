@@ -7,12 +7,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from gymnasium.envs.registration import EnvSpec
 from gymnasium.vector import VectorEnv
 from gymnasium.vector.utils import create_empty_array, iterate
 
 from ..errors import EnvError
-from ..utils import env_failure, env_label, scatter_rows
+from ..utils import env_failure, env_label, scatter_rows, vector_spec
 from .base import StepBatch, declares_trial_index, reset_options
 from .local import checked_reset
 
@@ -246,26 +245,6 @@ class VectorLanes:
 
     def __repr__(self) -> str:
         return f"VectorLanes({self._name}, num_lanes={self.num_lanes}, autoreset={self.autoreset})"
-
-
-def vector_spec(env: VectorEnv[Any, Any, Any]) -> EnvSpec | None:
-    """The ``EnvSpec`` of one lane of ``env``: the vector's own (``gymnasium.make_vec`` sets
-    it), else its first env's (a vector built from env functions has none of its own), else
-    None.
-
-    Example:
-        >>> import gymnasium
-        >>> vector = gymnasium.vector.SyncVectorEnv([lambda: gymnasium.make("CartPole-v1")])
-        >>> vector.spec is None, vector_spec(vector).reward_threshold
-        (True, 475.0)
-    """
-    if env.spec is not None:
-        return env.spec
-    try:
-        spec = env.get_attr("spec")[0]
-    except Exception:  # a vector that cannot say (e.g. a custom one without get_attr)
-        return None
-    return spec if isinstance(spec, EnvSpec) else None
 
 
 def _rows_of(lanes: np.ndarray) -> Callable[[list[Any]], list[Any]]:
