@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import doctest
+import importlib
 import json
+import pkgutil
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -723,3 +728,57 @@ def test_a_spec_without_input_gets_the_raw_observation():
     plan = spec.compile(observation_space, action_space)
     assert plan.observation == compile_spec(None, observation_space, action_space).observation
     assert plan.action[0].rescale == (-1.0, 1.0)
+
+
+ADAPTERS_MODULES = sorted(
+    f"rlmesh.adapters.{module.name}" for module in pkgutil.iter_modules(rlmesh.adapters.__path__)
+)
+
+
+@pytest.mark.parametrize("module_name", ADAPTERS_MODULES)
+def test_every_adapters_module_has_examples_that_hold(module_name):
+    # tests/test_docs.py lists the package's documented modules by hand; this finds every
+    # module of adapters/, so a new one's examples run too.
+    result = doctest.testmod(importlib.import_module(module_name), optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0, f"{module_name} has no docstring example"
+    assert result.failed == 0
+
+
+# adapters/ bottom up, as its package docstring lists it: each module imports only earlier ones.
+ADAPTERS_LAYERS = [
+    "roles",
+    "checks",
+    "keys",
+    "node",
+    "image",
+    "state",
+    "text",
+    "custom",
+    "action",
+    "v1",
+    "inputs",
+    "tags",
+    "plan",
+    "keyed",
+    "resolve_features",
+    "resolve_inputs",
+    "resolve_action",
+    "resolve_roles",
+    "model_spec",
+    "resolve",
+    "spec",
+]
+
+
+def test_adapters_modules_import_only_the_ones_below_them():
+    folder = Path(rlmesh.adapters.__file__).parent
+    assert sorted(ADAPTERS_LAYERS) == sorted(path.stem for path in folder.glob("[!_]*.py"))
+    for rank, name in enumerate(ADAPTERS_LAYERS):
+        tree = ast.parse((folder / f"{name}.py").read_text())
+        imported = {
+            (node.module or "").split(".")[0]
+            for node in ast.walk(tree)  # every import, in a function too
+            if isinstance(node, ast.ImportFrom) and node.level == 1
+        }
+        above = sorted(imported & set(ADAPTERS_LAYERS[rank:]))
+        assert not above, f"adapters.{name} imports {above}, which are not below it"

@@ -624,3 +624,34 @@ def test_a_file_is_loaded_once_under_its_name_unless_another_module_holds_it(tmp
     clash.write_text("def make():\n    return 3\n")
     assert load_object(f"{clash}:make", "env", "expected a factory")() == 3
     assert sys.modules["json"] is json
+
+
+def test_eval_help_groups_the_options_as_the_settings_parts():
+    shown = _command("eval", "--help")
+    assert shown.returncode == 0
+    headings = [line[:-1] for line in shown.stdout.splitlines() if line and line[-1] == ":"]
+    for group in (
+        "policy and env", "episodes and seeds", "limits", "parallelism", "placement",
+        "failures", "output", "video",
+    ):  # fmt: skip
+        assert group in headings
+
+
+def test_the_policy_loader_and_the_cluster_do_not_load_the_cli():
+    """Loading a POLICY by name (as a cluster's workers do) needs nothing of the command
+    line; the names it had there stay importable from ``rlmesh.cli``."""
+    code = (
+        "import sys, rlmesh.policies, rlmesh.cluster.job, rlmesh.cluster.worker\n"
+        "print(any(name.startswith('rlmesh.cli') for name in sys.modules))"
+    )
+    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert shown.returncode == 0 and shown.stdout.strip() == "False", shown.stderr
+    from rlmesh import cli, policies
+
+    for name in ("load_policy", "load_object", "observation_digest", "BUILTIN_POLICIES"):
+        assert getattr(cli, name) is getattr(policies, name)
+    # A spec saved when the built-in policies lived in the CLI names its function there.
+    saved = {"input": {"type": "Custom", "fn": "rlmesh.cli:observation_digest"}}
+    saved["output"] = {"type": "Action", "clip": False}
+    loaded = rlmesh.ModelSpec.from_dict(saved, allow_custom=True)
+    assert loaded.input.fn is policies.observation_digest

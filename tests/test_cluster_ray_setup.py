@@ -27,9 +27,9 @@ HAS_RAY = importlib.util.find_spec("ray") is not None
 def _placement(**given):
     arguments = {
         "cluster": "ray",
-        "workers": None,
+        "ray_workers": None,
         "ray_address": None,
-        "max_retries": 3,  # checked by check_settings (tests/test_failures.py)
+        "window_retries": 3,  # checked by run_settings (tests/test_failures.py)
         "window_episodes": None,
         "processes_per_worker": None,
         **given,
@@ -41,8 +41,12 @@ def _placement(**given):
 
 
 def test_cluster_arguments_are_checked_once_with_their_defaults():
-    placement = _placement(workers=3, ray_address="auto")
-    assert (placement.workers, placement.ray_address, placement.max_retries) == (3, "auto", 3)
+    placement = _placement(ray_workers=3, ray_address="auto")
+    assert (placement.ray_workers, placement.ray_address, placement.window_retries) == (
+        3,
+        "auto",
+        3,
+    )
     assert placement.ray_mode == "tasks" and _placement(ray_mode="actors").ray_mode == "actors"
     assert _placement(cluster=None) is None
 
@@ -51,7 +55,7 @@ def test_cluster_arguments_are_checked_once_with_their_defaults():
     ("given", "message"),
     [
         ({"cluster": "spark"}, "cluster must be one of ['ray'] or None, got 'spark'"),
-        ({"workers": 0}, "workers must be a positive integer, got 0"),
+        ({"ray_workers": 0}, "workers must be a positive integer, got 0"),
         ({"ray_address": ""}, "ray_address must be a Ray cluster's address"),
         ({"window_episodes": 0}, "window_episodes must be a positive integer, got 0"),
         ({"processes_per_worker": 0}, "processes_per_worker must be a positive integer"),

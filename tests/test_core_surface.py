@@ -14,6 +14,7 @@ from rlmesh import _pycore
 from rlmesh.core import CORE_NAMES, load_core
 
 STUBS = Path(rlmesh.__file__).with_name("_core.pyi")
+RUST_SOURCES = Path(rlmesh.__file__).parents[2] / "rust" / "src"
 
 
 def public(cls: type) -> set[str]:
@@ -54,6 +55,26 @@ TRANSPORT = {
     "ServerRequests",
     "ServerCall",
 }
+
+
+def modules(root: Path, suffix: str, package_files: tuple[str, ...]) -> set[str]:
+    """The module paths of a core's source tree, ``wire/served`` for ``wire/served.rs``; a
+    package's own file (``lib.rs``, ``mod.rs``, ``__init__.py``) is its folder's path."""
+    found = set()
+    for source in root.rglob(f"*{suffix}"):
+        relative = source.relative_to(root).with_suffix("")
+        if source.name in package_files:
+            relative = relative.parent
+        found.add(relative.as_posix())
+    return found
+
+
+@pytest.mark.skipif(not RUST_SOURCES.is_dir(), reason="the Rust sources are not installed")
+def test_the_python_core_mirrors_the_rust_core_file_for_file():
+    python_core = Path(_pycore.__file__).parent
+    assert modules(python_core, ".py", ("__init__.py",)) == modules(
+        RUST_SOURCES, ".rs", ("lib.rs", "mod.rs")
+    )
 
 
 def test_both_cores_have_the_same_classes_with_the_same_methods():

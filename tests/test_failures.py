@@ -24,7 +24,7 @@ from gymnasium import spaces
 from rlmesh.cli import main
 from rlmesh.errors import EnvError, ModelError, ModelOutputError
 from rlmesh.results import EpisodeResult, ResultsFile, read_columns, read_run
-from rlmesh.settings import check_settings
+from rlmesh.settings import run_settings
 from rlmesh.stats import summarize
 
 CORES = ["rust", "python"]
@@ -342,33 +342,18 @@ def test_lanes_that_cannot_be_rebuilt_are_refused_when_failures_are_isolated(tmp
     ],
 )
 def test_bad_failure_settings_are_refused_saying_what_was_expected(given, message):
-    arguments = {
-        "seeds": None,
-        "episodes": 2,
-        "seed": None,
-        "num_envs": None,
-        "execution_horizon": 1,
-        "max_episode_steps": None,
-        "max_episode_seconds": None,
-        "trial_index_base": 0,
-        "telemetry_window": 1.0,
-        "timeouts": None,
-        "close_env": False,
-    }
     with pytest.raises(ValueError) as refused:
-        check_settings(**arguments, **given)
+        run_settings(episodes=2, **given)
     assert message in str(refused.value)
 
 
 def test_one_max_retries_serves_episodes_and_windows():
-    arguments = dict(
-        seeds=None, episodes=2, seed=None, num_envs=None, execution_horizon=1,
-        max_episode_steps=None, max_episode_seconds=None, trial_index_base=0,
-        telemetry_window=1.0, timeouts=None, close_env=False,
-    )  # fmt: skip
-    assert check_settings(**arguments).max_retries == 3
-    assert check_settings(**arguments, on_error="retry", max_retries=5).max_retries == 5
-    assert check_settings(**arguments, max_retries=0, cluster="ray").max_retries == 0
+    """rlmesh.run's one max_retries is, inside, the episodes' retries and the windows'."""
+    assert run_settings().failures.episode_retries == 3
+    retried = run_settings(on_error="retry", max_retries=5)
+    assert retried.failures.episode_retries == 5 and retried.placement is None
+    clustered = run_settings(max_retries=0, cluster="ray")
+    assert clustered.placement.window_retries == 0 == clustered.failures.episode_retries
 
 
 # ---------------------------------------------------------------------------- results files

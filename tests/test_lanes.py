@@ -1,7 +1,8 @@
 """rlmesh.lanes: every form of ``env=``, every refusal, and both lane implementations.
 
-``LaneVector`` is checked against plain Gymnasium envs driven by hand, ``VectorLanes`` against
-the same ``SyncVectorEnv`` driven by hand, in each autoreset mode.
+``InProcessLanes`` are checked against plain Gymnasium envs driven by hand, ``VectorEnvLanes``
+against the same ``SyncVectorEnv`` driven by hand, in each autoreset mode; then the optional
+members of the protocol, read through their accessors with their defaults.
 """
 
 from __future__ import annotations
@@ -14,7 +15,19 @@ import pytest
 from gymnasium.spaces import Box, Dict, Discrete
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from rlmesh.errors import EnvError, RlmeshError
-from rlmesh.lanes import Lanes, LaneVector, VectorLanes, make_lanes
+from rlmesh.lanes import (
+    InProcessLanes,
+    Lanes,
+    VectorEnvLanes,
+    lanes_accepts_trial_index,
+    lanes_autoreset,
+    lanes_core_calls_step,
+    lanes_pipelined,
+    lanes_render_fps,
+    lanes_rendering,
+    lanes_round_step,
+    make_lanes,
+)
 
 
 class RecordingEnv(gym.Env):
@@ -93,7 +106,7 @@ class FailingEnv(RecordingEnv):
 
 
 def lanes_of(lanes: Lanes) -> list:
-    """The envs behind a LaneVector, to look at what each received."""
+    """The envs behind InProcessLanes, to look at what each received."""
     return lanes._envs  # type: ignore[attr-defined]
 
 
@@ -106,7 +119,7 @@ def all_lanes(lanes: Lanes) -> np.ndarray:
 
 def test_an_id_builds_num_envs_independent_lanes():
     lanes = make_lanes("CartPole-v1", num_envs=3)
-    assert isinstance(lanes, LaneVector)
+    assert isinstance(lanes, InProcessLanes)
     assert isinstance(lanes, Lanes)  # the protocol the driver steps
     assert (lanes.num_lanes, lanes.lockstep, lanes.resets_itself) == (3, False, False)
     assert lanes.name == "CartPole-v1" and len(lanes.env_steps) == 3
@@ -138,7 +151,7 @@ def test_env_kwargs_reach_gymnasium_make():
 def test_an_env_instance_is_one_lane_driven_in_place():
     env = RecordingEnv()
     lanes = make_lanes(env)
-    assert isinstance(lanes, LaneVector) and lanes.num_lanes == 1
+    assert isinstance(lanes, InProcessLanes) and lanes.num_lanes == 1
     assert make_lanes(env, num_envs=1).num_lanes == 1
     lanes.reset(np.array([0]), seeds=[3], trials=[None])
     lanes.step(np.array([0]), np.array([[0.25]], dtype=np.float32))
@@ -161,7 +174,7 @@ def test_a_factory_is_called_once_per_lane():
 def test_a_vector_env_becomes_vector_lanes():
     vector = SyncVectorEnv([RecordingEnv] * 3)
     lanes = make_lanes(vector, num_envs=3)
-    assert isinstance(lanes, VectorLanes)
+    assert isinstance(lanes, VectorEnvLanes)
     assert isinstance(lanes, Lanes)
     assert (lanes.num_lanes, lanes.lockstep, lanes.resets_itself) == (3, True, True)
     assert lanes.autoreset == "next_step" and lanes.env_steps is None
@@ -233,7 +246,7 @@ def test_lanes_with_different_spaces_are_refused():
         make_lanes(lambda: next(envs), num_envs=2)
 
 
-# ---------------------------------------------------------------- LaneVector
+# ---------------------------------------------------------------- InProcessLanes
 
 
 def test_seeds_reach_the_lanes_in_the_order_given():
@@ -362,7 +375,7 @@ def test_close_closes_every_lane_once():
     assert [env.closed for env in lanes_of(lanes)] == [1, 1, 1]
 
 
-# ---------------------------------------------------------------- VectorLanes
+# ---------------------------------------------------------------- VectorEnvLanes
 
 
 def cartpole_vector(mode: AutoresetMode, num_envs: int = 3) -> SyncVectorEnv:
@@ -646,3 +659,75 @@ def test_vector_lanes_close_once():
     lanes.close()
     lanes.close()
     assert [env.closed for env in vector.envs] == [1, 1]
+
+
+# ---------------------------------------------------------------- names and optional members
+
+
+def test_the_former_names_of_the_kinds_stay_importable_from_where_they_were():
+    import rlmesh.lanes
+    import rlmesh.lanes.local
+    import rlmesh.lanes.vector
+
+    assert rlmesh.lanes.LaneVector is rlmesh.lanes.local.LaneVector is InProcessLanes
+    assert rlmesh.lanes.VectorLanes is rlmesh.lanes.vector.VectorLanes is VectorEnvLanes
+    assert rlmesh.lanes.local.checked_reset([1, 0], [None, None], [None, None], 2) == [1, 0]
+
+
+class BareLanes:
+    """Lanes with only the required members of the protocol."""
+
+    num_lanes = 1
+    name = "bare"
+    single_observation_space = Box(-1.0, 1.0, (1,), np.float32)
+    single_action_space = Discrete(2)
+    lockstep = False
+    resets_itself = False
+    env_steps = None
+    spec = None
+    metadata: dict = {}  # noqa: RUF012
+    rebuild = None
+
+    def reset(self, lanes, seeds, trials):
+        return [], []
+
+    def step(self, lanes, actions):
+        raise NotImplementedError
+
+    def env_episode_ids(self):
+        return None
+
+    def close(self):
+        pass
+
+
+def test_optional_members_left_out_read_as_their_defaults():
+    lanes = BareLanes()
+    assert isinstance(lanes, Lanes) and make_lanes(lanes) is lanes
+    assert lanes_core_calls_step(lanes) is False
+    assert lanes_round_step(lanes) == lanes.step
+    assert lanes_accepts_trial_index(lanes) is False
+    assert lanes_autoreset(lanes) == "driver"
+    assert lanes_rendering(lanes) is None and lanes_render_fps(lanes) is None
+    assert lanes_pipelined(lanes) is None
+    lanes.resets_itself = True  # an env that restarts lanes itself, saying no more: Gymnasium's
+    assert lanes_autoreset(lanes) == "next_step"
+
+
+def test_optional_members_declared_are_read_as_declared():
+    lanes = make_lanes(RecordingEnv, num_envs=2)
+    assert lanes_accepts_trial_index(lanes) is True
+    assert lanes_rendering(lanes) is lanes and lanes_autoreset(lanes) == "driver"
+    vector = SyncVectorEnv([RecordingEnv] * 2, autoreset_mode=AutoresetMode.SAME_STEP)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        vector_lanes = make_lanes(vector)
+    assert lanes_autoreset(vector_lanes) == "same_step"
+    bare = BareLanes()
+    bare.core_calls_step = True
+    bare.render_fps = 30
+    bare.round_step = bare.step
+    assert lanes_core_calls_step(bare) is True and lanes_render_fps(bare) == 30
+    assert lanes_round_step(bare) is bare.round_step
+    lanes.close()
+    vector_lanes.close()

@@ -7,6 +7,7 @@ a module-level factory in ``envs_for_workers``; runs are a few short episodes ea
 from __future__ import annotations
 
 import functools
+import gc
 import json
 import os
 import subprocess
@@ -30,7 +31,7 @@ from envs_for_workers import (
 from helpers import CORES, AwaitEveryStep, cartpole_policy, comparable
 from rlmesh import ModelSpec, State
 from rlmesh.cli import main
-from rlmesh.lanes import LaneVector, ProcessLanes, core_steps, make_lanes
+from rlmesh.lanes import InProcessLanes, ProcessLanes, core_steps, make_lanes
 from rlmesh.lanes.process import CPUS, SHARED_MEMORY_PREFIX
 from rlmesh.lanes.process.worker import POLL_S
 
@@ -65,6 +66,27 @@ def alive(pid):
 
 def recorded_pids(pid_dir):
     return [int(name) for name in os.listdir(pid_dir)]
+
+
+def own_semaphores():
+    """The POSIX semaphores of ``multiprocessing`` (``/dev/shm/sem.mp-*``) that this process
+    holds: those whose file it has mapped (matched by inode, since the map names the file
+    the semaphore was created under), so other processes' runs do not count."""
+    mapped = set()
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            if len(fields) >= 6 and fields[5].startswith("/dev/shm/"):
+                mapped.add(int(fields[4]))
+    held = set()
+    for name in os.listdir("/dev/shm"):
+        if name.startswith("sem.mp-"):
+            try:
+                if os.stat(f"/dev/shm/{name}").st_ino in mapped:
+                    held.add(name)
+            except FileNotFoundError:  # another process's, gone since the listing
+                pass
+    return held
 
 
 @pytest.mark.parametrize("core", CORES)
@@ -160,7 +182,7 @@ def _same_value(a, b):
 def test_lanes_return_what_in_process_lanes_return_type_for_type(factory, actions):
     """Observations (a Discrete leaf as the env's int, float32 and float64 Boxes, uint8
     frames), rewards, flags and infos: the same values of the same types."""
-    local = LaneVector([factory() for _ in range(3)])
+    local = InProcessLanes([factory() for _ in range(3)])
     process = ProcessLanes(factory, num_envs=3, workers=2)
     try:
         lanes = np.arange(3)
@@ -191,7 +213,7 @@ def test_lanes_return_what_in_process_lanes_return_type_for_type(factory, action
 def test_workers_that_stopped_polling_sleep_and_still_wake_for_the_next_step():
     """A worker polls its bell only for ``POLL_S`` after answering; past that it sleeps (it
     costs no CPU while a slow model thinks) and the next ring wakes it."""
-    local = LaneVector([gym.make("CartPole-v1") for _ in range(2)])
+    local = InProcessLanes([gym.make("CartPole-v1") for _ in range(2)])
     process = ProcessLanes("CartPole-v1", num_envs=2, workers=2)
     try:
         lanes = np.arange(2)
@@ -256,7 +278,7 @@ def _same_step_but_infos(a, b, every_info):
 def test_round_steps_carry_only_final_infos_and_are_what_the_core_steps():
     """``round_step`` returns what ``step`` does, but a lane whose episode goes on has an
     empty info: the core's rounds read only final infos, so only those cross the pipes."""
-    local = LaneVector([make_dict_env() for _ in range(3)])
+    local = InProcessLanes([make_dict_env() for _ in range(3)])
     process = ProcessLanes(make_dict_env, num_envs=3, workers=2)
     try:
         assert core_steps(process) == process.round_step
@@ -281,7 +303,7 @@ def test_pipelined_steps_without_every_info_carry_only_final_infos():
     """``send_step(..., every_info=False)``, as the driver's pipelined rounds send it when
     they read only final infos: what ``step`` returns, but a lane whose episode goes on has an
     empty info; with ``every_info`` (the default) every info comes back."""
-    local = LaneVector([make_dict_env() for _ in range(4)])
+    local = InProcessLanes([make_dict_env() for _ in range(4)])
     process = ProcessLanes(make_dict_env, num_envs=4, workers=2)
     try:
         lanes = np.arange(4)
@@ -320,7 +342,7 @@ def test_the_driver_polls_for_a_slow_worker_only_briefly_and_still_gets_its_answ
     on the round), and its answer is what in-process lanes give."""
     delay_s = 10 * POLL_S
     factory = functools.partial(make_slow_on_odd_seeds, delay_s)
-    local = LaneVector([factory() for _ in range(2)])
+    local = InProcessLanes([factory() for _ in range(2)])
     process = ProcessLanes(factory, num_envs=2, workers=2)
     try:
         lanes = np.arange(2)
@@ -405,6 +427,29 @@ def test_a_results_file_resumed_with_workers_equals_one_clean_run(core, tmp_path
     assert comparable(resumed) == comparable(clean)
     _, on_file = rlmesh.read_results(path)
     assert sorted(episode.index for episode in on_file) == list(range(6))
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_a_run_with_workers_releases_its_semaphores_when_it_closes(core):
+    """Each worker's bell is a named semaphore in /dev/shm: a run leaves none behind, even
+    while the garbage collector does not run (the lanes were once freed only by it)."""
+    gc.disable()
+    try:
+        before = own_semaphores()
+        for _ in range(3):
+            rlmesh.run(
+                cartpole_policy,
+                "CartPole-v1",
+                episodes=2,
+                num_envs=2,
+                workers=2,
+                max_episode_steps=10,
+                core=core,
+            )
+        left = own_semaphores() - before
+    finally:
+        gc.enable()
+    assert not left, f"{len(left)} semaphores left in /dev/shm by 3 runs with workers=2"
 
 
 def test_a_lambda_policy_needs_no_pickling_the_model_stays_in_the_driver():

@@ -25,7 +25,7 @@ import pytest
 import rlmesh
 from envs_for_workers import make_faulty, make_recorded_cartpole
 from helpers import CORES, cartpole_policy, comparable
-from rlmesh.lanes import LaneVector, ProcessLanes
+from rlmesh.lanes import InProcessLanes, ProcessLanes
 from rlmesh.lanes.process import SHARED_MEMORY_PREFIX
 from servers import read_line
 
@@ -249,7 +249,7 @@ def test_ctrl_c_leaves_no_worker_and_no_shared_memory(tmp_path):
 def test_a_worker_killed_between_steps_is_seen_at_the_next_one(restarts):
     """Killed from outside while idle: the next step finds its pipe closed, and restarts it
     (its episodes replayed, so the lanes go on as in-process ones) or names it."""
-    local = LaneVector([gym.make("CartPole-v1") for _ in range(4)])
+    local = InProcessLanes([gym.make("CartPole-v1") for _ in range(4)])
     lanes = ProcessLanes("CartPole-v1", num_envs=4, workers=2, restart_workers=restarts)
     try:
         every = np.arange(4)

@@ -5,6 +5,7 @@ that dies, a resumed run against a restarted one, a hung server, closing)."""
 from __future__ import annotations
 
 import functools
+import json
 import os
 import signal
 import subprocess
@@ -17,6 +18,9 @@ import pytest
 import rlmesh
 from envs_for_workers import make_recorded_cartpole
 from helpers import CORES, cartpole_policy
+from rlmesh.errors import ResultsFileError
+from rlmesh.remote.address import parse_address
+from rlmesh.utils import env_label
 from servers import read_address, read_line, rlmesh_cli, served, stop
 from test_process_lanes_faults import leftovers, recorded_pids, session_processes, still_alive
 from test_remote_env_cases import (
@@ -226,6 +230,60 @@ def test_a_server_that_dies_mid_run_raises_naming_it_and_resume_finishes_the_run
         stop(process)
     uninterrupted = rlmesh.run(cartpole_policy, "CartPole-v1", num_envs=2, **options)
     assert comparable_fields(resumed) == comparable_fields(uninterrupted)
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_a_run_resumes_on_the_same_server_however_its_address_is_spelled(core, tmp_path):
+    results = tmp_path / "results.jsonl"
+    options = {"episodes": 6, "seed": 4, "max_episode_steps": 60, "core": core}
+    with served(rlmesh_cli("serve", "env", "CartPole-v1", "--num-envs", "2")) as address:
+        assert address.startswith("tcp://")
+        bare = address.removeprefix("tcp://")
+        rlmesh.run(cartpole_policy, bare, results_path=results, indices=[0, 1, 2], **options)
+        resumed = rlmesh.run(cartpole_policy, address, results_path=results, resume=True, **options)
+    header = json.loads(results.read_text().splitlines()[0])
+    assert header["env"] == address  # the canonical spelling, whichever was passed
+    uninterrupted = rlmesh.run(cartpole_policy, "CartPole-v1", num_envs=2, **options)
+    assert comparable_fields(resumed) == comparable_fields(uninterrupted)
+
+
+def test_a_file_whose_header_spells_the_address_otherwise_resumes(tmp_path):
+    """A file whose header holds another spelling of the address (as files written before the
+    canonical spelling do) resumes on the same server; another server is still refused."""
+    results = tmp_path / "results.jsonl"
+    options = {"episodes": 4, "seed": 2, "max_episode_steps": 40}
+    with served(rlmesh_cli("serve", "env", "CartPole-v1", "--num-envs", "2")) as address:
+        rlmesh.run(cartpole_policy, address, results_path=results, indices=[0, 1], **options)
+        lines = results.read_text().splitlines(keepends=True)
+        header = json.loads(lines[0])
+        header["env"] = address.removeprefix("tcp://")
+        results.write_text(json.dumps(header) + "\n" + "".join(lines[1:]))
+        other = address.rsplit(":", 1)[0] + ":1"
+        with pytest.raises(ResultsFileError, match="holds another run than this one: env"):
+            rlmesh.run(cartpole_policy, other, results_path=results, resume=True, **options)
+        resumed = rlmesh.run(cartpole_policy, address, results_path=results, resume=True, **options)
+    assert [episode.index for episode in resumed.episodes] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    ("spellings", "label"),
+    [
+        (["127.0.0.1:7000", "tcp://127.0.0.1:7000"], "tcp://127.0.0.1:7000"),
+        (["localhost:0", "tcp://localhost:0"], "tcp://localhost:0"),
+        (["[::1]:7000", "tcp://[::1]:7000"], "tcp://[::1]:7000"),
+        (["unix:///tmp/env.sock", "unix:/tmp/env.sock"], "unix:///tmp/env.sock"),
+        (["unix:env.sock"], "unix:env.sock"),
+    ],
+)
+def test_an_address_has_one_label_however_it_is_spelled(spellings, label):
+    for spelling in spellings:
+        assert env_label(spelling) == label == str(parse_address(spelling))
+
+
+def test_a_gymnasium_id_or_an_address_that_does_not_parse_is_labelled_as_given():
+    assert env_label("CartPole-v1") == "CartPole-v1"
+    assert env_label("ale_py:Pong-v5") == "ale_py:Pong-v5"
+    assert env_label("tcp://no-port") == "tcp://no-port"
 
 
 @pytest.fixture

@@ -284,14 +284,36 @@ def test_a_real_suites_report_gives_its_overall_row_as_rlmesh_report_does(tmp_pa
     rlmesh.run_suite(cartpole_policy, tasks, results_path=path, success=30)
     text = write_html(path, tmp_path / "report.html").read_text(encoding="utf-8")
     overall = summarize_suite(read_suite_columns(path)[1])["overall"]
-    low, high = overall["mean_reward_ci95"]
+    # The mean of the tasks' success rates; the returns of different tasks are not pooled.
     row = (
-        "<tr><td>overall (mean of the tasks; stratified bootstrap CIs)</td><td>10</td><td>0</td>"
+        "<tr><td>overall (mean of the tasks; stratified bootstrap CI)</td><td>10</td><td>0</td>"
         f"<td>{overall['success_rate']:.1%} [{overall['success_ci95'][0]:.1%}, "
-        f"{overall['success_ci95'][1]:.1%}]</td>"
-        f"<td>{overall['mean_reward']:.3f} [{low:.3f}, {high:.3f}]</td><td></td></tr>"
+        f"{overall['success_ci95'][1]:.1%}]</td><td>-</td><td></td><td></td></tr>"
     )
     assert row in text
+
+
+def test_a_suite_s_summary_names_each_task_s_rule_and_pools_no_returns(tmp_path):
+    """CartPole and Acrobot, each judged by its env spec's reward_threshold: the top summary
+    says neither "not available" beside a success rate nor a mean of both tasks' returns;
+    the per-task table names each task's rule."""
+    tasks = [
+        rlmesh.Task("cartpole", "CartPole-v1", episodes=4, seed=1, max_episode_steps=30),
+        rlmesh.Task("acrobot", "Acrobot-v1", episodes=3, seed=2, max_episode_steps=30),
+    ]
+    path = tmp_path / "suite.jsonl"
+    rlmesh.run_suite(lambda obs: 0, tasks, results_path=path)
+    text = write_html(path, tmp_path / "report.html").read_text(encoding="utf-8")
+    labels = [row[0] for row in table_rows(text, "summary")]
+    assert labels[:2] == ["episodes", "total steps"]
+    for pooled in ("mean reward", "IQM reward", "success rate", "success rule"):
+        assert pooled not in labels
+    assert "the returns of different tasks are not pooled" in text
+    rows = {row[0]: row for row in table_rows(text, "tasks")}
+    assert rows["cartpole"][-1] == "reward &gt;= 475.0 (env spec reward_threshold)"
+    assert rows["acrobot"][3].startswith("100.0%")
+    assert rows["acrobot"][-1] == "reward &gt;= -100.0 (env spec reward_threshold)"
+    assert "not available" not in text
 
 
 def table_rows(text: str, css: str) -> list[list[str]]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import doctest
+import importlib
 import math
 import pickle
 
@@ -170,3 +172,48 @@ def test_the_result_types_are_exported():
     assert rlmesh.EpisodeResult is EpisodeResult
     assert rlmesh.TelemetryRow is TelemetryRow
     assert rlmesh.__all__ == sorted(rlmesh.__all__)
+
+
+RESULTS_AND_STATS_MODULES = (
+    "rlmesh.results",
+    "rlmesh.results.records",
+    "rlmesh.results.strict",
+    "rlmesh.results.lines",
+    "rlmesh.results.reader",
+    "rlmesh.results.scan",
+    "rlmesh.results.file",
+    "rlmesh.results.lock",
+    "rlmesh.results.success",
+    "rlmesh.results.provenance",
+    "rlmesh.stats",
+    "rlmesh.stats.intervals",
+    "rlmesh.stats.summaries",
+    "rlmesh.success",
+    "rlmesh.provenance",
+)
+
+
+@pytest.mark.parametrize("module_name", RESULTS_AND_STATS_MODULES)
+def test_the_results_and_stats_modules_examples_hold(module_name):
+    """Every module of the two packages (and the old modules' aliases) has examples, run."""
+    module = importlib.import_module(module_name)
+    outcome = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert outcome.attempted > 0, f"{module_name} has no docstring example"
+    assert outcome.failed == 0
+
+
+def test_the_old_module_names_still_import_every_name():
+    """``rlmesh.success`` and ``rlmesh.provenance`` are aliases of the moved modules."""
+    import rlmesh.provenance
+    import rlmesh.success
+    from rlmesh.results import provenance, success
+
+    for alias, home in ((rlmesh.success, success), (rlmesh.provenance, provenance)):
+        for name in alias.__all__:
+            assert getattr(alias, name) is getattr(home, name)
+        defined = {
+            name
+            for name, value in vars(home).items()
+            if not name.startswith("_") and getattr(value, "__module__", None) == home.__name__
+        }
+        assert defined <= set(alias.__all__), defined - set(alias.__all__)

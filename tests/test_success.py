@@ -14,7 +14,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import rlmesh
-import rlmesh.success
+import rlmesh.results.success
 from gymnasium import spaces
 from helpers import CORES
 from rlmesh.cli import CartPoleHeuristic, RandomPolicy, _Progress, main
@@ -284,5 +284,5 @@ def test_a_rule_survives_the_header_round_trip():
 
 
 def test_the_success_module_examples_hold():
-    outcome = doctest.testmod(rlmesh.success, optionflags=doctest.ELLIPSIS)
+    outcome = doctest.testmod(rlmesh.results.success, optionflags=doctest.ELLIPSIS)
     assert outcome.attempted > 0 and outcome.failed == 0

@@ -8,6 +8,7 @@ import doctest
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from helpers import CORES, cartpole_policy, comparable
 from rlmesh import results, stats, suites
 from rlmesh.cli import main
 from rlmesh.errors import ResultsFileError
-from rlmesh.results import read_columns, read_run, read_suite, read_suite_columns
+from rlmesh.results import read_columns, read_run, read_suite, read_suite_columns, scan
 
 EPISODES = 5
 
@@ -129,7 +130,7 @@ def test_the_file_records_the_suite_and_reads_alike_in_columns(tmp_path, monkeyp
     _, whole, _ = read_run(path)
     np.testing.assert_array_equal(columns.task, whole.columns().task)
     np.testing.assert_array_equal(columns.index, whole.columns().index)
-    monkeypatch.setattr(results, "READ_BLOCK_BYTES", 101)  # lines split across many blocks
+    monkeypatch.setattr(scan, "READ_BLOCK_BYTES", 101)  # lines split across many blocks
     _, small_blocks = read_columns(path)
     np.testing.assert_array_equal(small_blocks.task, columns.task)
     np.testing.assert_array_equal(small_blocks.reward, columns.reward)
@@ -147,7 +148,7 @@ def test_suite_lines_are_parsed_by_the_fast_path(tmp_path):
         data = np.frombuffer(text, dtype=np.uint8)
         ends = np.flatnonzero(data == ord("\n"))
         starts = np.concatenate([[0], ends[:-1] + 1])
-        rows, columns = results._fast_episodes(data, starts, ends, np.flatnonzero(data == ord(",")))
+        rows, columns = scan._fast_episodes(data, starts, ends, np.flatnonzero(data == ord(",")))
         lines = text.splitlines()
         episode_rows = [k for k, line in enumerate(lines) if not line.startswith(b'{"rlmesh_')]
         assert rows.tolist() == episode_rows
@@ -462,9 +463,50 @@ def test_the_suite_summary_rows_and_overall(tmp_path):
     assert "stratified bootstrap" in overall["method"]
     table = suite.format_summary()
     assert table.splitlines()[0].split()[:4] == ["task", "episodes", "errors", "success"]
-    assert "overall: the unweighted mean of the per-task figures" in table
+    # The table's overall row is the mean of the success rates only (its returns are per task).
+    assert "overall: success is the unweighted mean of the per-task success rates" in table
     assert "stratified bootstrap, each task's episodes resampled within the task" in table
     json.loads(results.dumps(summary), parse_constant=None)  # strict JSON
+
+
+def _table_rows(table: str) -> dict[str, list[str]]:
+    """The printed suite table's rows by their first cell, cells split at 2+ spaces."""
+    rows = {}
+    for line in table.splitlines():
+        cells = re.split(r"\s{2,}", line.strip())
+        rows.setdefault(cells[0], cells)
+    return rows
+
+
+def test_the_top_table_says_each_task_s_success_rule_and_pools_no_returns(tmp_path, capsys):
+    """CartPole and Acrobot each judged by their own env spec's reward_threshold: the table
+    names that rule per task (not "not available" beside a success rate), and its overall
+    row gives the mean of the success rates but no mean reward of the two tasks' returns."""
+    tasks = [
+        rlmesh.Task("cartpole", "CartPole-v1", episodes=4, seed=1, max_episode_steps=30),
+        rlmesh.Task("acrobot", "Acrobot-v1", episodes=3, seed=2, max_episode_steps=30),
+    ]
+    path = tmp_path / "suite.jsonl"
+    suite = rlmesh.run_suite(policy, tasks, results_path=path)
+    assert main(["report", str(path)]) == 0
+    reported = capsys.readouterr().out.split("\n\n")[0]
+    assert reported == suite.format_summary()
+    rules = {"cartpole": "reward >= 475.0", "acrobot": "reward >= -100.0"}
+    rows = _table_rows(reported)
+    assert rows["task"][-1] == "success rule"
+    for name, threshold in rules.items():
+        assert rows[name][3] == ("0.0%" if name == "cartpole" else "100.0%")
+        assert rows[name][-1] == f"{threshold} (env spec reward_threshold)", rows[name]
+    assert "not available" not in reported
+    # Overall: the two success rates' mean; no reward figure across the two tasks.
+    assert rows["overall"][:5] == ["overall", "7", "0", "50.0%", rows["overall"][4]]
+    assert rows["overall"][5:] == ["-", "-"], rows["overall"]
+    assert "returns are not pooled across tasks" in reported
+    # The JSON keeps every task's rule by name.
+    printed = suite.summary()
+    assert [row["success_rule"] for row in printed["tasks"]] == [
+        f"{threshold} (env spec reward_threshold)" for threshold in rules.values()
+    ]
 
 
 # ---------------------------------------------------------------------------- the command

@@ -5,10 +5,10 @@ exactly the episodes asked for, whatever the number of parallel environments.
 """
 
 from .adapters import Action, Concat, Custom, Image, ModelSpec, Plan, State, Text, compile_spec
+from .api import arun, run
 from .contexts import PredictContext
 from .core import active as _active_core
 from .core import core_name
-from .driver import arun, run
 from .errors import (
     EnvError,
     HookError,
@@ -93,7 +93,7 @@ __all__ = [
 # Served envs and models need the `remote` extra (grpcio); `import rlmesh` stays light and
 # imports them on first use.
 _REMOTE = {
-    "RemoteEnv": "rlmesh.remote.env_client",
+    "RemoteEnv": "rlmesh.lanes.remote",
     "RemoteModel": "rlmesh.remote.model_client",
     "serve_env": "rlmesh.remote.env_server",
     "serve_model": "rlmesh.remote.model_server",

@@ -252,11 +252,11 @@ class RoundRunner:
         a ``ValueError``."""
 
 # ------------------------------------------------------------------ a served env's steps
-# (``rust/src/served.rs``; ``rlmesh/_pycore/served.py``)
+# (``rust/src/wire/served.rs``; ``rlmesh/_pycore/wire/served.py``)
 
 class ServedSteps:
     """A served env's steps over lanes whose envs' ``step`` the server holds; see
-    ``rlmesh/_pycore/served.py``."""
+    ``rlmesh/_pycore/wire/served.py``."""
 
     def __init__(
         self,
@@ -284,7 +284,8 @@ class ServedEpisodes:
     def stop(self) -> None: ...
 
 # ------------------------------------------------------------------ the raw-bytes gRPC transport
-# (``rust/src/transport.rs`` on tonic; mirrored over grpcio by ``rlmesh/_pycore/transport.py``)
+# (``rust/src/wire/transport.rs`` on tonic; mirrored over grpcio by
+# ``rlmesh/_pycore/wire/transport.py``)
 
 class WireStatusError(Exception):
     """A channel or stream call that ended with a gRPC status other than OK;

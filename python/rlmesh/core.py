@@ -1,4 +1,5 @@
-"""Picks the core that does the per-lane bookkeeping: Rust (``rlmesh._core``) or pure Python.
+"""Picks the core that does the per-lane bookkeeping: Rust (``rlmesh._core``) or pure Python,
+and states what the core calls of the Python side (``RoundModel``).
 
 ``RLMESH_CORE=rust`` demands the Rust core and fails at import if it is missing;
 ``RLMESH_CORE=python`` selects the pure-Python core (``rlmesh._pycore``); unset means the Rust
@@ -16,7 +17,9 @@ from __future__ import annotations
 import importlib
 import os
 import warnings
+from collections.abc import Callable, Sequence
 from types import ModuleType
+from typing import Any, Protocol, runtime_checkable
 
 CORE_NAMES = ("rust", "python")
 _MODULES = {"rust": "rlmesh._core", "python": "rlmesh._pycore"}
@@ -72,3 +75,39 @@ def core_name() -> str:
         True
     """
     return _ACTIVE_NAME
+
+
+@runtime_checkable
+class RoundModel(Protocol):
+    """The model as the core's ``RoundRunner.run_rounds`` calls it (``ModelHandler`` is one).
+
+    Attributes:
+        lane_corner: a per-lane function ``predict(lane_input) -> action`` the core may call on
+            each lane's input itself (a row of an array payload, or an array of the lane's
+            own; then ``combine`` stacks the outputs); None when the model must be called
+            through ``predict_now``.
+        wants_episode_ids: when true, ``predict_now`` takes the predict lanes' episode ids
+            (``[P]``), and ``lane_corner`` is not used.
+        calls_per_lane: a prediction for ``P`` lanes is ``P`` calls of a per-lane corner (for
+            the telemetry's count of model calls).
+    """
+
+    lane_corner: Callable[[Any], Any] | None
+    wants_episode_ids: bool
+    calls_per_lane: bool
+
+    def predict_now(
+        self, payload: Any, num_lanes: int, episode_ids: Sequence[int] | None = None
+    ) -> Any:
+        """The model's output for the ``P = num_lanes`` lanes of ``payload`` (``[P, ...]``, or
+        chunks ``[P, H, ...]``), without an event loop."""
+        ...
+
+    def combine(self, outputs: list[Any], num_lanes: int) -> Any:
+        """``P`` per-lane outputs of ``lane_corner``, in lane order, as one batch."""
+        ...
+
+    def failure(self, error: Exception, rounds: int) -> Exception:
+        """What the run raises (``from error``) when calling the model raised ``error`` after
+        ``rounds`` rounds."""
+        ...

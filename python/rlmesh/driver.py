@@ -1,10 +1,11 @@
 """The async driver: reset -> predict -> step over the lanes until exactly M episodes are scored.
 
-A run is three objects and the hooks (ARCHITECTURE.md): the ``Lanes`` that hold the envs
-(``rlmesh.lanes``), the ``ModelHandler`` that answers predicts (``rlmesh.model``), and the
-core's ``RoundRunner``, the one owner of every lane's episode (``rlmesh.core``). This file
-moves arrays between them and calls the hooks; it never asks what kind of lanes or model it
-has. One round (DESIGN.md, "The loop"):
+``rlmesh.api`` checks a run's arguments into ``RunSettings`` and hands them to an
+``EvaluationRun``. A run is three objects and the hooks (ARCHITECTURE.md): the ``Lanes``
+that hold the envs (``rlmesh.lanes``), the ``ModelHandler`` that answers predicts
+(``rlmesh.model``), and the core's ``RoundRunner``, the one owner of every lane's episode
+(``rlmesh.core``). This file moves arrays between them and calls the hooks; it never asks what
+kind of lanes or model it has. One round (docs/semantics.md, "The loop"):
 
 1. the runner assembles the running lanes' model input (frame stacks keyed by episode);
 2. the model is called once for the lanes whose replay queue is empty;
@@ -27,9 +28,8 @@ Example:
 from __future__ import annotations
 
 import asyncio
-import os
 import time
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -37,338 +37,22 @@ import gymnasium as gym
 import numpy as np
 
 from .adapters import compile_spec, env_tags_of
-from .core import active, core_name, load_core
+from .core import active, load_core
 from .deadlines import DeadlineCaller, DeadlinePassed
 from .errors import LaneFailures, OperationTimeout, RlmeshError, call_failure
-from .hooks import HookDispatcher, StepEvent
-from .lanes import Lanes, PipelinedLanes, StepBatch, core_steps, make_lanes
+from .hooks import HookDispatcher
+from .lanes import Lanes, StepBatch, core_steps, lanes_pipelined, make_lanes
 from .model import ModelHandler
-from .provenance import PROVENANCE_KEY, check_provenance, collect_provenance
 from .results import EpisodeResult, ResultsFile, RunResult
-from .settings import RunSettings, check_cluster_settings, check_settings, check_video_settings
+from .settings import RunSettings
 from .success import SuccessRule, rule_for
 from .telemetry import Telemetry
-from .utils import env_label, map_leaves, shares
-from .version import __version__
+from .utils import env_label, map_leaves
 from .video import NoVideos, VideoRecorder
 
 YIELD_EVERY_NS = 50_000_000
 # The ops whose latencies the core's run_rounds records, in the order it takes their stats.
 ROUND_OPS = ("model.predict", "env.step", "driver.round")
-
-
-def run(model: Any, env: Any, **kwargs: Any) -> RunResult:
-    """Evaluate ``model`` on ``env`` and return exactly the episodes asked for.
-
-    Takes the arguments of ``arun``. Inside a running event loop, ``await arun(...)`` instead.
-    """
-    return run_to_end("run", lambda: arun(model, env, **kwargs))
-
-
-def run_to_end(name: str, start: Callable[[], Awaitable[Any]]) -> Any:
-    """What the coroutine ``start()`` returns, run on a new event loop: the blocking form of
-    ``rlmesh.a<name>``; a RuntimeError inside a running event loop (await it there)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        pass
-    else:
-        raise RuntimeError(
-            f"rlmesh.{name}() was called inside a running event loop; use `await "
-            f"rlmesh.a{name}(...)` there"
-        )
-    returned: list[Any] = []
-
-    async def evaluate() -> None:
-        returned.append(await start())
-
-    # The result is handed out of the task rather than returned by it: closing asyncio.run's
-    # runner can format its task's repr, result included, which for a long run means a repr
-    # of every episode.
-    asyncio.run(evaluate())
-    return returned[0]
-
-
-def _local_workers(workers: int | None, cluster: str | None, per_worker: int | None) -> Any:
-    """The process lanes of this process's run: ``workers`` (None: 1), or with a cluster,
-    whose ``workers`` counts Ray workers, each worker's ``processes_per_worker``."""
-    local = per_worker if cluster is not None else workers
-    return 1 if local is None else local
-
-
-async def arun(
-    model: Any,
-    env: Any,
-    *,
-    seeds: Sequence[int] | None = None,
-    episodes: int | None = None,
-    seed: int | None = None,
-    num_envs: int | None = None,
-    execution_horizon: int = 1,
-    max_episode_steps: int | None = None,
-    max_episode_seconds: float | None = None,
-    hooks: Any = None,
-    trial_index_base: int = 0,
-    telemetry_window: float = 1.0,
-    timeouts: dict[str, float] | None = None,
-    close_env: bool = False,
-    core: str | None = None,
-    indices: Sequence[int] | None = None,
-    results_path: str | os.PathLike[str] | None = None,
-    resume: bool = False,
-    run_info: dict[str, Any] | None = None,
-    allow_changed_policy: bool = False,
-    success: Any = None,
-    workers: int | None = None,
-    restart_workers: int = 0,
-    pipeline: bool = False,
-    cluster: str | None = None,
-    ray_address: str | None = None,
-    max_retries: int | None = None,
-    window_episodes: int | None = None,
-    processes_per_worker: int | None = None,
-    ray_mode: str | None = None,
-    env_tags: Any = None,
-    provenance: dict[str, Any] | None = None,
-    record_video: int = 0,
-    video_dir: str | os.PathLike[str] | None = None,
-    video_key: str | None = None,
-    video_prefix: str | None = None,
-    on_error: str = "raise",
-) -> RunResult:
-    """Evaluate ``model`` on ``env``: the coroutine behind ``rlmesh.run``.
-
-    Args:
-        model: a ``rlmesh.Model`` (corners ``predict``, ``predict_batch``, ``predict_chunk``,
-            ``predict_chunk_batch``), a ``Model(callable)``, or a bare callable (a ``predict``).
-        env: a Gymnasium id, a ``gymnasium.Env`` (one lane), a zero-argument factory of envs,
-            a ``gymnasium.vector.VectorEnv`` (its lanes, in lockstep), or ``rlmesh.lanes.Lanes``
-            of any kind.
-        seeds: slot k resets with ``seeds[k]``; ``episodes`` defaults to ``len(seeds)``.
-        episodes: how many episodes to score, M (default: ``len(seeds)``, else 1). The
-            ``rlmesh eval`` command defaults to 100 instead: from the shell a run is an
-            evaluation, while from Python one episode is the smallest run, and an evaluation
-            says how many it wants.
-        seed: the base seed (default 0): slot k without a listed seed resets with
-            ``episode_seed(seed, trial_index_base + k)``.
-        num_envs: lanes to build from an id or a factory (default 1).
-        execution_horizon: actions replayed per chunk (needs a chunk corner).
-        max_episode_steps, max_episode_seconds: truncate an episode at this many steps or
-            seconds of wall clock.
-        hooks: ``RunHooks``, ``RuntimeHooks`` or a list of them.
-        trial_index_base: the global index of slot 0 (a shard of a larger evaluation).
-        telemetry_window: seconds between telemetry snapshots.
-        timeouts: per-operation limits in seconds: ``{"reset": .., "step": .., "predict": ..}``.
-            An operation past its limit raises ``OperationTimeout`` at the limit; the call is
-            abandoned on its thread (an env stuck in C code keeps that thread until it
-            returns or the process exits).
-        close_env: also close an env instance or vector the caller passed in (rlmesh always
-            closes the envs it made).
-        core: ``"rust"`` or ``"python"``; default the active core (``RLMESH_CORE``).
-        indices: run only these episode indices (strictly increasing, in ``0..M-1``), with the
-            seeds and trials they have in the full run: a shard, or the rest of a run.
-        results_path: write a JSONL results file: a header line with the run's configuration
-            (and ``run_info``), then one line per episode as it completes, flushed.
-        resume: with ``results_path``, continue that file: its header must match this run;
-            the episodes it holds are skipped, the missing ones run and are appended.
-        run_info: extra header fields (e.g. the policy's name), checked on resume too.
-        allow_changed_policy: on resume, accept a ``run_info["policy_sha256"]`` other than
-            the file's (with a warning; the new one is recorded) instead of refusing it.
-        success: how an episode whose env's final info reports no ``is_success`` /
-            ``success`` is judged (``rlmesh.success``): a callable ``fn(EpisodeResult) ->
-            bool``, or a number R (success iff the episode's reward >= R). Default: reward
-            >= the env spec's ``reward_threshold``, else success is not available (None).
-            Recorded in the results file header, checked on resume.
-        workers: run the lanes in this many worker processes (``rlmesh.lanes.ProcessLanes``;
-            ``env`` an id or a picklable factory). The default (None, 1) keeps them in this
-            process. Results are the same for any number of workers. With ``cluster="ray"``
-            it counts Ray workers instead (see below).
-        restart_workers: with ``workers > 1``, restart a worker that dies up to this many
-            times, replaying its episodes in flight, so the results equal an uninterrupted
-            run; 0 (default): a dead worker raises ``EnvError``.
-        pipeline: with ``workers > 1``, overlap the model with the envs (group pipelining):
-            each worker's lanes are a group whose round goes on as soon as that worker has
-            stepped, so the model predicts for one group while the other workers step. The
-            results are those of plain rounds for a model whose per-lane output depends only
-            on that lane's input (the determinism contract); a batched model sees one group
-            at a time. Which lane plays which episode then depends on timing (the episodes
-            and their results do not). It pays when the model is slow beside the envs.
-        cluster: ``"ray"`` runs the episodes across a Ray cluster (``rlmesh.cluster``, the
-            ``ray`` extra): windows of episode indices, each run by this driver on a worker,
-            merged by index, equal to this run on one process. ``model`` may then also be a
-            ``"path/to/file.py:Name"`` or ``"package.module:Name"`` the workers load, and
-            ``env`` must be a Gymnasium id or a picklable factory.
-        workers (with ``cluster="ray"``): the Ray workers, windows run at once, each a task
-            of one CPU (default: one per CPU of the cluster).
-        ray_address: the Ray cluster to join (``"auto"``, ``"host:6379"``, ``"ray://..."``);
-            None starts a local Ray instance with this machine's CPUs, or uses the one this
-            process already started (``ray.init``).
-        max_retries: the times a failed part of the run is run again (default 3): with
-            ``on_error="retry"``, an episode whose env failed (then it is recorded failed);
-            with ``cluster="ray"``, a window whose worker was lost, elsewhere, with the same
-            seeds (then the run fails with ``rlmesh.cluster.WorkerLostError``). Given without
-            either, it is refused.
-        window_episodes: episodes per window (default: half a worker's share of the episodes
-            not yet dealt, shrinking toward the end so the workers finish together).
-        processes_per_worker: each worker's local run steps its lanes in this many processes
-            (its ``workers=``; needs process lanes); its task then takes as many CPUs.
-        ray_mode (with ``cluster="ray"``): how the workers run their windows. ``"tasks"``
-            (the default): each window is a Ray task whose run loads the model
-            (``Model.load``) and closes it. ``"actors"``: ``workers`` long-lived Ray actors
-            each load the model once (on_route, load, then every window dealt to it), and
-            close it once at the end; an actor that dies is replaced by a fresh one. Actors
-            pay off when loading the model costs more than starting an actor (a fresh
-            process, about a second) over many windows: with a ``load`` of 0.5 s on 32
-            windows of 2 episodes, 12.1 s against 17.8 s on tasks (BENCHMARKS.md). For a
-            cheap model, or a few windows, they gain nothing or lose, and they hold their
-            CPUs for the whole run: hence tasks by default.
-        env_tags: the env's ``rlmesh.adapters.EnvTags`` (or their v1 dict), for a model spec
-            that pairs by role; default: the env's
-            ``metadata["rlmesh.adapters.v1.env_io_spec"]``, if any.
-        provenance: with ``results_path``, what the header's auditable record
-            (``rlmesh.provenance``) should say of ``policy`` (its spec string; default
-            the model's ``module:qualname``) and ``command`` (the command line, a list of str;
-            default None). The record is not checked on resume.
-        record_video: record the episodes whose index is below this (``rlmesh.video``) to
-            mp4 files of ``steps + 1`` frames each (the reset's, then one per step), linked
-            from their ``EpisodeResult.video``. Recording changes no result. With
-            ``cluster="ray"`` the workers write them into ``video_dir``: on a cluster of
-            several machines, a directory they all reach.
-        video_dir: where the videos go (default: ``<results stem>_videos/`` beside
-            ``results_path``; one of the two is needed).
-        video_key: take the frames from this image key of a Dict observation (or
-            ``"observation"``: the whole Box observation), ``[H, W, 3]`` or ``[H, W]`` uint8;
-            default: from ``render()``, the envs built with ``render_mode="rgb_array"``.
-        video_prefix: what the file names start with (a suite's task name); default the
-            env's name: ``CartPole-v1_ep00003_seed3.mp4``.
-        on_error: what an env failure (a lane's env raised in ``reset`` or ``step``, in this
-            process, in a worker process, or on a served env) does to the run. ``"raise"``
-            (default): the run fails with ``EnvError``. ``"record"``: the episode is kept as
-            a result with ``EpisodeResult.error`` (``"<ExceptionType>: <message>"``; its steps
-            and reward up to the failing call), the lane's env is rebuilt, and the run goes on
-            with the next index. ``"retry"``: the same index is played again from its reset,
-            with its seed, up to ``max_retries`` times, then recorded as with ``"record"``
-            (hooks hear of each attempt's start, and of the index's end once). Failed
-            episodes count as results (a resumed run keeps them) and stay out of the
-            reward and success statistics. A model error (``predict`` raising, a wrong-shaped
-            action) stays fatal, and so does an operation past its ``timeouts=`` limit.
-            Needs lanes that can rebuild their envs (an id, a factory, a served env: not a
-            ``gymnasium.Env`` instance or a ``VectorEnv``); a served env's error ends its
-            session, so every episode in flight there fails with it.
-
-    Returns:
-        The ``RunResult``: M episodes sorted by index (with ``results_path``, every episode in
-        the file), wasted steps and telemetry.
-
-    Raises:
-        RlmeshError: a typed error (model output, env, hook, timeout, spec); it carries the
-            episodes completed before it as ``err.partial_result``.
-    """
-    settings = check_settings(
-        seeds=seeds,
-        episodes=episodes,
-        seed=seed,
-        num_envs=num_envs,
-        execution_horizon=execution_horizon,
-        max_episode_steps=max_episode_steps,
-        max_episode_seconds=max_episode_seconds,
-        trial_index_base=trial_index_base,
-        telemetry_window=telemetry_window,
-        timeouts=timeouts,
-        close_env=close_env,
-        indices=indices,
-        workers=_local_workers(workers, cluster, processes_per_worker),
-        restart_workers=restart_workers,
-        env_tags=env_tags,
-        video=check_video_settings(
-            record_video=record_video,
-            video_dir=video_dir,
-            video_key=video_key,
-            video_prefix=video_prefix,
-            results_path=results_path,
-        ),
-        on_error=on_error,
-        max_retries=max_retries,
-        cluster=cluster,
-        pipeline=pipeline,
-    )
-    placement = check_cluster_settings(
-        cluster=cluster,
-        workers=workers,
-        ray_address=ray_address,
-        max_retries=settings.max_retries,
-        window_episodes=window_episodes,
-        processes_per_worker=processes_per_worker,
-        ray_mode=ray_mode,
-    )
-    stated = check_provenance(provenance)
-    if results_path is not None:
-        run_info = _with_provenance(run_info, model, env, core, stated)
-    if placement is not None:
-        from .cluster import run_on_cluster  # Ray is imported only by runs that ask for it
-
-        return await run_on_cluster(
-            model,
-            env,
-            settings,
-            placement,
-            hooks=hooks,
-            core=core,
-            results_path=results_path,
-            resume=resume,
-            run_info=run_info,
-            allow_changed_policy=allow_changed_policy,
-            success=success,
-        )
-    success_rule = rule_for(success, env)
-    results = None
-    if results_path is not None:
-        header = _results_header(env, settings, core, run_info)
-        header["success_rule"] = success_rule.to_json()
-        results = ResultsFile.open(
-            results_path, header, resume=resume, allow_changed_policy=allow_changed_policy
-        )
-    try:
-        run = EvaluationRun(
-            model, env, settings, hooks=hooks, core=core, results=results, success_rule=success_rule
-        )
-    except BaseException:
-        if results is not None:
-            results.close()  # releases the file's writer lock
-        raise
-    return await run.execute()
-
-
-def _results_header(
-    env: Any, settings: RunSettings, core: str | None, run_info: dict[str, Any] | None
-) -> dict[str, Any]:
-    """What a results file records of the run, and what a resumed run must match."""
-    return {
-        "env": env_label(env),
-        "episodes": settings.episodes,
-        "seed": settings.base_seed,
-        "seeds": settings.seeds,
-        "execution_horizon": settings.execution_horizon,
-        "max_episode_steps": settings.max_episode_steps,
-        "max_episode_seconds": settings.max_episode_seconds,
-        "trial_index_base": settings.trial_index_base,
-        "rlmesh_version": __version__,
-        "core": core or core_name(),
-        **(run_info or {}),
-    }
-
-
-def _with_provenance(
-    run_info: dict[str, Any] | None,
-    model: Any,
-    env: Any,
-    core: str | None,
-    stated: dict[str, Any],
-) -> dict[str, Any]:
-    """``run_info`` with the run's provenance record (under ``PROVENANCE_KEY``, which the
-    resume check skips): collected only for a run that writes a results file (git runs)."""
-    record = collect_provenance(model=model, env=env, core=core or core_name(), **stated)
-    return {**(run_info or {}), PROVENANCE_KEY: record}
 
 
 def _success(info: dict) -> bool | None:
@@ -405,16 +89,17 @@ class EvaluationRun:
         env: Any,
         settings: RunSettings,
         *,
-        hooks: Any,
-        core: str | None,
+        hooks: Any = None,
         results: ResultsFile | None = None,
         success_rule: SuccessRule | None = None,
     ) -> None:
         self.settings = settings
-        self.success_rule = rule_for(None, env) if success_rule is None else success_rule
+        self.success_rule = (
+            rule_for(settings.success, env) if success_rule is None else success_rule
+        )
         self.hooks_argument = hooks
         self.results = results
-        self.core = active if core is None else load_core(core)
+        self.core = active if settings.core is None else load_core(settings.core)
         self.core_name = "python" if self.core is load_core("python") else "rust"
         self.env = env
         self.model = model
@@ -464,9 +149,9 @@ class EvaluationRun:
             await hooks.run_start(
                 {
                     "env": env_label(self.env),
-                    "episodes": settings.episodes,
-                    "base_seed": settings.base_seed,
-                    "seeds": settings.seeds,
+                    "episodes": settings.episodes.count,
+                    "base_seed": settings.episodes.base_seed,
+                    "seeds": settings.episodes.seeds,
                     "completed_episodes": self.results.episodes,
                 }
             )
@@ -479,11 +164,10 @@ class EvaluationRun:
 
     def _indices_to_run(self) -> list[int] | None:
         """The slots this run plays: all (None), the ones asked for, less those on file."""
-        indices = self.settings.indices
-        if self.results is None:
-            return indices
-        wanted = range(self.settings.episodes) if indices is None else indices
-        return [index for index in wanted if index not in self.results.indices]
+        episodes, results = self.settings.episodes, self.results
+        if results is None:
+            return episodes.indices
+        return [index for index in episodes.slots if index not in results.indices]
 
     def _close_results(self, segment: RunResult | None, elapsed_s: float | None) -> RunResult:
         """Record this run's segment in the results file and return every episode it holds."""
@@ -504,9 +188,9 @@ class EvaluationRun:
         )
         self.lanes = lanes = make_lanes(
             self.env,
-            num_envs=settings.num_envs,
-            workers=settings.workers,
-            restart_workers=settings.restart_workers,
+            num_envs=settings.parallel.num_envs,
+            workers=settings.parallel.process_workers,
+            restart_workers=settings.parallel.restart_workers,
             record_latency=self._record_lanes_latency,
             render_mode=None if settings.video is None else settings.video.render_mode,
             core=self.core_name,
@@ -519,8 +203,8 @@ class EvaluationRun:
         )
         self.lanes = lanes = self.videos.lanes  # with recording: takes the recorded lanes' frames
         handler.fit_lanes(lanes.num_lanes)
-        if settings.pipeline:
-            if not isinstance(lanes, PipelinedLanes):
+        if settings.parallel.pipeline:
+            if lanes_pipelined(lanes) is None:
                 raise ValueError(
                     f"pipeline=True overlaps the model with groups of lanes that step on their "
                     f"own, but env= gives {lanes.name} as {type(lanes).__name__}, which has no "
@@ -531,15 +215,16 @@ class EvaluationRun:
                 for group, group_lanes in enumerate(lanes.step_groups)
                 for lane in group_lanes.tolist()
             }
-        if settings.on_error != "raise" and lanes.rebuild is None:
+        on_error = settings.failures.on_error
+        if on_error != "raise" and lanes.rebuild is None:
             raise ValueError(
-                f"on_error={settings.on_error!r} rebuilds a lane's env after it fails, but "
+                f"on_error={on_error!r} rebuilds a lane's env after it fails, but "
                 f"env= is {type(self.env).__name__} ({lanes.name}), whose envs rlmesh cannot "
                 f"rebuild: pass a Gymnasium id or a zero-argument env factory (or a served "
                 f"env's address), or on_error='raise'"
             )
         self.success_rule = self.success_rule.for_lanes(lanes)  # an env factory's spec
-        if lanes.resets_itself and (settings.max_episode_steps or settings.max_episode_seconds):
+        if lanes.resets_itself and settings.limits.caps:
             raise ValueError(
                 "max_episode_steps and max_episode_seconds need lanes rlmesh resets itself; "
                 f"{lanes.name} restarts its lanes on its own: wrap its envs in "
@@ -556,17 +241,17 @@ class EvaluationRun:
         )
         self.runner = self.core.RoundRunner(
             lanes.num_lanes,
-            settings.episodes,
+            settings.episodes.count,
             plan.observation,
             plan.action,
             execution_horizon=settings.execution_horizon if handler.chunked else None,
-            seeds=settings.seeds,
-            base_seed=settings.base_seed,
-            trial_index_base=settings.trial_index_base,
+            seeds=settings.episodes.seeds,
+            base_seed=settings.episodes.base_seed,
+            trial_index_base=settings.episodes.trial_index_base,
             indices=indices,
             overflow="surplus" if lanes.lockstep else "idle",
-            max_episode_steps=settings.max_episode_steps,
-            max_episode_seconds=settings.max_episode_seconds,
+            max_episode_steps=settings.limits.max_episode_steps,
+            max_episode_seconds=settings.limits.max_episode_seconds,
         )
         self.all_lanes = np.arange(lanes.num_lanes, dtype=np.int64)
         self.telemetry = telemetry = Telemetry(
@@ -630,15 +315,13 @@ class EvaluationRun:
             episodes = (self.videos.linked(episode) for episode in episodes)
         return RunResult(
             episodes=tuple(episodes),
-            base_seed=settings.base_seed,
+            base_seed=settings.episodes.base_seed,
             wasted_steps=0 if runner is None else runner.wasted_steps,
             telemetry=telemetry,
             observer_errors=0 if self.hooks is None else self.hooks.observer_errors,
             core=self.core_name,
             success_rule=rule,
-            episodes_requested=(
-                settings.episodes if settings.indices is None else len(settings.indices)
-            ),
+            episodes_requested=(settings.episodes.requested),
         )
 
     # -------------------------------------------------------------------- the loop
@@ -654,7 +337,7 @@ class EvaluationRun:
         while not runner.done:
             if core_runs_rounds:
                 await self._run_rounds()
-            elif self.settings.pipeline:
+            elif self.settings.parallel.pipeline:
                 await self._pipelined_round()
             else:
                 await self._round()
@@ -674,9 +357,9 @@ class EvaluationRun:
         hooks = self.hooks
         return (
             core_steps(self.lanes) is not None
-            and not self.settings.pipeline
+            and not self.settings.parallel.pipeline
             and self.handler.synchronous
-            and not self.settings.timeouts
+            and not self.settings.limits.timeouts
             and not (hooks.wants_steps or hooks.wants_observations or hooks.wants_actions)
         )
 
@@ -685,7 +368,7 @@ class EvaluationRun:
         time to yield to the event loop; then the ended episodes finish and the next start."""
         telemetry, settings = self.telemetry, self.settings
         until_ns = min(self._yielded_ns + YIELD_EVERY_NS, telemetry.window_ends_ns)
-        failures: dict[int, str] | None = None if settings.on_error == "raise" else {}
+        failures: dict[int, str] | None = None if settings.failures.on_error == "raise" else {}
         ended, infos, rounds, lane_steps = self.runner.run_rounds(
             self.handler,
             core_steps(self.lanes, every_info=self._reads_every_info()),
@@ -742,9 +425,7 @@ class EvaluationRun:
         hear every info, and a cap ends an episode on a step its env did not end, whose info
         is then final. Otherwise the lanes need send only final infos."""
         settings = self.settings
-        return bool(
-            self.hooks.wants_steps or settings.max_episode_steps or settings.max_episode_seconds
-        )
+        return bool(self.hooks.wants_steps or settings.limits.caps)
 
     async def _open_round(self, lanes: np.ndarray | None = None) -> OpenRound:
         """Open a round over the running lanes (with ``lanes``, those among them) and take
@@ -765,7 +446,7 @@ class EvaluationRun:
         try:
             return await self._guard("step", step, *args, where="env.step"), None
         except LaneFailures as failures:
-            if self.settings.on_error == "raise":
+            if self.settings.failures.on_error == "raise":
                 raise
             return failures.outcome, failures
 
@@ -792,9 +473,10 @@ class EvaluationRun:
             batch.rewards, batch.terminated, batch.truncated, step_ns, now
         )
         if self.hooks.wants_steps:
-            await self._step_events(
-                running, predict_lanes, batch, actions, truncated, opened.predict_ns, step_ns
-            )
+            await self.hooks.steps(
+                runner, running, predict_lanes, batch, actions, truncated, opened.predict_ns,
+                step_ns,
+            )  # fmt: skip
         if len(ended):  # their rows in the batch: the running lanes are ascending
             rows = np.searchsorted(running, ended).tolist()
             await self._finish(ended, [batch.infos[row] for row in rows])
@@ -833,10 +515,10 @@ class EvaluationRun:
             "num_lanes": lanes.num_lanes,
             "lockstep": lanes.lockstep,
             "resets_itself": lanes.resets_itself,
-            "episodes": settings.episodes,
-            "base_seed": settings.base_seed,
-            "seeds": settings.seeds,
-            "trial_index_base": settings.trial_index_base,
+            "episodes": settings.episodes.count,
+            "base_seed": settings.episodes.base_seed,
+            "seeds": settings.episodes.seeds,
+            "trial_index_base": settings.episodes.trial_index_base,
             "execution_horizon": settings.execution_horizon,
             "chunked": self.handler.chunked,
             "corner": self.handler.corner,
@@ -865,7 +547,7 @@ class EvaluationRun:
                         "reset", self.lanes.reset, reset, seeds, trials, where="env.reset"
                     )
                 except LaneFailures as failures:
-                    if self.settings.on_error == "raise":
+                    if self.settings.failures.on_error == "raise":
                         raise
                     reset, observations, _ = failures.outcome
                     errors = failures.errors
@@ -891,7 +573,10 @@ class EvaluationRun:
         outcomes: list[str | None] = []
         for lane, index in zip(lanes.tolist(), indices.tolist(), strict=True):
             failures = self._failures[index] = self._failures.get(index, 0) + 1
-            retry = settings.on_error == "retry" and failures <= settings.max_retries
+            retry = (
+                settings.failures.on_error == "retry"
+                and failures <= settings.failures.episode_retries
+            )
             outcomes.append(None if retry else errors[lane])
         summaries, episode_ids, model_ends = self.runner.abandon(
             lanes, outcomes, now_ns=time.perf_counter_ns()
@@ -951,50 +636,6 @@ class EvaluationRun:
             "probe", self.handler.check_stateless, sample_a, sample_b, where="model probe"
         )
 
-    async def _step_events(
-        self,
-        running: np.ndarray,
-        predict_lanes: np.ndarray,
-        batch: StepBatch,
-        actions: Any,
-        truncated: np.ndarray,
-        predict_ns: int,
-        step_ns: int,
-    ) -> None:
-        """A ``StepEvent`` per scored lane of this step (only built when a hook listens), with
-        the lane's shares of the step and of the model call, as the runner charged them."""
-        if not len(running):
-            return
-        lane_step_ns = shares(step_ns, len(running))
-        lane_predict_ns = np.zeros(len(running), dtype=np.int64)
-        if len(predict_lanes):
-            # predict_lanes keep the order of the running lanes.
-            lane_predict_ns[np.isin(running, predict_lanes)] = shares(
-                predict_ns, len(predict_lanes)
-            )
-        indices, seeds, steps = self.runner.lane_episodes(running)
-        observations = self.runner.observations(running)
-        finals = batch.final_observations
-        for k, index in enumerate(indices.tolist()):
-            if index < 0:
-                continue  # surplus episodes are never announced
-            final = None if finals is None else finals[k]
-            await self.hooks.step(
-                StepEvent(
-                    episode=index,
-                    seed=seeds[k],
-                    step=int(steps[k]),
-                    observation=observations[k] if final is None else final,
-                    action=map_leaves(actions, lambda leaf, row=k: leaf[row]),
-                    reward=float(batch.rewards[k]),
-                    terminated=bool(batch.terminated[k]),
-                    truncated=bool(truncated[k]),
-                    info=batch.infos[k],
-                    predict_ms=float(lane_predict_ns[k]) / 1e6,
-                    step_ms=float(lane_step_ns[k]) / 1e6,
-                )
-            )
-
     async def _finish(self, ended: np.ndarray, infos: list[dict[str, Any]]) -> None:
         """Finish the ended episodes (``infos``: their final infos): the runner's summaries and
         evictions, then the model's, the results file's and the hooks' ends."""
@@ -1030,7 +671,7 @@ class EvaluationRun:
         and the statefulness probe never are), with a foreign exception wrapped in the typed
         error that says where it came from. A limited call that overruns raises at its
         deadline; the call itself is abandoned (``rlmesh.deadlines``)."""
-        limit = self.settings.timeouts.get(op)
+        limit = self.settings.limits.timeouts.get(op)
         try:
             if limit is None:
                 outcome = fn(*args)

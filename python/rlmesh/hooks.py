@@ -29,7 +29,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from .errors import HookError
+from .utils import map_leaves, shares
 
 logger = logging.getLogger("rlmesh")
 
@@ -243,6 +246,55 @@ class HookDispatcher:
     async def step(self, event: StepEvent) -> None:
         await self._call_run_hooks("on_step", event)
         await self._notify("step_completed", event)
+
+    async def steps(
+        self,
+        runner: Any,
+        running: np.ndarray,
+        predict_lanes: np.ndarray,
+        batch: Any,
+        actions: Any,
+        truncated: np.ndarray,
+        predict_ns: int,
+        step_ns: int,
+    ) -> None:
+        """A ``StepEvent`` per scored lane of a round's step, to ``on_step`` and the event
+        stream (the driver calls it only when a hook listens): each lane's episode, seed and
+        step from the core's ``runner``, its observation, action, reward and flags from the
+        step's ``batch`` (a ``StepBatch``) and ``actions`` (``[K, ...]`` for the ``running``
+        lanes ``[K]``), and its shares of the step's and the model call's times, as the
+        runner charged them."""
+        if not len(running):
+            return
+        lane_step_ns = shares(step_ns, len(running))
+        lane_predict_ns = np.zeros(len(running), dtype=np.int64)
+        if len(predict_lanes):
+            # predict_lanes keep the order of the running lanes.
+            lane_predict_ns[np.isin(running, predict_lanes)] = shares(
+                predict_ns, len(predict_lanes)
+            )
+        indices, seeds, steps = runner.lane_episodes(running)
+        observations = runner.observations(running)
+        finals = batch.final_observations
+        for k, index in enumerate(indices.tolist()):
+            if index < 0:
+                continue  # surplus episodes are never announced
+            final = None if finals is None else finals[k]
+            await self.step(
+                StepEvent(
+                    episode=index,
+                    seed=seeds[k],
+                    step=int(steps[k]),
+                    observation=observations[k] if final is None else final,
+                    action=map_leaves(actions, lambda leaf, row=k: leaf[row]),
+                    reward=float(batch.rewards[k]),
+                    terminated=bool(batch.terminated[k]),
+                    truncated=bool(truncated[k]),
+                    info=batch.infos[k],
+                    predict_ms=float(lane_predict_ns[k]) / 1e6,
+                    step_ms=float(lane_step_ns[k]) / 1e6,
+                )
+            )
 
     async def episode_end(self, result: Any) -> None:
         await self._call_run_hooks("on_episode_end", result)

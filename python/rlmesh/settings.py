@@ -1,28 +1,49 @@
-"""A run's arguments, checked once: ``check_settings`` is the only validator of ``run``'s
-arguments, and everything below it (the model handler, the lanes, the core) takes them as
-given.
+"""A run's settings: the one home of what ``rlmesh.run`` is asked to do, checked once.
+
+``run_settings`` takes ``rlmesh.run``'s keyword arguments (their one list, with their
+defaults: ``rlmesh.api`` takes its signature from it) and returns a ``RunSettings`` in named
+parts:
+
+- ``episodes`` (``EpisodeSettings``): which episodes are scored and how each is seeded;
+- ``limits`` (``LimitSettings``): the caps that end an episode and the calls' time limits;
+- ``parallel`` (``ParallelSettings``): how this process runs its lanes (lanes, worker
+  processes, their restarts, group pipelining);
+- ``failures`` (``FailureSettings``): what an env failure does, and how often an episode is
+  retried;
+- ``placement`` (``ClusterSettings``, or None on this process alone): the Ray cluster's
+  workers, windows and how often a lost window is dealt again;
+- ``output`` (``OutputSettings``): the results file, its resumption and what its header
+  records;
+- ``video`` (``VideoSettings``, or None): which episodes are recorded, and where.
+
+Everything below (the driver, the lanes, the core, a cluster's coordinator and its workers)
+takes the object as checked. A Ray window's run gets ``RunSettings.for_window``: the same
+object, placed on the worker.
 
 Example:
-    >>> settings = check_settings(
-    ...     seeds=None, episodes=4, seed=None, num_envs=2, execution_horizon=1,
-    ...     max_episode_steps=None, max_episode_seconds=None, trial_index_base=0,
-    ...     telemetry_window=1.0, timeouts={"step": 2}, close_env=False)
-    >>> settings.base_seed, settings.timeouts
-    (0, {'step': 2.0})
+    >>> settings = run_settings(episodes=4, num_envs=2, timeouts={"step": 2})
+    >>> settings.episodes.base_seed, settings.limits.timeouts, settings.parallel.num_envs
+    (0, {'step': 2.0}, 2)
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .adapters import checked_env_tags
-from .utils import positive_int, positive_seconds
+from .core import core_name
+from .provenance import PROVENANCE_KEY, check_provenance, collect_provenance
+from .results import ResultsFile
+from .success import SuccessRule
+from .utils import env_label, positive_int, positive_seconds
+from .version import __version__
 
 TIMEOUT_OPS = ("reset", "step", "predict")
 """The operations ``timeouts=`` may limit."""
@@ -40,28 +61,81 @@ DEFAULT_MAX_RETRIES = 3
 
 
 @dataclass(frozen=True)
-class RunSettings:
-    """The checked arguments of one run."""
+class EpisodeSettings:
+    """Which episodes a run scores and how each is seeded.
 
+    Slot k (``0..count-1``) resets with ``seeds[k]`` when seeds are listed, else with
+    ``episode_seed(base_seed, trial_index_base + k)``; ``indices`` (None: all) are the slots
+    this run plays, with the seeds and trials they have in the full run.
+    """
+
+    count: int
     seeds: list[int] | None
-    episodes: int
     base_seed: int
-    num_envs: int | None
-    execution_horizon: int
-    max_episode_steps: int | None
-    max_episode_seconds: float | None
     trial_index_base: int
-    telemetry_window: float
-    timeouts: dict[str, float]
-    close_env: bool
     indices: list[int] | None = None
-    workers: int = 1
+
+    @property
+    def requested(self) -> int:
+        """How many episodes this run was asked to play."""
+        return self.count if self.indices is None else len(self.indices)
+
+    @property
+    def slots(self) -> Sequence[int]:
+        """The slots this run plays: ``indices``, else every slot."""
+        return range(self.count) if self.indices is None else self.indices
+
+
+@dataclass(frozen=True)
+class LimitSettings:
+    """What ends an episode early and how long one call may take: an episode is truncated
+    at ``max_episode_steps`` steps or ``max_episode_seconds`` from its reset (None: no cap);
+    ``timeouts`` maps ``TIMEOUT_OPS`` to seconds, past which the call fails the run."""
+
+    max_episode_steps: int | None = None
+    max_episode_seconds: float | None = None
+    timeouts: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def caps(self) -> bool:
+        """Whether a cap may end an episode on a step its env did not end."""
+        return self.max_episode_steps is not None or self.max_episode_seconds is not None
+
+
+@dataclass(frozen=True)
+class ParallelSettings:
+    """How this process runs its lanes: ``num_envs`` lanes (None: the env's own count, else
+    1), stepped in ``process_workers`` worker processes (1: in this process), a dead worker
+    restarted up to ``restart_workers`` times, and with ``pipeline`` each worker's lanes a
+    group whose round goes on as soon as that worker has stepped."""
+
+    num_envs: int | None = None
+    process_workers: int = 1
     restart_workers: int = 0
-    env_tags: Any = None  # rlmesh.adapters.EnvTags
-    video: VideoSettings | None = None  # record_video=K > 0
-    on_error: str = "raise"
-    max_retries: int = DEFAULT_MAX_RETRIES
     pipeline: bool = False
+
+
+@dataclass(frozen=True)
+class FailureSettings:
+    """What an env failure does (``on_error``, one of ``ON_ERRORS``) and, with
+    ``on_error="retry"``, how many times an episode whose env failed is played again."""
+
+    on_error: str = "raise"
+    episode_retries: int = DEFAULT_MAX_RETRIES
+
+
+@dataclass(frozen=True)
+class OutputSettings:
+    """Where the episodes go: the results file (None: none) and whether to continue it,
+    the extra header fields (``run_info``) a resumption must match, whether a changed policy
+    hash may resume, and what the header's provenance record says of the caller
+    (``rlmesh.provenance.check_provenance``)."""
+
+    results_path: str | os.PathLike[str] | None = None
+    resume: bool = False
+    run_info: dict[str, Any] | None = None
+    allow_changed_policy: bool = False
+    provenance: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -154,140 +228,23 @@ def check_video_settings(
     )
 
 
-def check_settings(
-    *,
-    seeds: Sequence[int] | None,
-    episodes: int | None,
-    seed: int | None,
-    num_envs: int | None,
-    execution_horizon: int,
-    max_episode_steps: int | None,
-    max_episode_seconds: float | None,
-    trial_index_base: int,
-    telemetry_window: float,
-    timeouts: dict[str, float] | None,
-    close_env: bool,
-    indices: Sequence[int] | None = None,
-    workers: int = 1,
-    restart_workers: int = 0,
-    env_tags: Any = None,
-    video: VideoSettings | None = None,
-    on_error: str = "raise",
-    max_retries: int | None = None,
-    cluster: str | None = None,
-    pipeline: bool = False,
-) -> RunSettings:
-    """The run's arguments checked, with the defaults DESIGN.md gives; ValueError otherwise.
-
-    The one check of ``run``'s arguments: everything below it (the model handler, the lanes,
-    the core) takes them as checked. ``max_retries`` is one concept with two uses, the times a
-    failed part of the run is run again: an episode whose env failed (``on_error="retry"``)
-    and a window whose Ray worker was lost (``cluster="ray"``); ``cluster`` is given only to
-    check that one of them reads it.
-    """
-    if seeds is not None:
-        seeds = list(seeds)
-        if not seeds and episodes is None:
-            raise ValueError("seeds is empty: give at least one seed, or episodes=")
-    if episodes is None:
-        episodes = len(seeds) if seeds is not None else 1
-    unknown = sorted(set(timeouts or {}) - set(TIMEOUT_OPS))
-    if unknown:
-        raise ValueError(f"timeouts has unknown operations {unknown}; expected {list(TIMEOUT_OPS)}")
-    if isinstance(trial_index_base, bool) or not isinstance(trial_index_base, int):
-        raise ValueError(
-            f"trial_index_base must be a non-negative integer, got {trial_index_base!r}"
-        )
-    if trial_index_base < 0:
-        raise ValueError(f"trial_index_base must be a non-negative integer, got {trial_index_base}")
-    if seed is not None and (
-        isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**64
-    ):
-        raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
-    workers = positive_int("workers", workers)
-    if isinstance(restart_workers, bool) or not isinstance(restart_workers, (int, np.integer)):
-        raise ValueError(f"restart_workers must be a non-negative integer, got {restart_workers!r}")
-    if restart_workers < 0:
-        raise ValueError(f"restart_workers must be a non-negative integer, got {restart_workers}")
-    if restart_workers and workers == 1:
-        raise ValueError(
-            f"restart_workers={restart_workers} restarts worker processes, but workers=1 runs "
-            f"the envs in this process: pass workers=2 or more"
-        )
-    if not isinstance(pipeline, bool):
-        raise ValueError(f"pipeline must be True or False, got {pipeline!r}")
-    if pipeline and cluster is not None and workers == 1:
-        raise ValueError(
-            "pipeline=True overlaps the model with a window's worker processes stepping: with "
-            "cluster='ray', pass processes_per_worker=2 or more"
-        )
-    if on_error not in ON_ERRORS:
-        raise ValueError(f"on_error must be one of {list(ON_ERRORS)}, got {on_error!r}")
-    if max_retries is not None:
-        if (
-            isinstance(max_retries, bool)
-            or not isinstance(max_retries, (int, np.integer))
-            or max_retries < 0
-        ):
-            raise ValueError(f"max_retries must be a non-negative integer, got {max_retries!r}")
-        if on_error != "retry" and cluster is None:
-            raise ValueError(
-                f"max_retries={max_retries} counts the times a failed part of the run is run "
-                f"again: an episode whose env failed, with on_error='retry', or a window whose "
-                f"Ray worker was lost, with cluster='ray'; this run has on_error={on_error!r} "
-                f"and no cluster: pass one of them, or omit max_retries"
-            )
-    return RunSettings(
-        seeds=seeds,
-        episodes=positive_int("episodes", episodes),
-        base_seed=0 if seed is None else int(seed),
-        num_envs=None if num_envs is None else positive_int("num_envs", num_envs),
-        execution_horizon=positive_int("execution_horizon", execution_horizon),
-        max_episode_steps=(
-            None
-            if max_episode_steps is None
-            else positive_int("max_episode_steps", max_episode_steps)
-        ),
-        max_episode_seconds=(
-            None
-            if max_episode_seconds is None
-            else positive_seconds("max_episode_seconds", max_episode_seconds)
-        ),
-        trial_index_base=trial_index_base,
-        telemetry_window=positive_seconds("telemetry_window", telemetry_window),
-        timeouts={
-            op: positive_seconds(f"timeouts[{op!r}]", limit)
-            for op, limit in (timeouts or {}).items()
-        },
-        close_env=bool(close_env),
-        indices=None if indices is None else list(indices),
-        workers=workers,
-        restart_workers=int(restart_workers),
-        env_tags=None if env_tags is None else checked_env_tags("env_tags", env_tags),
-        video=video,
-        on_error=on_error,
-        max_retries=DEFAULT_MAX_RETRIES if max_retries is None else int(max_retries),
-        pipeline=pipeline,
-    )
-
-
 @dataclass(frozen=True)
 class ClusterSettings:
     """The checked scale-out arguments of a run with ``cluster=`` (``rlmesh.cluster``).
 
-    ``workers`` is how many windows run at once, each a Ray task on one worker (None: one per
-    CPU of the cluster); ``processes_per_worker`` is handed to each worker's local run as its
-    ``workers=`` (process lanes); ``window_episodes`` is the episodes per window (None: the
-    coordinator picks); ``max_retries`` is the run's (``RunSettings.max_retries``, checked
-    there): the times a window whose worker was lost is dealt again; ``ray_mode`` is how the
+    ``ray_workers`` is how many windows run at once, each a Ray task on one worker (None: one
+    per CPU of the cluster); ``processes_per_worker`` is each worker's local run's process
+    lanes; ``window_episodes`` is the episodes per window (None: the coordinator picks);
+    ``window_retries`` (the run's ``max_retries``): the times a window whose worker was lost is
+    dealt again; ``ray_mode`` is how the
     workers run their windows: ``"tasks"`` (a Ray task a window) or ``"actors"`` (``workers``
     long-lived Ray actors, each holding the model for every window dealt to it).
     """
 
     cluster: str
-    workers: int | None
+    ray_workers: int | None
     ray_address: str | None
-    max_retries: int
+    window_retries: int
     window_episodes: int | None
     processes_per_worker: int | None
     ray_mode: str = DEFAULT_RAY_MODE
@@ -296,9 +253,9 @@ class ClusterSettings:
 def check_cluster_settings(
     *,
     cluster: str | None,
-    workers: int | None,
+    ray_workers: int | None,
     ray_address: str | None,
-    max_retries: int,
+    window_retries: int = DEFAULT_MAX_RETRIES,
     window_episodes: int | None,
     processes_per_worker: int | None,
     ray_mode: str | None = None,
@@ -306,20 +263,20 @@ def check_cluster_settings(
     """The scale-out arguments checked: None for a run on this process alone; ValueError
     otherwise.
 
-    With ``cluster="ray"``, ``workers`` counts Ray workers (windows in flight at once); the
-    local process lanes of each worker are ``processes_per_worker``. ``max_retries`` comes
-    checked from ``check_settings`` (``RunSettings.max_retries``). ``ray_mode`` is one of
-    ``RAY_MODES`` (None: ``DEFAULT_RAY_MODE``).
+    With ``cluster="ray"``, ``ray_workers`` (``rlmesh.run``'s ``workers=``) counts Ray workers
+    (windows in flight at once); the local process lanes of each worker are
+    ``processes_per_worker``. ``window_retries`` comes checked from ``run_settings`` (the
+    run's ``max_retries``). ``ray_mode`` is one of ``RAY_MODES`` (None: ``DEFAULT_RAY_MODE``).
 
     Example:
-        >>> placement = check_cluster_settings(cluster="ray", workers=2, ray_address=None,
-        ...     max_retries=3, window_episodes=None, processes_per_worker=None,
+        >>> placement = check_cluster_settings(cluster="ray", ray_workers=2, ray_address=None,
+        ...     window_retries=3, window_episodes=None, processes_per_worker=None,
         ...     ray_mode="actors")
-        >>> placement.max_retries, placement.ray_mode
+        >>> placement.window_retries, placement.ray_mode
         (3, 'actors')
     """
     if cluster is None:
-        # Without a cluster, workers= is the run's process lanes (check_settings checks it).
+        # Without a cluster, workers= is the run's process lanes (run_settings checks it).
         given = {
             "ray_address": ray_address,
             "window_episodes": window_episodes,
@@ -348,9 +305,9 @@ def check_cluster_settings(
         )
     return ClusterSettings(
         cluster=cluster,
-        workers=None if workers is None else positive_int("workers", workers),
+        ray_workers=None if ray_workers is None else positive_int("workers", ray_workers),
         ray_address=ray_address,
-        max_retries=int(max_retries),
+        window_retries=int(window_retries),
         window_episodes=(
             None if window_episodes is None else positive_int("window_episodes", window_episodes)
         ),
@@ -361,3 +318,277 @@ def check_cluster_settings(
         ),
         ray_mode=DEFAULT_RAY_MODE if ray_mode is None else ray_mode,
     )
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """One run's checked settings, in parts (the module docstring names each), and what
+    belongs to no part: the actions replayed per chunk, the env's role tags, the success
+    rule as given, the telemetry window, whether to close an env passed in, and the core."""
+
+    episodes: EpisodeSettings
+    limits: LimitSettings = LimitSettings()
+    parallel: ParallelSettings = ParallelSettings()
+    failures: FailureSettings = FailureSettings()
+    placement: ClusterSettings | None = None
+    output: OutputSettings = OutputSettings()
+    video: VideoSettings | None = None
+    execution_horizon: int = 1
+    env_tags: Any = None  # rlmesh.adapters.EnvTags
+    success: Any = None  # as given: rlmesh.success.rule_for makes the run's rule of it
+    telemetry_window: float = 1.0
+    close_env: bool = False
+    core: str | None = None
+
+    def for_window(self, indices: list[int] | None = None) -> RunSettings:
+        """The settings of one window of a cluster run, run on a Ray worker: the same
+        episodes (``indices`` of them) and limits, no placement and no results file (the
+        coordinator writes it), the worker's own process lanes, videos written straight into
+        the run's directory.
+
+        Example:
+            >>> settings = run_settings(episodes=8, cluster="ray", workers=4,
+            ...                         processes_per_worker=2)
+            >>> window = settings.for_window([3, 5])
+            >>> window.placement, window.parallel.process_workers, window.episodes.indices
+            (None, 2, [3, 5])
+        """
+        video = self.video
+        if video is not None:
+            video = replace(video, directory=video.directory.resolve(), links_from=None)
+        return replace(
+            self,
+            episodes=replace(self.episodes, indices=indices),
+            placement=None,
+            output=OutputSettings(),
+            video=video,
+            core=self.core or core_name(),
+        )
+
+    def results_header(self, env: Any, model: Any) -> dict[str, Any]:
+        """What a results file records of the run, and what a resumed run must match: the
+        env, the episodes and their seeds, the caps, the version and core, the caller's
+        ``run_info`` and the auditable provenance record (``PROVENANCE_KEY``, which a
+        resumption does not check)."""
+        core = self.core or core_name()
+        episodes, limits = self.episodes, self.limits
+        header = {
+            "env": env_label(env),
+            "episodes": episodes.count,
+            "seed": episodes.base_seed,
+            "seeds": episodes.seeds,
+            "execution_horizon": self.execution_horizon,
+            "max_episode_steps": limits.max_episode_steps,
+            "max_episode_seconds": limits.max_episode_seconds,
+            "trial_index_base": episodes.trial_index_base,
+            "rlmesh_version": __version__,
+            "core": core,
+            **(self.output.run_info or {}),
+        }
+        stated = self.output.provenance or {}
+        header[PROVENANCE_KEY] = collect_provenance(model=model, env=env, core=core, **stated)
+        return header
+
+    def open_results(self, env: Any, model: Any, success_rule: SuccessRule) -> ResultsFile | None:
+        """The run's results file, opened (and on resume checked against its header), or
+        None without ``results_path``: its header is ``results_header`` and the run's success
+        rule."""
+        output = self.output
+        if output.results_path is None:
+            return None
+        header = self.results_header(env, model)
+        header["success_rule"] = success_rule.to_json()
+        return ResultsFile.open(
+            output.results_path,
+            header,
+            resume=output.resume,
+            allow_changed_policy=output.allow_changed_policy,
+        )
+
+
+def run_settings(
+    *,
+    seeds: Sequence[int] | None = None,
+    episodes: int | None = None,
+    seed: int | None = None,
+    num_envs: int | None = None,
+    execution_horizon: int = 1,
+    max_episode_steps: int | None = None,
+    max_episode_seconds: float | None = None,
+    trial_index_base: int = 0,
+    telemetry_window: float = 1.0,
+    timeouts: dict[str, float] | None = None,
+    close_env: bool = False,
+    core: str | None = None,
+    indices: Sequence[int] | None = None,
+    results_path: str | os.PathLike[str] | None = None,
+    resume: bool = False,
+    run_info: dict[str, Any] | None = None,
+    allow_changed_policy: bool = False,
+    success: Any = None,
+    workers: int | None = None,
+    restart_workers: int = 0,
+    pipeline: bool = False,
+    cluster: str | None = None,
+    ray_address: str | None = None,
+    max_retries: int | None = None,
+    window_episodes: int | None = None,
+    processes_per_worker: int | None = None,
+    ray_mode: str | None = None,
+    env_tags: Any = None,
+    provenance: dict[str, Any] | None = None,
+    record_video: int = 0,
+    video_dir: str | os.PathLike[str] | None = None,
+    video_key: str | None = None,
+    video_prefix: str | None = None,
+    on_error: str = "raise",
+) -> RunSettings:
+    """``rlmesh.run``'s keyword arguments (documented there) checked into a ``RunSettings``;
+    ValueError or TypeError naming the argument, what it was and what was expected.
+
+    ``workers`` is the run's worker processes on this machine, or with ``cluster="ray"`` its
+    Ray workers (then ``processes_per_worker`` are each worker's processes); ``max_retries``
+    is the times a failed part of the run is run again: an episode whose env failed
+    (``on_error="retry"``) and a window whose Ray worker was lost (``cluster="ray"``). Inside,
+    each has its own name (``process_workers`` / ``ray_workers``, ``episode_retries`` /
+    ``window_retries``).
+
+    Example:
+        >>> settings = run_settings(episodes=2, cluster="ray", workers=3, max_retries=1)
+        >>> settings.placement.ray_workers, settings.parallel.process_workers
+        (3, 1)
+        >>> run_settings(max_retries=1)
+        Traceback (most recent call last):
+        ...
+        ValueError: max_retries=1 counts the times a failed part of the run is run again: ...
+    """
+    # The video arguments are checked first, as the ones a run reads before any other.
+    video = check_video_settings(
+        record_video=record_video,
+        video_dir=video_dir,
+        video_key=video_key,
+        video_prefix=video_prefix,
+        results_path=results_path,
+    )
+    if seeds is not None:
+        seeds = list(seeds)
+        if not seeds and episodes is None:
+            raise ValueError("seeds is empty: give at least one seed, or episodes=")
+    if episodes is None:
+        episodes = len(seeds) if seeds is not None else 1
+    unknown = sorted(set(timeouts or {}) - set(TIMEOUT_OPS))
+    if unknown:
+        raise ValueError(f"timeouts has unknown operations {unknown}; expected {list(TIMEOUT_OPS)}")
+    if isinstance(trial_index_base, bool) or not isinstance(trial_index_base, int):
+        raise ValueError(
+            f"trial_index_base must be a non-negative integer, got {trial_index_base!r}"
+        )
+    if trial_index_base < 0:
+        raise ValueError(f"trial_index_base must be a non-negative integer, got {trial_index_base}")
+    if seed is not None and (
+        isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**64
+    ):
+        raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
+    # With a cluster, workers= counts Ray workers, and each one's processes are its own.
+    local = processes_per_worker if cluster is not None else workers
+    process_workers = positive_int("workers", 1 if local is None else local)
+    if isinstance(restart_workers, bool) or not isinstance(restart_workers, (int, np.integer)):
+        raise ValueError(f"restart_workers must be a non-negative integer, got {restart_workers!r}")
+    if restart_workers < 0:
+        raise ValueError(f"restart_workers must be a non-negative integer, got {restart_workers}")
+    if restart_workers and process_workers == 1:
+        raise ValueError(
+            f"restart_workers={restart_workers} restarts worker processes, but workers=1 runs "
+            f"the envs in this process: pass workers=2 or more"
+        )
+    if not isinstance(pipeline, bool):
+        raise ValueError(f"pipeline must be True or False, got {pipeline!r}")
+    if pipeline and cluster is not None and process_workers == 1:
+        raise ValueError(
+            "pipeline=True overlaps the model with a window's worker processes stepping: with "
+            "cluster='ray', pass processes_per_worker=2 or more"
+        )
+    if on_error not in ON_ERRORS:
+        raise ValueError(f"on_error must be one of {list(ON_ERRORS)}, got {on_error!r}")
+    if max_retries is not None:
+        if (
+            isinstance(max_retries, bool)
+            or not isinstance(max_retries, (int, np.integer))
+            or max_retries < 0
+        ):
+            raise ValueError(f"max_retries must be a non-negative integer, got {max_retries!r}")
+        if on_error != "retry" and cluster is None:
+            raise ValueError(
+                f"max_retries={max_retries} counts the times a failed part of the run is run "
+                f"again: an episode whose env failed, with on_error='retry', or a window whose "
+                f"Ray worker was lost, with cluster='ray'; this run has on_error={on_error!r} "
+                f"and no cluster: pass one of them, or omit max_retries"
+            )
+    retries = DEFAULT_MAX_RETRIES if max_retries is None else int(max_retries)
+    episode_settings = EpisodeSettings(
+        count=positive_int("episodes", episodes),
+        seeds=seeds,
+        base_seed=0 if seed is None else int(seed),
+        trial_index_base=trial_index_base,
+        indices=None if indices is None else list(indices),
+    )
+    parallel = ParallelSettings(
+        num_envs=None if num_envs is None else positive_int("num_envs", num_envs),
+        process_workers=process_workers,
+        restart_workers=int(restart_workers),
+        pipeline=pipeline,
+    )
+    execution_horizon = positive_int("execution_horizon", execution_horizon)
+    limits = LimitSettings(
+        max_episode_steps=(
+            None
+            if max_episode_steps is None
+            else positive_int("max_episode_steps", max_episode_steps)
+        ),
+        max_episode_seconds=(
+            None
+            if max_episode_seconds is None
+            else positive_seconds("max_episode_seconds", max_episode_seconds)
+        ),
+        timeouts={
+            op: positive_seconds(f"timeouts[{op!r}]", limit)
+            for op, limit in (timeouts or {}).items()
+        },
+    )
+    telemetry_window = positive_seconds("telemetry_window", telemetry_window)
+    env_tags = None if env_tags is None else checked_env_tags("env_tags", env_tags)
+    placement = check_cluster_settings(
+        cluster=cluster,
+        ray_workers=workers,
+        ray_address=ray_address,
+        window_retries=retries,
+        window_episodes=window_episodes,
+        processes_per_worker=processes_per_worker,
+        ray_mode=ray_mode,
+    )
+    stated = check_provenance(provenance)
+    return RunSettings(
+        episodes=episode_settings,
+        limits=limits,
+        parallel=parallel,
+        failures=FailureSettings(on_error=on_error, episode_retries=retries),
+        placement=placement,
+        output=OutputSettings(
+            results_path=results_path,
+            resume=resume,
+            run_info=run_info,
+            allow_changed_policy=allow_changed_policy,
+            provenance=stated,
+        ),
+        video=video,
+        execution_horizon=execution_horizon,
+        env_tags=env_tags,
+        success=success,
+        telemetry_window=telemetry_window,
+        close_env=bool(close_env),
+        core=core,
+    )
+
+
+RUN_ARGUMENTS = tuple(inspect.signature(run_settings).parameters)
+"""The names of ``rlmesh.run``'s keyword arguments (but ``hooks``), in their order."""

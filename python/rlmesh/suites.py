@@ -49,10 +49,11 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from .api import evaluate, run_to_end
 from .core import core_name
-from .driver import arun, run_to_end
-from .provenance import PROVENANCE_KEY, check_provenance, collect_provenance
+from .provenance import PROVENANCE_KEY, collect_provenance
 from .results import SUITE_KEY, ResultsFile, RunResult
+from .settings import RunSettings, run_settings
 from .version import __version__
 
 if sys.version_info >= (3, 11):
@@ -169,7 +170,8 @@ class Task:
         return functools.partial(gym.make, self.env, **self.env_kwargs)
 
     def run_arguments(self) -> dict[str, Any]:
-        """The task's keyword arguments of ``rlmesh.run`` (but the env)."""
+        """The task's keyword arguments of ``rlmesh.run`` (but the env): what a task sets of
+        a run (``PER_TASK_ARGUMENTS``)."""
         return {
             "episodes": self.episodes,
             "seed": self.seed,
@@ -178,6 +180,30 @@ class Task:
             "max_episode_seconds": self.max_episode_seconds,
             "trial_index_base": self.trial_index_base,
         }
+
+    def settings(self, shared: RunSettings) -> RunSettings:
+        """The task's run: ``shared`` (the suite's settings, the same for every task) with the
+        task's own part set: its episodes and seeds, its caps (``run_arguments``), and its
+        success rule (``success_reward``, else the shared one).
+
+        Example:
+            >>> from rlmesh.settings import run_settings
+            >>> task = Task("short", "CartPole-v1", episodes=3, seed=7, max_episode_steps=9)
+            >>> settings = task.settings(run_settings(num_envs=2))
+            >>> settings.episodes.count, settings.limits.max_episode_steps
+            (3, 9)
+        """
+        own = run_settings(**self.run_arguments())
+        return replace(
+            shared,
+            episodes=own.episodes,
+            limits=replace(
+                shared.limits,
+                max_episode_steps=own.limits.max_episode_steps,
+                max_episode_seconds=own.limits.max_episode_seconds,
+            ),
+            success=shared.success if self.success_reward is None else self.success_reward,
+        )
 
 
 TASK_KEYS = tuple(item.name for item in fields(Task))
@@ -477,7 +503,10 @@ async def arun_suite(
     suite, chosen = checked_suite(tasks, only)
     if resume and results_path is None:
         raise ValueError("resume=True needs results_path=, the suite's results file to continue")
+    hooks = run_kwargs.pop("hooks", None)
     core = core or core_name()
+    # The arguments every task shares, checked once; each task sets its own part.
+    shared = run_settings(**run_kwargs, core=core, success=success, results_path=results_path)
     results = None
     if results_path is not None:
         header = {
@@ -487,38 +516,30 @@ async def arun_suite(
             # The suite's auditable record (not checked on resume); each task's header has its
             # own too.
             PROVENANCE_KEY: collect_provenance(
-                model=model,
-                env=chosen[0].env,
-                core=core,
-                **check_provenance(run_kwargs.get("provenance")),
+                model=model, env=chosen[0].env, core=core, **(shared.output.provenance or {})
             ),
         }
         results = ResultsFile.open(results_path, header, resume=resume)
     runs: dict[str, RunResult] = {}
     try:
         for task in chosen:
-            arguments = {
-                **run_kwargs,
-                **task.run_arguments(),
-                "core": core,
-                "success": success if task.success_reward is None else task.success_reward,
-                "run_info": {
+            settings = task.settings(shared)
+            output = replace(
+                shared.output,
+                run_info={
                     **(run_info or {}),
                     "task": task.name,
                     "env": task.env,
                     "env_kwargs": task.env_kwargs,
                 },
-            }
-            if run_kwargs.get("record_video"):
-                arguments["video_prefix"] = task.name  # its videos are named by the task
-            if results is not None:
-                arguments.update(
-                    results_path=results.task(task.name),
-                    resume=True,  # the suite's file was checked as a whole above
-                    allow_changed_policy=allow_changed_policy,
-                )
+                results_path=None if results is None else results.task(task.name),
+                resume=results is not None,  # the suite's file was checked as a whole above
+                allow_changed_policy=allow_changed_policy,
+            )
+            video = shared.video and replace(shared.video, prefix=task.name)
+            settings = replace(settings, output=output, video=video)
             try:
-                result = await arun(model, task.make_env(), **arguments)
+                result = await evaluate(model, task.make_env(), settings, hooks=hooks)
             except BaseException as exc:
                 partial = getattr(exc, "partial_result", None)
                 if isinstance(partial, RunResult):

@@ -42,7 +42,7 @@ from types import ModuleType
 from typing import Any
 
 from . import core as _core_selection
-from .results import TelemetryRow
+from .results.records import TelemetryRow
 from .utils import shares
 
 # The ops the driver records (process lanes add "worker{w}.step" and "driver.wait").

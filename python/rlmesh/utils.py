@@ -27,6 +27,7 @@ from gymnasium.envs.registration import EnvSpec
 from gymnasium.vector import VectorEnv
 
 from .errors import EnvError
+from .remote.address import is_address, parse_address
 
 # ------------------------------------------------------------------------------ trees
 
@@ -131,13 +132,32 @@ def positive_seconds(name: str, value: Any) -> float:
 
 
 def env_label(env: Any) -> str:
-    """How rlmesh names an env in results, messages and headers: a Gymnasium id as given, else
-    the env's registered id (``env.spec.id``), else its type's name."""
+    """How rlmesh names an env in results, messages and headers: a served env's address in
+    its one canonical spelling (``tcp://host:port``, ``unix:///absolute/path`` or
+    ``unix:relative/path``, as ``rlmesh.remote.address.Address`` prints it), so that every
+    spelling of one server is one env; a Gymnasium id as given; else the env's registered id
+    (``env.spec.id``), else its type's name.
+
+    Example:
+        >>> env_label("127.0.0.1:50051"), env_label("tcp://127.0.0.1:50051")
+        ('tcp://127.0.0.1:50051', 'tcp://127.0.0.1:50051')
+        >>> env_label("unix:/tmp/env.sock"), env_label("CartPole-v1")
+        ('unix:///tmp/env.sock', 'CartPole-v1')
+    """
     if isinstance(env, str):
-        return env
+        return address_label(env) if is_address(env) else env
     spec = getattr(env, "spec", None)
     spec_id = getattr(spec, "id", None)
     return spec_id if isinstance(spec_id, str) else type(env).__name__
+
+
+def address_label(address: str) -> str:
+    """``address`` in its canonical spelling (``str`` of the parsed ``Address``), or as given
+    when it does not parse (``rlmesh.run`` refuses it later, saying why)."""
+    try:
+        return str(parse_address(address))
+    except ValueError:
+        return address
 
 
 def env_failure(env_name: str, method: str, err: Exception, lane: int | None = None) -> EnvError:

@@ -1,10 +1,11 @@
 //! `rlmesh._core`: the per-lane, per-step bookkeeping of an evaluation run.
 //!
 //! Mirrors the pure-Python core `python/rlmesh/_pycore/` file for file: `seeding`, `args`,
-//! `ledger`, `assembly`, `actions`, `chunks`, `telemetry`, `rounds` (the per-lane work of a
-//! round, and the synchronous loop of rounds on top of the others), `served` (a served env's
-//! steps and episode tallies), `transport` (a raw-bytes gRPC transport on tonic). The Python
-//! core is the specification; the parity tests keep the two in lockstep.
+//! `ledger`, `assembly`, `resize`, `rotations`, `actions`, `chunks`, `telemetry`, `rounds` (the
+//! per-lane work of a round, and the synchronous loop of rounds on top of the others), and the
+//! wire part in its own folder, `wire/`: `wire::served` (a served env's steps and episode
+//! tallies) and `wire::transport` (a raw-bytes gRPC transport on tonic). The Python core is the
+//! specification; the parity tests keep the two in lockstep.
 
 use pyo3::prelude::*;
 
@@ -17,9 +18,8 @@ pub mod resize;
 pub mod rotations;
 pub mod rounds;
 pub mod seeding;
-pub mod served;
 pub mod telemetry;
-pub mod transport;
+pub mod wire;
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -32,8 +32,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<actions::ActionApplier>()?;
     m.add_class::<telemetry::LatencyStats>()?;
     m.add_class::<rounds::RoundRunner>()?;
-    m.add_class::<served::ServedEpisodes>()?;
-    m.add_class::<served::ServedSteps>()?;
-    transport::register(m)?;
+    wire::register(m)?;
     Ok(())
 }

@@ -2,10 +2,12 @@
 
 Same classes, same methods, same results as the Rust core (``rust/src/``), file for file:
 ``seeding.py`` ~ ``seeding.rs``, ``args.py`` ~ ``args.rs``, ``ledger.py`` ~ ``ledger.rs``,
-``assembly.py`` ~ ``assembly.rs``, ``actions.py`` ~ ``actions.rs``, ``chunks.py`` ~ ``chunks.rs``,
-``telemetry.py`` ~ ``telemetry.rs``, ``rounds.py`` ~ ``rounds.rs``, ``served.py`` ~
-``served.rs`` (a served env's steps and episode tallies), ``transport.py`` ~ ``transport.rs``
-(the raw-bytes gRPC transport; grpcio is imported only when it is used).
+``assembly.py`` ~ ``assembly.rs``, ``resize.py`` ~ ``resize.rs``, ``rotations.py`` ~
+``rotations.rs``, ``actions.py`` ~ ``actions.rs``, ``chunks.py`` ~ ``chunks.rs``,
+``telemetry.py`` ~ ``telemetry.rs``, ``rounds.py`` ~ ``rounds.rs``, and the wire part in its own
+package, ``wire/`` ~ ``wire/``: ``wire/served.py`` ~ ``wire/served.rs`` (a served env's steps
+and episode tallies), ``wire/transport.py`` ~ ``wire/transport.rs`` (the raw-bytes gRPC
+transport; grpcio is imported only when it is used).
 Selected with ``RLMESH_CORE=python``; the parity tests keep the two in lockstep. What is
 exported here is what the Rust core exports; ``ledger.RouteLedger`` is internal to the
 ``RoundRunner`` in both.
@@ -17,9 +19,10 @@ from .chunks import ChunkQueues, split_chunk
 from .ledger import EpisodeStarts, EpisodeSummary
 from .rounds import RoundRunner
 from .seeding import episode_seed
-from .served import ServedEpisodes, ServedSteps
 from .telemetry import LatencyStats
-from .transport import (
+from .wire import (
+    ServedEpisodes,
+    ServedSteps,
     ServerCall,
     ServerRequests,
     WireChannel,

@@ -7,7 +7,7 @@ A *chunk* is ``H`` consecutive actions for one lane: an array ``[H, *action_shap
 (nested) dict whose leaves all share the leading ``H``, e.g. ``{"arm": [H, 7], "grip": [H]}``.
 A *batch* of chunks for ``N`` lanes adds a leading lane axis to every leaf: ``[N, H, ...]``.
 
-Each lane replays its own queue (DESIGN.md, "Action chunks"): the model is called only for
+Each lane replays its own queue (docs/semantics.md, "Action chunks"): the model is called only for
 lanes whose queue is empty, a queue keeps at most ``execution_horizon`` actions of a chunk (a
 shorter chunk re-plans sooner), and a queue belongs to one episode, so a chunk never crosses an
 episode boundary and one lane's episode ending never touches another lane's queue.

@@ -12,7 +12,7 @@ talks to the runner only:
   the driver then resets those lanes and hands their first observations to
   ``set_observations``. ``observe_rolls`` does the same for lanes an autoresetting vector
   restarted itself.
-- a round (DESIGN.md, "The loop"), in three phases the async driver calls around its awaits:
+- a round (docs/semantics.md, "The loop"), in three phases the async driver calls around its awaits:
   ``begin_round()`` -> the running lanes, the lanes to predict for and their payload;
   ``take_actions(output, predict_ns)`` -> one env action per running lane;
   ``end_round(rewards, terminated, truncated, step_ns, now_ns)`` -> the lanes whose episode
@@ -77,7 +77,7 @@ from .chunks import ChunkQueues, split_chunk
 from .ledger import OVERFLOWS, RUNNING, EpisodeStarts, EpisodeSummary, RouteLedger
 
 if TYPE_CHECKING:
-    from ..model import RoundModel
+    from ..core import RoundModel
 
 NS_PER_S = 1e9
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -632,7 +632,7 @@ class RoundRunner:
         At least one round runs when a lane is running, whatever ``until_ns`` says.
 
         Args:
-            model: the run's model, a ``rlmesh.model.RoundModel`` (``ModelHandler`` is one):
+            model: the run's model, a ``rlmesh.core.RoundModel`` (``ModelHandler`` is one):
                 ``predict_now(payload, P)`` gives its output for the ``P`` predict lanes; a
                 ``lane_corner``, when given, is called on each lane's input in lane order (an
                 array of its own when the plan is one array leaf, else each row of an array

@@ -3,7 +3,7 @@
 Two ways to say what a model reads:
 
 - **by key**: ``Image("pixels")``, ``State("joints")``, ... name observation keys, and
-  ``compile_spec`` checks them against the spaces (see ``rlmesh.adapters.spec``);
+  ``compile_spec`` checks them against the spaces (see ``rlmesh.adapters.model_spec``);
 - **by role**: ``Image(IMAGE_PRIMARY, size=224)``, ``Concat(EEF_POS, State(EEF_ROT,
   encoding="rot6d"))``, ``Action(Actuator(ACTION_GRIPPER, dim=1))`` name roles, an env's
   ``EnvTags`` say which of its leaves plays each role, and ``resolve`` pairs them, planning
@@ -11,6 +11,19 @@ Two ways to say what a model reads:
   actuator corrections) or failing with an exact error.
 
 Either way the result is a ``Plan``, pure data the core executes per lane.
+
+The modules, each importing only those listed before it:
+
+- ``roles`` (the role names and width laws), ``checks`` (argument and v1 field checks),
+  ``keys`` (key paths, space kinds, their text in messages);
+- the spec language: ``node`` (the dict round trip every node shares), the leaves
+  ``image``, ``state``, ``text``, ``custom``, the output ``action`` (``Actuator``,
+  ``Action``), ``v1`` (reading the adapters-v1 form), ``inputs`` (the input tree);
+- ``tags`` (the env side), ``plan`` (the ``Plan``, its describe and advisories);
+- ``keyed`` (the key-based compiler), the role resolver ``resolve_features`` (the env's
+  roles), ``resolve_inputs``, ``resolve_action``, ``resolve_roles`` (the plan they make);
+- ``model_spec`` (``ModelSpec`` and ``compile_spec``), ``resolve`` (the public entry), and
+  ``spec``, where the model-spec names were, which re-exports them.
 
 Example:
     >>> import gymnasium as gym
@@ -37,6 +50,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import SpecError
+from .action import CAST_ONLY, Action, Actuator
+from .custom import Custom
+from .image import Image
+from .keys import is_text_space
+from .model_spec import ModelSpec, compile_spec
+from .plan import ActionLeafPlan, LeafPlan, Plan
 from .resolve import resolve
 from .roles import (
     ACTION_DELTA_POS,
@@ -67,22 +86,9 @@ from .roles import (
     JOINT_POS,
     JOINT_VEL,
 )
-from .spec import (
-    CAST_ONLY,
-    Action,
-    ActionLeafPlan,
-    Concat,
-    Custom,
-    Image,
-    LeafPlan,
-    ModelSpec,
-    Plan,
-    State,
-    Text,
-    compile_spec,
-    is_text_space,
-)
-from .tags import Actuator, EnvTags, Field, ImageTag, Split, StateTag, TextTag
+from .state import Concat, State
+from .tags import EnvTags, Field, ImageTag, Split, StateTag, TextTag
+from .text import Text
 
 ENV_TAGS_METADATA_KEY = "rlmesh.adapters.v1.env_io_spec"
 """The env ``metadata`` key whose value (EnvTags, or their v1 dict / JSON) tags the env."""

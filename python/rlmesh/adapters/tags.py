@@ -3,7 +3,8 @@
 An env tags its spaces once (``EnvTags``); the tags carry only what a space cannot say (the
 role, an image's layout and orientation, a rotation's encoding, a range). Keys, widths and
 dtypes are read from the spaces at resolve time. Tags are pure data and serialize to the v1
-JSON form (``to_dict`` / ``EnvTags.from_dict``).
+JSON form (``to_dict`` / ``EnvTags.from_dict``). The action layout is an ``Action`` of
+``Actuator`` slices, shared with model specs (``rlmesh.adapters.action``).
 
 Example:
     >>> from rlmesh import adapters
@@ -27,78 +28,26 @@ Example:
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import SpecError
-from .roles import ENCODINGS, encoding_width
+from .action import Action
+from .action import Actuator as Actuator  # its home before the action side had one
+from .checks import (
+    check_dim,
+    check_encoding,
+    check_range,
+    check_role,
+    expect_mapping,
+    range_json,
+    split_fields,
+)
+from .roles import encoding_width
+from .v1 import action_from_v1
 
 LAYOUTS = ("hwc", "chw")
-# Fields a newer writer may add: carried through untouched, never read.
-EXTENSION_PREFIXES = ("x-", "ext-")
-
-
-def check_range(label: str, argument: str, value: object) -> tuple[float, float] | None:
-    """``value`` as a finite ``(low, high)`` with ``low < high``, or None when None."""
-    if value is None:
-        return None
-    try:
-        low, high = (float(bound) for bound in value)  # type: ignore[union-attr]
-    except (TypeError, ValueError):
-        raise SpecError(f"{label}: {argument} must be a pair (low, high), got {value!r}") from None
-    if not (math.isfinite(low) and math.isfinite(high) and low < high):
-        raise SpecError(f"{label}: {argument} must be finite with low < high, got {value!r}")
-    return low, high
-
-
-def check_encoding(label: str, encoding: object) -> str | None:
-    """A rotation encoding name, or None; a SpecError listing the known ones otherwise."""
-    if encoding is None or encoding in ENCODINGS:
-        return encoding  # type: ignore[return-value]
-    raise SpecError(
-        f"{label}: unknown rotation encoding {encoding!r}; expected one of {', '.join(ENCODINGS)}"
-    )
-
-
-def check_role(label: str, role: object, *, optional: bool = False) -> str | None:
-    if role is None and optional:
-        return None
-    if not isinstance(role, str) or not role:
-        raise SpecError(
-            f"{label}: a role is a non-empty str such as 'proprio/eef_pos', got {role!r}"
-        )
-    return role
-
-
-def check_dim(label: str, dim: object) -> int:
-    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
-        raise SpecError(f"{label}: dim must be an int >= 1, got {dim!r}")
-    return dim
-
-
-def split_fields(label: str, data: Mapping[str, Any], known: tuple[str, ...]) -> dict[str, Any]:
-    """The extension fields of a v1 dict; a SpecError for a bare unknown field (a typo)."""
-    unknown = sorted(
-        name for name in data if name not in known and not name.startswith(EXTENSION_PREFIXES)
-    )
-    if unknown:
-        raise SpecError(
-            f"{label}: unknown field(s) {unknown}; known fields are {sorted(known)} (prefix an "
-            f"extension field with x- or ext-)"
-        )
-    return {name: data[name] for name in data if name.startswith(EXTENSION_PREFIXES)}
-
-
-def range_json(value: tuple[float, float] | None) -> list[float] | None:
-    return None if value is None else [value[0], value[1]]
-
-
-def expect_mapping(label: str, data: object) -> Mapping[str, Any]:
-    if not isinstance(data, Mapping):
-        raise SpecError(f"{label}: expected a JSON object, got {data!r}")
-    return data
 
 
 # ----------------------------------------------------------------------------------------------
@@ -221,6 +170,7 @@ class Field:
             )
 
     def to_dict(self) -> dict[str, Any]:
+        """The v1 JSON form of one field of a split tag."""
         return {
             "role": self.role,
             "dim": self.dim,
@@ -348,121 +298,6 @@ def _tree_from_dict(data: object, where: str) -> Any:
 
 
 # ----------------------------------------------------------------------------------------------
-# The action side (shared by env tags and model specs)
-
-
-@dataclass(frozen=True)
-class Actuator:
-    """One contiguous slice of an action vector, by role.
-
-    Args:
-        role: the action role; None makes it opaque: ``dim`` constant ``fill`` values.
-        dim: the number of dims it occupies.
-        encoding: the rotation encoding of a rotation actuator.
-        range: ``(low, high)`` of its values; a model range different from the env's is
-            mapped affinely onto it.
-        binary: a binary decision, snapped to -1 / +1 (``>= 0`` opens).
-        scale, invert, threshold: the side's convention, applied in that order after the
-            rotation and range are bridged (model side first, then env side).
-        clip: clamp to ``range`` (env side only).
-        fill: the constant of an opaque (role-less) or optional actuator.
-        optional: an env actuator the model may not output (it then gets ``fill``).
-
-    Example:
-        >>> Actuator("action/gripper", dim=1, range=(-1, 1)).range
-        (-1.0, 1.0)
-    """
-
-    role: str | None = None
-    dim: int = 0
-    encoding: str | None = None
-    range: tuple[float, float] | None = None
-    binary: bool = False
-    scale: float | None = None
-    invert: bool = False
-    threshold: float | None = None
-    clip: bool = False
-    fill: float = 0.0
-    optional: bool = False
-
-    def __post_init__(self) -> None:
-        label = self.label
-        check_role("Actuator", self.role, optional=True)
-        check_dim(label, self.dim)
-        check_encoding(label, self.encoding)
-        object.__setattr__(self, "range", check_range(label, "range", self.range))
-        for name in ("binary", "invert", "clip", "optional"):
-            if not isinstance(getattr(self, name), bool):
-                raise SpecError(f"{label}: {name} must be a bool, got {getattr(self, name)!r}")
-        for name in ("scale", "threshold"):
-            value = getattr(self, name)
-            if value is not None:
-                object.__setattr__(self, name, _finite(label, name, value))
-        object.__setattr__(self, "fill", _finite(label, "fill", self.fill))
-        if self.clip and self.range is None:
-            raise SpecError(f"{label}: clip=True clamps to range, but no range is declared")
-
-    @property
-    def label(self) -> str:
-        return f"Actuator({self.role!r})" if self.role else f"Actuator(dim={self.dim})"
-
-    def to_dict(self) -> dict[str, Any]:
-        """The v1 JSON form: the always-present fields, then any non-default correction."""
-        data: dict[str, Any] = {
-            "role": self.role,
-            "dim": self.dim,
-            "encoding": self.encoding,
-            "range": range_json(self.range),
-            "binary": self.binary,
-        }
-        for name, default in (
-            ("scale", None),
-            ("invert", False),
-            ("threshold", None),
-            ("clip", False),
-            ("fill", 0.0),
-            ("optional", False),
-        ):
-            if getattr(self, name) != default:
-                data[name] = getattr(self, name)
-        return data
-
-
-def _finite(label: str, name: str, value: object) -> float:
-    try:
-        number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise SpecError(f"{label}: {name} must be a number, got {value!r}") from None
-    if isinstance(value, bool) or not math.isfinite(number):
-        raise SpecError(f"{label}: {name} must be a finite number, got {value!r}")
-    return number
-
-
-ACTUATOR_FIELDS = (
-    "role",
-    "dim",
-    "encoding",
-    "range",
-    "binary",
-    "scale",
-    "invert",
-    "threshold",
-    "clip",
-    "fill",
-    "optional",
-)
-
-
-def actuator_from_dict(data: object, where: str) -> Actuator:
-    data = expect_mapping(where, data)
-    split_fields(where, data, ACTUATOR_FIELDS)
-    values = {name: data[name] for name in ACTUATOR_FIELDS if name in data}
-    if "fill" in values and values["fill"] is None:
-        values.pop("fill")
-    return Actuator(**values)
-
-
-# ----------------------------------------------------------------------------------------------
 # EnvTags
 
 
@@ -480,8 +315,6 @@ class EnvTags:
     action: Any = None
 
     def __post_init__(self) -> None:
-        from .spec import Action
-
         if self.observation is not None:
             for _ in observation_tags(self.observation):
                 pass  # walking the tree is the check
@@ -502,8 +335,6 @@ class EnvTags:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> EnvTags:
         """Tags from their v1 JSON form (a SpecError names what is wrong and where)."""
-        from .spec import action_from_v1
-
         data = expect_mapping("EnvTags", data)
         split_fields("EnvTags", data, ("observation", "action"))
         action = data.get("action")

@@ -41,10 +41,9 @@ from types import ModuleType
 from typing import Any
 
 from ..core import core_name
-from ..driver import _results_header
 from ..hooks import HookDispatcher, RunHooks, RuntimeHooks
 from ..results import EpisodeResult, ResultsFile, RunResult, TelemetryRow, merge_telemetry
-from ..settings import ClusterSettings, RunSettings
+from ..settings import RunSettings
 from ..success import SuccessRule, rule_for
 from ..utils import env_label
 from . import require_ray
@@ -86,24 +85,13 @@ BESIDE_THE_ENVS = (
 
 
 async def run_on_cluster(
-    model: Any,
-    env: Any,
-    settings: RunSettings,
-    placement: ClusterSettings,
-    *,
-    hooks: Any,
-    core: str | None,
-    results_path: Any,
-    resume: bool,
-    run_info: dict[str, Any] | None,
-    allow_changed_policy: bool,
-    success: Any,
+    model: Any, env: Any, settings: RunSettings, *, hooks: Any = None
 ) -> ClusterRunResult:
-    """Run ``settings``' episodes of ``model`` on ``env`` across a Ray cluster.
+    """Run ``settings``' episodes of ``model`` on ``env`` across a Ray cluster (its
+    ``placement``).
 
-    Takes ``rlmesh.arun``'s arguments, checked (``settings``, ``placement``). Returns the
-    merged ``ClusterRunResult``: every episode asked for, equal to a run on one process but
-    for timings and lanes, with the ``ClusterReport`` in ``.cluster``.
+    Returns the merged ``ClusterRunResult``: every episode asked for, equal to a run on one
+    process but for timings and lanes, with the ``ClusterReport`` in ``.cluster``.
 
     Raises:
         ImportError: Ray is not installed (the message says what to install).
@@ -113,60 +101,16 @@ async def run_on_cluster(
         MergeIncompleteError: the merge holds fewer episodes than asked for.
         RlmeshError: a window's run failed (the worker's error, as a local run raises it).
     """
+    assert settings.placement is not None
     ray = require_ray()
     dispatcher = HookDispatcher(hooks)
     _refuse_hooks_beside_the_envs(dispatcher)
-    core = core or core_name()
-    job = make_job(model, env, run_kwargs=_window_arguments(settings, placement, core, success))
-    success_rule = rule_for(success, env)
-    results = None
-    if results_path is not None:
-        header = _results_header(env, settings, core, run_info)
-        header["success_rule"] = success_rule.to_json()
-        results = ResultsFile.open(
-            results_path, header, resume=resume, allow_changed_policy=allow_changed_policy
-        )
-    coordinator = Coordinator(
-        ray, job, env, settings, placement, dispatcher, results, success_rule, core
-    )
+    settings = replace(settings, core=settings.core or core_name())
+    job = make_job(model, env, settings=settings.for_window())
+    success_rule = rule_for(settings.success, env)
+    results = settings.open_results(env, model, success_rule)
+    coordinator = Coordinator(ray, job, env, settings, dispatcher, results, success_rule)
     return await coordinator.execute()
-
-
-def _window_arguments(
-    settings: RunSettings, placement: ClusterSettings, core: str, success: Any
-) -> dict[str, Any]:
-    """The keyword arguments of every window's local ``rlmesh.run`` (but ``indices``)."""
-    arguments = {
-        "seeds": settings.seeds,
-        "episodes": settings.episodes,
-        "seed": settings.base_seed,
-        "num_envs": settings.num_envs,
-        "execution_horizon": settings.execution_horizon,
-        "max_episode_steps": settings.max_episode_steps,
-        "max_episode_seconds": settings.max_episode_seconds,
-        "trial_index_base": settings.trial_index_base,
-        "telemetry_window": settings.telemetry_window,
-        "timeouts": settings.timeouts or None,
-        "env_tags": settings.env_tags,
-        "core": core,
-        "success": success,
-        "on_error": settings.on_error,
-    }
-    if settings.pipeline:  # pipelining steps a window's own process lanes
-        arguments["pipeline"] = True
-    if settings.on_error == "retry":  # a window's episodes retry their env failures there
-        arguments["max_retries"] = settings.max_retries
-    if settings.video is not None:  # each window records its indices below K, to one place
-        arguments.update(
-            record_video=settings.video.episodes,
-            video_dir=str(settings.video.directory.resolve()),
-            video_key=settings.video.key,
-            video_prefix=settings.video.prefix,
-        )
-    if placement.processes_per_worker is not None:
-        arguments["workers"] = placement.processes_per_worker  # the worker's process lanes
-        arguments["restart_workers"] = settings.restart_workers
-    return arguments
 
 
 def _refuse_hooks_beside_the_envs(dispatcher: HookDispatcher) -> None:
@@ -381,16 +325,15 @@ class Coordinator:
         job: WindowJob,
         env: Any,
         settings: RunSettings,
-        placement: ClusterSettings,
         hooks: HookDispatcher,
         results: ResultsFile | None,
         success_rule: SuccessRule,
-        core: str,
     ) -> None:
+        assert settings.placement is not None and settings.core is not None
         self.ray, self.job, self.env = ray, job, env
-        self.settings, self.placement = settings, placement
+        self.settings, self.placement = settings, settings.placement
         self.hooks, self.results = hooks, results
-        self.success_rule, self.core = success_rule, core
+        self.success_rule, self.core = success_rule, settings.core
         on_file = () if results is None else results.episodes
         self.merged: dict[int, EpisodeResult] = {episode.index: episode for episode in on_file}
         self.on_file = frozenset(self.merged)
@@ -410,7 +353,7 @@ class Coordinator:
     async def execute(self) -> ClusterRunResult:
         started = time.perf_counter()
         settings = self.settings
-        wanted = range(settings.episodes) if settings.indices is None else settings.indices
+        wanted = settings.episodes.slots
         to_run = [index for index in wanted if index not in self.merged]
         error: BaseException | None = None
         connection: _RayConnection | None = None
@@ -444,14 +387,14 @@ class Coordinator:
         settings, placement = self.settings, self.placement
         return {
             "env": env_label(self.env),
-            "episodes": settings.episodes,
-            "base_seed": settings.base_seed,
-            "seeds": settings.seeds,
-            "trial_index_base": settings.trial_index_base,
+            "episodes": settings.episodes.count,
+            "base_seed": settings.episodes.base_seed,
+            "seeds": settings.episodes.seeds,
+            "trial_index_base": settings.episodes.trial_index_base,
             "execution_horizon": settings.execution_horizon,
             "core": self.core,
             "cluster": placement.cluster,
-            "workers": placement.workers,
+            "workers": placement.ray_workers,
             "ray_address": placement.ray_address,
             "ray_mode": placement.ray_mode,
             "completed_episodes": () if self.results is None else self.results.episodes,
@@ -461,13 +404,17 @@ class Coordinator:
         """Keep ``workers`` windows running until every one has completed."""
         ray, placement = self.ray, self.placement
         cpus = placement.processes_per_worker or 1
-        workers = placement.workers or max(1, int(ray.cluster_resources().get("CPU", 1)) // cpus)
+        workers = placement.ray_workers or max(
+            1, int(ray.cluster_resources().get("CPU", 1)) // cpus
+        )
         sizes = window_sizes(
-            len(to_run), workers, self.settings.num_envs, placement.window_episodes
+            len(to_run), workers, self.settings.parallel.num_envs, placement.window_episodes
         )
         pending = deque(
             _Window(number, indices)
-            for number, indices in enumerate(deal_windows(to_run, sizes, self.settings.base_seed))
+            for number, indices in enumerate(
+                deal_windows(to_run, sizes, self.settings.episodes.base_seed)
+            )
         )
         self.workers = min(workers, len(pending))
         pool = WORKER_POOLS[placement.ray_mode](ray, ray.put(self.job), cpus)
@@ -507,7 +454,7 @@ class Coordinator:
         missing = tuple(index for index in window.indices if index not in self.merged)
         if not missing:
             return []
-        retries = self.placement.max_retries
+        retries = self.placement.window_retries
         if window.attempt >= retries:
             kept = len(self.merged) - len(self.on_file)
             where = "" if self.results is None else f" in {self.results.path}"
@@ -616,16 +563,14 @@ class Coordinator:
         rule = done[-1].success_rule if done else self.success_rule  # a factory's, resolved
         return RunResult(
             episodes=tuple(e for i, e in self.merged.items() if i not in self.on_file),
-            base_seed=settings.base_seed,
+            base_seed=settings.episodes.base_seed,
             wasted_steps=sum(window.wasted_steps for window in done),
             telemetry=cluster_telemetry([window.telemetry for window in done], dealing_s),
             observer_errors=sum(window.observer_errors for window in done)
             + self.hooks.observer_errors,
             core=self.core,
             success_rule=rule,
-            episodes_requested=(
-                settings.episodes if settings.indices is None else len(settings.indices)
-            ),
+            episodes_requested=(settings.episodes.requested),
             elapsed_s=elapsed_s,
         )
 

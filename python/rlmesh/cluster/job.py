@@ -8,7 +8,8 @@ the spec the CLI takes (``path/to/file.py:Name``, ``package.module:Name``, a bui
 the worker loads itself: the form for a model that does not pickle.
 
 Example:
-    >>> job = make_job("random", "CartPole-v1", run_kwargs={"episodes": 2})
+    >>> from rlmesh.settings import run_settings
+    >>> job = make_job("random", "CartPole-v1", settings=run_settings(episodes=2).for_window())
     >>> job.model, job.env
     ('random', 'CartPole-v1')
 """
@@ -25,6 +26,7 @@ from typing import Any
 import gymnasium as gym
 
 from ..results import EpisodeResult, TelemetryRow
+from ..settings import RunSettings
 from ..success import SuccessRule
 from .errors import NotPicklableError
 
@@ -38,15 +40,16 @@ MODEL_FORMS = (
 class WindowJob:
     """Everything a window's task needs but its indices, put in Ray's object store once.
 
-    ``model`` and ``env`` are a spec or id (str) or cloudpickle bytes; ``run_kwargs`` the
-    cloudpickled keyword arguments of each window's local ``rlmesh.run``; ``search_path`` the
+    ``model`` and ``env`` are a spec or id (str) or cloudpickle bytes; ``settings`` the
+    cloudpickled ``RunSettings`` of each window's local run (``RunSettings.for_window``, but
+    the indices); ``search_path`` the
     coordinator's import directories, appended on a worker to its own where they exist.
     """
 
     job_id: str
     model: str | bytes
     env: str | bytes
-    run_kwargs: bytes
+    settings: bytes
     search_path: tuple[str, ...]
 
 
@@ -98,7 +101,7 @@ def model_spec(spec: str) -> str:
     (the workers' working directory may differ), checked to exist; ValueError otherwise."""
     target, _, name = spec.rpartition(":")
     if not target or not name:
-        from ..cli import BUILTIN_POLICIES
+        from ..policies import BUILTIN_POLICIES
 
         if spec in BUILTIN_POLICIES:
             return spec
@@ -111,7 +114,7 @@ def model_spec(spec: str) -> str:
     return spec
 
 
-def make_job(model: Any, env: Any, *, run_kwargs: dict[str, Any]) -> WindowJob:
+def make_job(model: Any, env: Any, *, settings: RunSettings) -> WindowJob:
     """The job of a cluster run, its model, env and window arguments checked to travel.
 
     Raises:
@@ -137,8 +140,8 @@ def make_job(model: Any, env: Any, *, run_kwargs: dict[str, Any]) -> WindowJob:
         if isinstance(env, str)
         else _dumps(env, "env factory", "a Gymnasium id or a module-level factory function")
     )
-    kwargs = _dumps(
-        run_kwargs,
+    shipped_settings = _dumps(
+        settings,
         "the run's arguments",
         "a success rule that pickles (a module-level function, or a number)",
     )
@@ -146,7 +149,7 @@ def make_job(model: Any, env: Any, *, run_kwargs: dict[str, Any]) -> WindowJob:
         job_id=uuid.uuid4().hex,
         model=shipped_model,
         env=shipped_env,
-        run_kwargs=kwargs,
+        settings=shipped_settings,
         search_path=import_directories(),
     )
 

@@ -24,17 +24,20 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import gymnasium as gym
 
+from ..driver import EvaluationRun
 from ..hooks import RunHooks
-from ..model import Model, _resolved
+from ..model import Model, resolved
+from ..settings import RunSettings
 from .job import Landed, WindowDone, WindowFailed, WindowJob
 
 LIFECYCLE = ("load", "close")  # what HeldModel takes over from each local run
 _FINISHED = object()  # the local run's thread put its last event
-_loaded: tuple[str, Any, Any, dict[str, Any]] | None = None  # (job_id, model, env, kwargs)
+_loaded: tuple[str, Any, Any, RunSettings] | None = None  # (job_id, model, env, settings)
 
 
 class _Relay(RunHooks):
@@ -55,7 +58,7 @@ def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _load(job: WindowJob) -> tuple[Any, Any, dict[str, Any]]:
+def _load(job: WindowJob) -> tuple[Any, Any, RunSettings]:
     """The job's model, env and local-run arguments, loaded once per worker process."""
     global _loaded
     if _loaded is not None and _loaded[0] == job.job_id:
@@ -66,15 +69,15 @@ def _load(job: WindowJob) -> tuple[Any, Any, dict[str, Any]]:
     from ray import cloudpickle
 
     env = job.env if isinstance(job.env, str) else cloudpickle.loads(job.env)
-    kwargs = cloudpickle.loads(job.run_kwargs)
+    settings = cloudpickle.loads(job.settings)
     if isinstance(job.model, str):
-        from ..cli import load_policy
+        from ..policies import load_policy
 
         model = load_policy(job.model, lambda: _action_space(env))
     else:
         model = cloudpickle.loads(job.model)
-    _loaded = (job.job_id, model, env, kwargs)
-    return model, env, kwargs
+    _loaded = (job.job_id, model, env, settings)
+    return model, env, settings
 
 
 def _action_space(env: Any) -> gym.Space:
@@ -101,12 +104,10 @@ def run_window(
     start and complete, then one ``WindowDone`` (or ``WindowFailed``, after the episodes that
     completed before the error). ``hold`` is handed the model before the run (an actor's
     ``WindowActor.hold``)."""
-    from ..driver import run
-
     worker = worker_name()
     started = time.perf_counter()
     try:
-        model, env, kwargs = _load(job)
+        model, env, settings = _load(job)
     except Exception as exc:
         yield WindowFailed(worker, _portable(exc), f"loading the job failed: {exc!r}")
         return
@@ -117,7 +118,13 @@ def run_window(
 
     def evaluate() -> None:
         try:
-            outcome["result"] = run(model, env, indices=indices, hooks=_Relay(events), **kwargs)
+            window = replace(settings, episodes=replace(settings.episodes, indices=indices))
+            run = EvaluationRun(model, env, window, hooks=_Relay(events))
+
+            async def execute() -> None:  # the result stays out of the task's repr
+                outcome["result"] = await run.execute()
+
+            asyncio.run(execute())
         except BaseException as exc:  # handed to the coordinator, whatever it is
             outcome["error"] = exc
         finally:
@@ -207,7 +214,7 @@ class HeldModel:
                 setattr(model, name, self._own[name])
         closed = self._close()
         if inspect.isawaitable(closed):
-            asyncio.run(_resolved(closed))
+            asyncio.run(resolved(closed))
 
 
 def _nothing() -> None:

@@ -1,29 +1,30 @@
 """Lanes: everything that holds envs, behind the one seam the driver steps (``Lanes``).
 
-``make_lanes`` turns whatever was passed as ``env=`` into ``Lanes`` (``lanes/base.py``, the
-protocol), one of its kinds:
+The package: ``base.py`` the protocol (its required and optional members, and the accessors
+that read the optional ones), ``build.py`` building envs, and one module per kind.
+``make_lanes`` turns whatever was passed as ``env=`` into ``Lanes`` of one kind:
 
 - an address (``"tcp://host:port"``, ``"host:port"``, ``"unix:///path"``): the lanes of the
-  env served there, a ``rlmesh.RemoteEnv`` (``rlmesh/remote/env_client.py``);
+  env served there, a ``rlmesh.RemoteEnv`` (``lanes/remote.py``);
 - a Gymnasium id (``"CartPole-v1"``): ``num_envs`` lanes, each ``gymnasium.make(id,
-  **env_kwargs)``, in a ``LaneVector``;
-- a ``gymnasium.Env`` instance: a ``LaneVector`` of that one lane;
-- a zero-argument callable returning a ``gymnasium.Env``: a ``LaneVector`` of ``num_envs``
+  **env_kwargs)``, in ``InProcessLanes`` (``lanes/in_process.py``);
+- a ``gymnasium.Env`` instance: ``InProcessLanes`` of that one lane;
+- a zero-argument callable returning a ``gymnasium.Env``: ``InProcessLanes`` of ``num_envs``
   lanes, one call each;
-- a ``gymnasium.vector.VectorEnv``: ``VectorLanes`` over its lanes (``lanes/vector.py``);
+- a ``gymnasium.vector.VectorEnv``: ``VectorEnvLanes`` over its lanes (``lanes/vector_env.py``);
 - anything that implements ``Lanes`` itself, as it is;
 - with ``workers=W > 1``, an id or a picklable factory: ``ProcessLanes``, ``num_envs`` lanes
   in ``W`` worker processes that build their envs themselves (``lanes/process``).
 
-``LaneVector`` lives in ``lanes/local.py``. A new kind of lanes (a remote env) implements the
-same protocol; the driver needs no change for it.
+A new kind of lanes implements the same protocol; the driver needs no change for it. (The
+former names ``LaneVector`` and ``VectorLanes`` stay importable as aliases.)
 
-A ``LaneVector`` steps any subset of its lanes and never resets a lane by itself: the driver
-resets every episode with its seed, and a lane left without an episode simply stops being
-stepped, so it costs nothing. A ``VectorEnv`` steps all its lanes in lockstep; ``VectorLanes``
-follows its ``metadata["autoreset_mode"]``: with ``DISABLED`` the driver resets ended lanes
-itself (masked, seeded resets); with ``NEXT_STEP`` and ``SAME_STEP`` the env restarts ended
-lanes on its own, unseeded, and ``env_episode_ids`` counts those restarts for
+``InProcessLanes`` step any subset of their lanes and never reset a lane by themselves: the
+driver resets every episode with its seed, and a lane left without an episode simply stops
+being stepped, so it costs nothing. A ``VectorEnv`` steps all its lanes in lockstep;
+``VectorEnvLanes`` follow its ``metadata["autoreset_mode"]``: with ``DISABLED`` the driver
+resets ended lanes itself (masked, seeded resets); with ``NEXT_STEP`` and ``SAME_STEP`` the env
+restarts ended lanes on its own, unseeded, and ``env_episode_ids`` counts those restarts for
 ``RoundRunner.observe_rolls``.
 
 Trial indices: an env that sweeps a fixed list of initial states declares
@@ -56,20 +57,33 @@ from typing import Any
 import gymnasium
 from gymnasium.vector import VectorEnv
 
-from ..errors import EnvError
 from ..remote.address import is_address
 from ..utils import positive_int
 from .base import (
     TRIAL_INDEX_FLAG,
     TRIAL_INDEX_OPTION,
     Lanes,
+    OptionalLaneMembers,
     PipelinedLanes,
     RenderingLanes,
     StepBatch,
     core_steps,
+    lanes_accepts_trial_index,
+    lanes_autoreset,
+    lanes_core_calls_step,
+    lanes_pipelined,
+    lanes_render_fps,
+    lanes_rendering,
+    lanes_round_step,
 )
-from .local import LaneVector
-from .vector import VectorLanes
+from .build import build_envs
+from .in_process import InProcessLanes
+from .vector_env import VectorEnvLanes
+
+LaneVector = InProcessLanes
+"""The former name of ``InProcessLanes``."""
+VectorLanes = VectorEnvLanes
+"""The former name of ``VectorEnvLanes``."""
 
 ENV_FORMS = (
     "a Gymnasium id (str), a gymnasium.Env instance, a zero-argument callable returning a "
@@ -119,7 +133,7 @@ def make_lanes(
     Example:
         >>> lanes = make_lanes("Pendulum-v1", num_envs=2, env_kwargs={"g": 9.81})
         >>> lanes
-        LaneVector(Pendulum-v1, num_lanes=2)
+        InProcessLanes(Pendulum-v1, num_lanes=2)
         >>> lanes.close()
     """
     if num_envs is not None:
@@ -154,7 +168,7 @@ def make_lanes(
         def make() -> gymnasium.Env[Any, Any]:
             return gymnasium.make(env, **kwargs)
 
-        return LaneVector(
+        return InProcessLanes(
             build_envs(
                 make,
                 num_envs or 1,
@@ -170,7 +184,7 @@ def make_lanes(
                 f"env= is a VectorEnv with num_envs={env.num_envs}, but num_envs={num_envs}: "
                 f"omit num_envs or build the vector with the lanes you want"
             )
-        return VectorLanes(env)
+        return VectorEnvLanes(env)
     if isinstance(env, gymnasium.Env):
         if num_envs not in (None, 1):
             raise ValueError(
@@ -178,10 +192,10 @@ def make_lanes(
                 f"{num_envs}: pass a Gymnasium id or a zero-argument factory to build "
                 f"{num_envs} lanes"
             )
-        return LaneVector([env])
+        return InProcessLanes([env])
     if callable(env):
         name = getattr(env, "__qualname__", type(env).__name__)
-        return LaneVector(
+        return InProcessLanes(
             build_envs(
                 env,
                 num_envs or 1,
@@ -230,7 +244,7 @@ def _remote(address: str, num_envs: int | None, core: str | None) -> Lanes:
     from ..remote import require_grpc
 
     require_grpc("run on a served env")
-    from ..remote.env_client import RemoteEnv
+    from .remote import RemoteEnv
 
     lanes = RemoteEnv(address, core=core)
     if num_envs not in (None, lanes.num_lanes):
@@ -274,50 +288,29 @@ def _process_lanes(
     )
 
 
-def build_envs(
-    factory: Callable[[], Any], count: int, what: str, expected: str, *, first_lane: int = 0
-) -> list[gymnasium.Env[Any, Any]]:
-    """``count`` envs from ``factory``, for lanes ``first_lane..first_lane+count-1`` (how
-    messages number them); the ones already built are closed if one fails."""
-    envs: list[gymnasium.Env[Any, Any]] = []
-    lane_of: dict[int, int] = {}  # id(env) -> its lane, to refuse an env returned twice
-    try:
-        for lane in range(first_lane, first_lane + count):
-            try:
-                env = factory()
-            except Exception as err:
-                raise EnvError(
-                    f"{what} raised {type(err).__name__} building lane {lane}: {err}; {expected}"
-                ) from err
-            if not isinstance(env, gymnasium.Env):
-                raise TypeError(f"{what} returned {type(env).__name__} for lane {lane}; {expected}")
-            other = lane_of.setdefault(id(env), lane)
-            if other != lane:
-                raise ValueError(
-                    f"{what} returned the same env object for lanes {other} and {lane}: "
-                    f"a factory must build a new env on every call"
-                )
-            envs.append(env)
-    except BaseException:
-        for env in envs:
-            env.close()
-        raise
-    return envs
-
-
 __all__ = [
     "ENV_FORMS",
     "TRIAL_INDEX_FLAG",
     "TRIAL_INDEX_OPTION",
+    "InProcessLanes",
     "LaneVector",
     "Lanes",
+    "OptionalLaneMembers",
     "PipelinedLanes",
     "ProcessLanes",
     "RenderingLanes",
     "StepBatch",
+    "VectorEnvLanes",
     "VectorLanes",
     "build_envs",
     "core_steps",
+    "lanes_accepts_trial_index",
+    "lanes_autoreset",
+    "lanes_core_calls_step",
+    "lanes_pipelined",
+    "lanes_render_fps",
+    "lanes_rendering",
+    "lanes_round_step",
     "make_lanes",
 ]
 

@@ -1,8 +1,21 @@
 """The ``Lanes`` seam: what the driver needs of anything that holds envs.
 
-Every kind of lanes (in-process lanes, a user's ``VectorEnv``, and later worker-process and
-remote lanes) implements this one protocol, and the driver steps whatever it is given through
-it, without asking which kind it is.
+Every kind of lanes (in-process envs, a user's ``VectorEnv``, worker processes, a served env)
+implements this one protocol, and the driver steps whatever it is given through it, without
+asking which kind it is. This module owns the protocol: its required members (``Lanes``), the
+members a kind may leave out (``OptionalLaneMembers``, ``RenderingLanes``, ``PipelinedLanes``)
+with the accessors that read them with their defaults (``lanes_core_calls_step``, ...), and
+the helpers every kind shares (``checked_reset``, ``reset_options``, ``lane_failures``).
+
+Example:
+    >>> import gymnasium
+    >>> from rlmesh.lanes import InProcessLanes
+    >>> lanes = InProcessLanes([gymnasium.make("CartPole-v1")])
+    >>> lanes_core_calls_step(lanes), lanes_accepts_trial_index(lanes), lanes_autoreset(lanes)
+    (False, False, 'driver')
+    >>> lanes_round_step(lanes) == lanes.step, lanes_render_fps(lanes)
+    (True, 50)
+    >>> lanes.close()
 """
 
 from __future__ import annotations
@@ -22,6 +35,14 @@ TRIAL_INDEX_FLAG = "rlmesh.trial_index"
 """The ``metadata`` key by which an env declares it takes the ``trial_index`` reset option."""
 
 TRIAL_INDEX_OPTION = "trial_index"
+"""The reset option that carries an episode's trial index, to envs that declare the flag."""
+
+DRIVER = "driver"
+"""``autoreset``: the driver starts every episode through ``reset`` (no autoreset)."""
+NEXT_STEP = "next_step"
+"""``autoreset``: the env restarts an ended lane on its next step (the action ignored)."""
+SAME_STEP = "same_step"
+"""``autoreset``: the env restarts an ended lane within the step that ended it."""
 
 EnvStep = Callable[[Any], tuple[Any, Any, Any, Any, Any]]
 """One env's ``step(action) -> (observation, reward, terminated, truncated, info)``."""
@@ -73,17 +94,17 @@ def core_steps(
     final), else None (the driver awaits each round).
 
     Example:
-        >>> from rlmesh.lanes import LaneVector
-        >>> lanes = LaneVector([gymnasium.make("CartPole-v1")])
+        >>> from rlmesh.lanes import InProcessLanes
+        >>> lanes = InProcessLanes([gymnasium.make("CartPole-v1")])
         >>> core_steps(lanes) is lanes.env_steps
         True
         >>> lanes.close()
     """
     if lanes.env_steps is not None:
         return lanes.env_steps
-    if not getattr(lanes, "core_calls_step", False):
+    if not lanes_core_calls_step(lanes):
         return None
-    return lanes.step if every_info else getattr(lanes, "round_step", lanes.step)
+    return lanes.step if every_info else lanes_round_step(lanes)
 
 
 @runtime_checkable
@@ -105,14 +126,6 @@ class Lanes(Protocol):
         env_steps: the core's synchronous fast path: per lane, its env's ``step``, when each
             lane is a plain in-process env the core may call itself; None when steps must
             go through ``step`` (a vector, a worker process, a remote env).
-        core_calls_step: optional (False when absent): True when ``step`` is a plain call
-            (not a coroutine) that moves exactly the lanes asked for, so that the core may
-            call it itself, whole rounds at a time, where ``env_steps`` is None (process and
-            remote lanes). Lanes that leave it out are stepped by the driver's awaited round.
-        round_step: optional, with ``core_calls_step``: what the core's rounds call in place
-            of ``step``. It returns what ``step`` does, except that a lane whose step returned
-            neither terminated nor truncated may have an empty info: rounds without caps read
-            only final infos (process lanes then send no other info through their pipes).
         spec: one lane's ``EnvSpec`` (what ``gymnasium.make`` registered: its id, its
             ``reward_threshold``, ...), None when it is unknown. ``rlmesh.success`` reads its
             ``reward_threshold`` when no other success rule applies.
@@ -126,8 +139,9 @@ class Lanes(Protocol):
             Lanes that have it report an env failure on some of their lanes as
             ``rlmesh.errors.LaneFailures``, with the other lanes' results.
 
-    Lanes that can draw a lane also implement ``RenderingLanes``, which video recording
-    reads frames through.
+    A kind may also have the members of ``OptionalLaneMembers`` (read through their
+    accessors, which supply the default of a member left out), and lanes that can draw a lane
+    or step groups of lanes on their own implement ``RenderingLanes`` or ``PipelinedLanes``.
     """
 
     num_lanes: int
@@ -238,6 +252,114 @@ class PipelinedLanes(Protocol):
         """The outcome of a step sent and not yet received, the first to be ready; raises
         ``LaneFailures`` for its lanes as ``step`` does."""
         ...
+
+
+class OptionalLaneMembers(Protocol):
+    """The members a kind of ``Lanes`` may leave out, each with the default its absence means.
+
+    They are not part of ``Lanes`` itself, since ``isinstance(x, Lanes)`` asks for every
+    member of the protocol. Read them only through their accessors (``lanes_core_calls_step``,
+    ``lanes_round_step``, ``lanes_accepts_trial_index``, ``lanes_autoreset``), never with a
+    ``getattr`` of one's own, so that a member left out means the same everywhere.
+
+    Attributes:
+        core_calls_step: default False. True when ``step`` is a plain call (not a coroutine)
+            that moves exactly the lanes asked for, so that the core may call it itself, whole
+            rounds at a time, where ``env_steps`` is None (process and remote lanes). Lanes
+            that leave it out are stepped by the driver's awaited round.
+        accepts_trial_index: default False. True when the envs declare
+            ``metadata["rlmesh.trial_index"] = True``: their resets then get the
+            ``trial_index`` option (``reset_options``).
+        autoreset: who starts a lane's next episode: ``DRIVER`` (``"driver"``), or for lanes
+            that reset themselves ``NEXT_STEP`` or ``SAME_STEP``, as a ``VectorEnv`` says.
+            Default: ``NEXT_STEP`` (Gymnasium's) when ``resets_itself``, else ``DRIVER``.
+    """
+
+    core_calls_step: bool
+    accepts_trial_index: bool
+    autoreset: str
+
+    def round_step(self, lanes: np.ndarray, actions: Any) -> StepBatch:
+        """Default: ``step``. With ``core_calls_step``, what the core's rounds call in place
+        of ``step``. It returns what ``step`` does, except that a lane whose step returned
+        neither terminated nor truncated may have an empty info: rounds without caps read
+        only final infos (process lanes then send no other info through their pipes)."""
+        ...
+
+
+def lanes_core_calls_step(lanes: Lanes) -> bool:
+    """``lanes.core_calls_step``, False when the lanes leave it out (``OptionalLaneMembers``)."""
+    return bool(getattr(lanes, "core_calls_step", False))
+
+
+def lanes_round_step(lanes: Lanes) -> Callable[[np.ndarray, Any], StepBatch]:
+    """``lanes.round_step``, their ``step`` when they leave it out (``OptionalLaneMembers``)."""
+    return getattr(lanes, "round_step", lanes.step)  # type: ignore[no-any-return]
+
+
+def lanes_accepts_trial_index(lanes: Lanes) -> bool:
+    """``lanes.accepts_trial_index``, False when the lanes leave it out
+    (``OptionalLaneMembers``)."""
+    return bool(getattr(lanes, "accepts_trial_index", False))
+
+
+def lanes_autoreset(lanes: Lanes) -> str:
+    """``lanes.autoreset``; when the lanes leave it out (``OptionalLaneMembers``),
+    ``NEXT_STEP`` for lanes that reset themselves, else ``DRIVER``."""
+    declared = getattr(lanes, "autoreset", None)
+    if declared is not None:
+        return str(declared)
+    return NEXT_STEP if lanes.resets_itself else DRIVER
+
+
+def lanes_rendering(lanes: Lanes) -> RenderingLanes | None:
+    """``lanes`` when they can draw a lane (``RenderingLanes``), else None."""
+    return lanes if isinstance(lanes, RenderingLanes) else None
+
+
+def lanes_render_fps(lanes: Lanes) -> float | None:
+    """The frame rate of the lanes' envs: ``render_fps`` (``RenderingLanes``), else their
+    ``metadata["render_fps"]``, else None."""
+    fps = getattr(lanes, "render_fps", None)
+    return fps or (getattr(lanes, "metadata", None) or {}).get("render_fps")
+
+
+def lanes_pipelined(lanes: Lanes) -> PipelinedLanes | None:
+    """``lanes`` when they step groups of lanes on their own (``PipelinedLanes``), else None."""
+    return lanes if isinstance(lanes, PipelinedLanes) else None
+
+
+# ------------------------------------------------------------------ shared by the kinds
+
+
+def checked_reset(
+    lanes: np.ndarray, seeds: Sequence[int | None], trials: Sequence[int | None], num_lanes: int
+) -> list[int]:
+    """``lanes`` as a list, refusing a lane out of range or given twice and lengths that differ
+    (the arguments of ``Lanes.reset``).
+
+    Raises:
+        ValueError: naming the lane, or the argument whose length differs.
+    """
+    array = np.asarray(lanes)
+    if array.ndim != 1:
+        raise ValueError(f"lanes must be a 1-D array, got shape {array.shape}")
+    if array.size and array.dtype.kind not in "iu":
+        raise ValueError(f"lanes must hold integers, got dtype {array.dtype}")
+    checked = array.astype(np.int64).tolist()
+    for name, values in (("seeds", seeds), ("trials", trials)):
+        if len(values) != len(checked):
+            raise ValueError(f"{name} has {len(values)} entries but lanes has {len(checked)}")
+    seen: set[int] = set()
+    for lane in checked:
+        if not 0 <= lane < num_lanes:
+            raise ValueError(
+                f"lane {lane} is out of range: this route has lanes 0..{num_lanes - 1}"
+            )
+        if lane in seen:
+            raise ValueError(f"lane {lane} appears twice in lanes")
+        seen.add(lane)
+    return checked
 
 
 def lane_failures(

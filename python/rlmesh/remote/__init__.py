@@ -1,9 +1,20 @@
 """Envs and models served over gRPC, speaking rlmesh-wire-v1 (edition 2026.06).
 
+The parts both ends share:
+
 - ``address``: the address forms (``tcp://host:port``, ``host:port``, ``unix:///path``);
 - ``codec``: spaces, values and infos as the wire's messages;
+- ``protocol``: the capability and metadata keys, the vector form of infos, and
+  ``RequestError``, the one error a server answers a bad request with;
+- ``connection``: channels, handshakes and ``Server``, over either core's transport;
+- ``hosting``: grpcio servicers hosted on a core's transport (``ServicerHost``);
 - ``wire/``: the protobuf and gRPC modules generated from ``proto/`` by
   ``scripts/generate_wire.py`` (do not edit them).
+
+The ends: ``env_server`` (``serve_env``) and ``model_server`` (``serve_model``) serve;
+``model_client`` (``RemoteModel``) drives a served model, and a served env's client is a kind
+of lanes, ``rlmesh.lanes.remote.RemoteEnv`` (also importable from ``env_client``). No client
+imports a server module: what both need is in ``protocol``.
 
 Needs the ``remote`` extra: ``pip install "rlmesh[remote]"``.
 """

@@ -50,11 +50,16 @@ import numpy as np
 from gymnasium import spaces
 
 from ..adapters import ENV_TAGS_CONTRACT_KEY, EnvTags, checked_env_tags, env_tags_of
-from ..errors import RlmeshError
 from ..lanes import Lanes, make_lanes
-from ..lanes.base import TRIAL_INDEX_FLAG, TRIAL_INDEX_OPTION
+from ..lanes.base import (
+    SAME_STEP,
+    TRIAL_INDEX_FLAG,
+    TRIAL_INDEX_OPTION,
+    lanes_accepts_trial_index,
+    lanes_autoreset,
+)
 from ..spaces import batch_leaves, leaf_shape, space_leaves
-from ..utils import lane_actions, positive_int
+from ..utils import positive_int
 from .codec import (
     WORKFLOW_EDITION,
     SpaceCodec,
@@ -64,32 +69,14 @@ from .codec import (
     space_spec,
 )
 from .connection import DEFAULT_MAX_MESSAGE_MB, Server, handshake_response, wire_transport
+from .protocol import SPEC_METADATA, SUBSET_STEP, RequestError, split_rows, vector_infos
 from .wire.core.v1 import env_contract_pb2, handshake_pb2
 from .wire.env.v1 import interaction_pb2 as wire
 from .wire.env.v1 import service_pb2, service_pb2_grpc
 
 COMPONENT = "rlmesh-env"
-SUBSET_STEP = "subset_step"
-"""The capability a server advertises when any subset of its lanes steps alone."""
-
-SPEC_METADATA = {
-    "rlmesh.spec.id": "id",
-    "rlmesh.spec.reward_threshold": "reward_threshold",
-    "rlmesh.spec.max_episode_steps": "max_episode_steps",
-}
-"""Contract metadata keys -> the ``EnvSpec`` fields they carry, so a driver rebuilds the
-served env's spec (its ``reward_threshold`` decides success when nothing else does)."""
 
 Code = wire.EnvErrorCode
-
-
-class RequestError(RlmeshError):
-    """A request the server answers with an ``EnvError`` rather than a result."""
-
-    def __init__(self, code: int, message: str, *, recoverable: bool) -> None:
-        super().__init__(message)
-        self.code = code
-        self.recoverable = recoverable
 
 
 def serve_env(
@@ -176,7 +163,7 @@ def env_contract(lanes: Lanes, env_tags: EnvTags | None = None) -> env_contract_
     """What the handshake tells a driver of ``lanes``: spaces, width, metadata (the spec's
     fields, the trial-index flag, the role tags: ``env_tags``, else the lanes' own), autoreset."""
     metadata: dict[str, Any] = {}
-    if getattr(lanes, "accepts_trial_index", False):
+    if lanes_accepts_trial_index(lanes):
         metadata[TRIAL_INDEX_FLAG] = True
     tags = env_tags or env_tags_of(lanes.metadata)
     if tags is not None:
@@ -190,7 +177,7 @@ def env_contract(lanes: Lanes, env_tags: EnvTags | None = None) -> env_contract_
     if lanes.resets_itself:
         autoreset = (
             env_contract_pb2.AUTORESET_MODE_SAME_STEP
-            if getattr(lanes, "autoreset", None) == "same_step"
+            if lanes_autoreset(lanes) == SAME_STEP
             else env_contract_pb2.AUTORESET_MODE_NEXT_STEP
         )
     else:
@@ -692,11 +679,6 @@ def stack_rows(space: gymnasium.Space[Any], rows: list[Any]) -> Any:
     return np.asarray(rows)
 
 
-def split_rows(batch: Any, count: int) -> list[Any]:
-    """A batch of ``count`` values as a list of per-row values (array rows are views)."""
-    return list(lane_actions(batch, count))
-
-
 LeafCheck = Callable[[np.ndarray], "np.ndarray | None"]
 
 
@@ -813,15 +795,14 @@ def _nan_rows(axes: tuple[int, ...]) -> LeafCheck:
     return check
 
 
-def vector_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per-row info dicts in Gymnasium's vector form: each key a list of one value per row
-    (None where a row lacks it) and ``_key`` the rows that have it."""
-    out: dict[str, Any] = {}
-    keys = list(dict.fromkeys(key for info in infos for key in info))
-    for key in keys:
-        out[key] = [info.get(key) for info in infos]
-        out[f"_{key}"] = [key in info for info in infos]
-    return out
-
-
-__all__ = ["COMPONENT", "SPEC_METADATA", "SUBSET_STEP", "EnvServicer", "env_contract", "serve_env"]
+__all__ = [
+    "COMPONENT",
+    "SPEC_METADATA",
+    "SUBSET_STEP",
+    "EnvServicer",
+    "RequestError",
+    "env_contract",
+    "serve_env",
+    "split_rows",
+    "vector_infos",
+]

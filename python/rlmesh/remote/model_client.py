@@ -50,7 +50,7 @@ from .connection import (
     uuid7,
     wire_transport,
 )
-from .model_server import MODEL_SPEC_KEY
+from .protocol import MODEL_SPEC_KEY
 from .wire.core.v1 import env_contract_pb2
 from .wire.model.v1 import interaction_pb2, service_pb2
 

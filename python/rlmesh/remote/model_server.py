@@ -45,18 +45,15 @@ from typing import Any
 import grpc
 import numpy as np
 
-from ..errors import RlmeshError
 from ..model import ModelHandler
 from ..spaces import batch_from_leaves, batch_leaves, leaf_shape, space_leaves
 from ..utils import leaves, map_leaves
 from .codec import WORKFLOW_EDITION, SpaceCodec, WireFormatError, space_from_spec
 from .connection import DEFAULT_MAX_MESSAGE_MB, Server, handshake_response
+from .protocol import MODEL_SPEC_KEY, RequestError
 from .wire.model.v1 import interaction_pb2, service_pb2, service_pb2_grpc
 
 COMPONENT = "rlmesh-model"
-MODEL_SPEC_KEY = "rlmesh.model_spec.v1"
-"""``peer_info.extra`` key of the handshake: the served model's ``ModelSpec`` as JSON (absent
-for a model without a spec). The driver assembles the payload from it."""
 
 Code = interaction_pb2.ModelErrorCode
 
@@ -176,15 +173,6 @@ class BatchStats:
 
 
 # ---------------------------------------------------------------------------------- batching
-
-
-class RequestError(RlmeshError):
-    """A request the server answers with a ``ModelError`` of ``code``."""
-
-    def __init__(self, code: int, message: str, recoverable: bool = True) -> None:
-        super().__init__(message)
-        self.code = code
-        self.recoverable = recoverable
 
 
 class _Work:
@@ -792,4 +780,4 @@ def _model_error(err: BaseException, kind: str | None, request_id: str) -> Any:
     )
 
 
-__all__ = ["MODEL_SPEC_KEY", "BatchStats", "ModelServer", "serve_model"]
+__all__ = ["MODEL_SPEC_KEY", "BatchStats", "ModelServer", "RequestError", "serve_model"]

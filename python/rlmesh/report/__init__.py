@@ -7,7 +7,7 @@ Example:
     (True, [('host', 'box')])
 """
 
-from ..provenance import (
+from ..results.provenance import (
     PROVENANCE_KEY,
     collect_provenance,
     format_provenance,

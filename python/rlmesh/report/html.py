@@ -29,32 +29,16 @@ import json
 import math
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..errors import ResultsFileError
-from ..provenance import PROVENANCE_KEY, provenance_rows, provenance_segments
-from ..results import (
-    _EPISODE_FIELDS,
-    _FLOAT_FIELDS,
-    HEADER_KEY,
-    RESUME_KEY,
-    RUN_KEY,
-    TASK_KEY,
-    RunColumns,
-    RunResult,
-    _check_header,
-    _config,
-    _file_fields,
-    _judged_by_rule,
-    _record,
-    _run_fields,
-    _warn_dropped,
-    decode_float,
-)
+from ..results import RunColumns, RunResult, SuccessRule, read_contents
+from ..results.lines import RESUME_KEY, config, file_fields
+from ..results.provenance import PROVENANCE_KEY, provenance_rows, provenance_segments
+from ..results.records import run_fields
 from ..stats import suite_overall, summarize, summary_rows, wilson_interval
 from . import plots
 
@@ -68,7 +52,8 @@ class ReportData:
     """What a report shows: the run (``RunColumns`` of the episodes without an ``error``, with
     the run segments' telemetry), the raw episode records in index order (every field, the
     ``task``, ``error`` and ``video`` of suites, failure isolation and videos included), the
-    header and resumptions, and the directory video paths are relative to."""
+    header and resumptions, the directory video paths are relative to, and the success rule
+    of each task that has its own (a suite's tasks; the others are judged by ``run``'s)."""
 
     run: RunColumns
     records: tuple[dict[str, Any], ...]
@@ -76,66 +61,34 @@ class ReportData:
     resumes: tuple[dict[str, Any], ...]
     base_dir: Path
     source: str
+    rules: dict[str | None, SuccessRule] = field(default_factory=dict)
+
+    def rule(self, task: str | None) -> SuccessRule:
+        """The rule that judged ``task``'s episodes where the env reported no success."""
+        return self.rules.get(task, self.run.success_rule)
 
 
 def read_report_data(path: str | os.PathLike[str]) -> ReportData:
-    """A results file as a report reads it.
+    """A results file as a report reads it (through the one reader, ``read_contents``).
 
     Raises:
         ResultsFileError: the file is missing, empty, not a results file, or has a line that
             is not JSON or not an episode line (the message names the file and line).
     """
+    contents = read_contents(path)
+    assert contents.header is not None
+    # Stable: a suite's tasks keep their file order within an index.
+    episodes = sorted(contents.episodes, key=lambda episode: episode.index)
+    records = tuple(episode.to_dict() for episode in episodes)
+    run = scored_columns(records, **file_fields(contents.header, contents.runs))
+    # A suite's tasks with a task header: each judged by its own rule.
+    rules = {
+        record["task"]: contents.task_fields(record["task"])["success_rule"]
+        for record in contents.tasks
+    }
+    resumes = tuple(config(record, RESUME_KEY) for record in contents.resumes)
     name = os.fspath(path)
-    try:
-        handle = open(path, "rb")  # noqa: SIM115 - closed below
-    except OSError as exc:
-        raise ResultsFileError(
-            f"{name}: cannot read it ({exc.strerror}); expected a results file written by "
-            "rlmesh eval --out or rlmesh.run(results_path=...)"
-        ) from None
-    header: dict[str, Any] | None = None
-    records: list[dict[str, Any]] = []
-    runs: list[dict[str, Any]] = []
-    resumes: list[dict[str, Any]] = []
-    with handle:
-        for number, raw in enumerate(handle, start=1):
-            if not raw.endswith(b"\n"):
-                _warn_dropped(path, raw, "skipped")
-                break
-            where = f"{name}, line {number}"
-            record = _record(raw[:-1], where)
-            if number == 1:
-                _check_header(record, raw, where)
-                header = record
-            elif RUN_KEY in record:
-                runs.append(record)
-            elif RESUME_KEY in record:
-                resumes.append(_config(record, RESUME_KEY))
-            elif TASK_KEY not in record:  # a suite's task header: its settings, shown in none
-                records.append(_decoded(record, where))
-    if header is None:
-        raise ResultsFileError(f"{name} is empty: it holds no results header")
-    records.sort(key=lambda record: record["index"])  # stable: a suite's tasks in file order
-    if not _judged_by_rule(header):  # a file from before success rules: the env's verdicts
-        for record in records:
-            record["success_reported"] = record.get("success") is not None
-    run = scored_columns(records, **_file_fields(header, runs))
-    return ReportData(
-        run, tuple(records), _config(header, HEADER_KEY), tuple(resumes), Path(name).parent, name
-    )
-
-
-def _decoded(record: dict[str, Any], where: str) -> dict[str, Any]:
-    missing = [name for name in ("index", "steps", "reward") if name not in record]
-    if missing or not isinstance(record.get("index"), int):
-        raise ResultsFileError(
-            f"{where} is not an episode line (missing {missing or ['an integer index']}); "
-            f"expected the fields {list(_EPISODE_FIELDS)}"
-        )
-    for name in _FLOAT_FIELDS:
-        if name in record:
-            record[name] = decode_float(record[name], f"{where}, field {name!r}")
-    return record
+    return ReportData(run, records, contents.config(), resumes, Path(name).parent, name, rules)
 
 
 def scored_columns(records: Sequence[dict[str, Any]], **run_fields: Any) -> RunColumns:
@@ -160,7 +113,7 @@ def report_data_of(result: RunResult, base_dir: str | os.PathLike[str] = ".") ->
     ``base_dir``."""
     records = tuple(episode.to_dict() for episode in result.episodes)
     header = {"core": result.core, "seed": result.base_seed}
-    run = scored_columns(records, **_run_fields(result))
+    run = scored_columns(records, **run_fields(result))
     return ReportData(run, records, header, (), Path(base_dir), "a RunResult")
 
 
@@ -211,8 +164,8 @@ def render_html(data: ReportData) -> str:
         f"<style>{_CSS}</style></head><body>",
         f"<h1>{_text(title)}</h1>",
         f'<p class="source">{_text(data.source)}</p>',
-        _summary_section(data.run),
-        _tasks_section(groups),
+        _summary_section(data.run, suite=any(task is not None for task in groups)),
+        _tasks_section(groups, data),
         _videos_section(groups, data.base_dir),
         _failures_section(data.records),
         _latency_section(data.run),
@@ -238,9 +191,30 @@ def _plot(svg: str, css: str, label: str) -> str:
     return f'<figure class="plot {css}" role="img" aria-label="{_text(label)}">{svg}</figure>'
 
 
-def _summary_section(run: RunColumns) -> str:
+# Rows of a run's summary that describe its episodes' outcomes: a suite's are per task.
+_PER_TASK_ROWS = frozenset(
+    {
+        "mean reward",
+        "IQM reward",
+        "success rate",
+        "success rule",
+        "episode length mean / min / max",
+    }
+)
+
+
+def _summary_section(run: RunColumns, *, suite: bool) -> str:
+    """The run's summary table; for a suite (episodes of tasks), only the figures of the run
+    as a whole: returns, success and lengths are per task, never pooled across tasks."""
     rows = summary_rows(summarize(run))
-    return f'<section id="summary"><h2>Summary</h2>{_table(None, rows, "summary")}</section>'
+    note = ""
+    if suite:
+        rows = [row for row in rows if row[0] not in _PER_TASK_ROWS]
+        note = (
+            '<p class="note">Returns, success and episode lengths are per task (below): '
+            "the returns of different tasks are not pooled.</p>"
+        )
+    return f'<section id="summary"><h2>Summary</h2>{_table(None, rows, "summary")}{note}</section>'
 
 
 def _task_label(task: str | None) -> str:
@@ -255,14 +229,15 @@ def _figure(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def _tasks_section(groups: dict[str | None, list[dict[str, Any]]]) -> str:
+def _tasks_section(groups: dict[str | None, list[dict[str, Any]]], data: ReportData) -> str:
     """The per-task table and plots: a row per task with its episodes, errors, success rate
-    and mean return, each with its 95% interval; the success rates with their Wilson error
-    bars; each task's histograms of returns and lengths."""
+    and mean return, each with its 95% interval, and the rule that judged its success; the
+    success rates with their Wilson error bars; each task's histograms of returns and
+    lengths."""
     rows, names, rates, intervals, rewards, lengths = [], [], [], [], [], []
     verdicts = []
     for task, group in groups.items():
-        columns = scored_columns(group)
+        columns = scored_columns(group, success_rule=data.rule(task))
         summary = summarize(columns)
         judged = columns.success[columns.success >= 0]
         if judged.size:
@@ -285,22 +260,27 @@ def _tasks_section(groups: dict[str | None, list[dict[str, Any]]]) -> str:
                 f"{_figure(summary['mean_reward'])} "
                 f"[{_figure(reward_low)}, {_figure(reward_high)}]",
                 _figure(summary["episode_length_mean"]),
+                summary["success_rule"],
             )
         )
-    if len(groups) > 1:  # a suite: the mean of the tasks, as rlmesh report gives it
-        overall = suite_overall(verdicts, [reward for reward in rewards if reward.size])
+    note = ""
+    if len(groups) > 1:  # a suite: the mean of the tasks' success rates, as rlmesh report does
+        overall = suite_overall(verdicts, [])
         rate, (low, high) = overall["success_rate"], overall["success_ci95"]
-        reward_low, reward_high = overall["mean_reward_ci95"]
         rows.append(
             (
-                "overall (mean of the tasks; stratified bootstrap CIs)",
+                "overall (mean of the tasks; stratified bootstrap CI)",
                 sum(row[1] for row in rows),
                 sum(row[2] for row in rows),
                 "n/a" if rate is None else f"{_percent(rate)} [{_percent(low)}, {_percent(high)}]",
-                f"{_figure(overall['mean_reward'])} "
-                f"[{_figure(reward_low)}, {_figure(reward_high)}]",
+                "-",
+                "",
                 "",
             )
+        )
+        note = (
+            '<p class="note">Returns are not pooled across tasks: each task\'s are on its '
+            "own scale.</p>"
         )
     header = (
         "task",
@@ -309,6 +289,7 @@ def _tasks_section(groups: dict[str | None, list[dict[str, Any]]]) -> str:
         "success (95% Wilson CI)",
         "mean return (95% bootstrap CI)",
         "mean length",
+        "success rule",
     )
     success_plot = (
         _plot(plots.success_svg(names, rates, intervals), "plot-success", "success per task")
@@ -321,7 +302,7 @@ def _tasks_section(groups: dict[str | None, list[dict[str, Any]]]) -> str:
         "episode returns and lengths per task",
     )
     return (
-        f'<section id="tasks"><h2>Per task</h2>{_table(header, rows, "tasks")}'
+        f'<section id="tasks"><h2>Per task</h2>{_table(header, rows, "tasks")}{note}'
         f"<h3>Success</h3>{success_plot}<h3>Returns and episode lengths</h3>{distributions}"
         "</section>"
     )

@@ -36,7 +36,14 @@ import gymnasium
 import numpy as np
 
 from ..errors import LaneFailures
-from ..lanes.base import EnvStep, Lanes, RenderingLanes, StepBatch
+from ..lanes.base import (
+    EnvStep,
+    Lanes,
+    StepBatch,
+    lanes_render_fps,
+    lanes_rendering,
+    lanes_round_step,
+)
 from ..results import EpisodeResult
 from ..settings import VideoSettings
 from .encoder import VideoEncoder, VideoError
@@ -139,11 +146,7 @@ class VideoRecorder:
         self.settings = settings
         self._observations = observations
         self._take = self._taker(lanes)
-        self.fps = float(
-            getattr(lanes, "render_fps", None)
-            or (getattr(lanes, "metadata", None) or {}).get("render_fps")
-            or DEFAULT_FPS
-        )
+        self.fps = float(lanes_render_fps(lanes) or DEFAULT_FPS)
         self.prefix = settings.prefix or lanes.name
         self.lanes = RecordingLanes(lanes, self)
         self._recording: dict[int, int] = {}  # lane -> the recorded episode's index
@@ -156,7 +159,7 @@ class VideoRecorder:
         """``fn(lane, observation) -> frame``, checked against what the lanes offer."""
         key = self.settings.key
         if key is None:
-            if not isinstance(lanes, RenderingLanes):
+            if lanes_rendering(lanes) is None:
                 raise VideoError(
                     f"record_video takes frames from render(), but {lanes.name} "
                     f"({type(lanes).__name__}) cannot render a lane: pass video_key=KEY to "
@@ -307,7 +310,7 @@ class RecordingLanes:
         self.lockstep = lanes.lockstep
         self.resets_itself = lanes.resets_itself
         self.spec = lanes.spec
-        self.rebuild = None if getattr(lanes, "rebuild", None) is None else self._rebuild
+        self.rebuild = None if lanes.rebuild is None else self._rebuild
         self._env_steps = lanes.env_steps
         # The fast path's steps: the env's own, but for lanes running a recorded episode.
         self.env_steps: list[EnvStep] | None = (
@@ -356,7 +359,7 @@ class RecordingLanes:
     def round_step(self, lanes: np.ndarray, actions: Any) -> StepBatch:
         """The wrapped lanes' ``round_step`` (else their ``step``), frames taken as ``step``
         takes them: the core's rounds call it."""
-        step = getattr(self._lanes, "round_step", self._lanes.step)
+        step = lanes_round_step(self._lanes)
         return self._step_taking_frames(step, lanes, actions)
 
     def _step_taking_frames(

@@ -8,7 +8,7 @@ buffer laid out from the spaces, one slot per lane (``layout.py``); only small c
 (which lanes, seeds, infos) go through the pipes. The driver steps any subset of lanes: each
 worker steps its lanes of the subset while the others step theirs, and a worker with none of
 them is not asked. Resets are the driver's, seeded per episode as with in-process lanes, so
-every episode is what ``LaneVector`` would have played, whatever the number of workers.
+every episode is what ``InProcessLanes`` would have played, whatever the number of workers.
 
 Workers start with ``forkserver`` (a server process forked from a fresh interpreter, so no
 thread of the driver is ever forked), or ``spawn`` where ``forkserver`` is not available. As
@@ -55,8 +55,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import EnvError, LaneFailures
-from ..base import StepBatch, reset_options
-from ..local import checked_reset
+from ..base import StepBatch, checked_reset, reset_options
 from .layout import SharedLayout, SharedViews
 from .worker import POLL_S, serve, yield_cpu
 
@@ -352,6 +351,7 @@ class ProcessLanes:
             self._start()
         except BaseException:
             self._finalizer()
+            self._release_bells()
             raise
 
     # ---------------------------------------------------------------- start and stop
@@ -486,8 +486,17 @@ class ProcessLanes:
         for worker in self._workers:
             if worker.conn is not None:
                 worker.conn.close()
+        self._release_bells()
         if failure is not None:
             raise failure
+
+    def _release_bells(self) -> None:
+        """Drop every worker's bell, once its worker is stopped. A bell is a named POSIX
+        semaphore (``/dev/shm/sem.mp-*``) that ``multiprocessing`` unlinks when its last
+        reference goes; the lanes refer to themselves (``rebuild`` is their own method), so
+        left to them it would go only when the garbage collector frees them."""
+        for worker in self._workers:
+            worker.bell = None
 
     # ---------------------------------------------------------------- the Lanes protocol
 

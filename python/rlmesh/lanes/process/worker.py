@@ -42,6 +42,7 @@ import gymnasium
 from ...adapters import env_tags_metadata
 from ...utils import env_label
 from ..base import declares_trial_index
+from ..build import build_envs
 from .layout import SharedLayout
 
 BELL_CHECK_S = 0.5
@@ -114,8 +115,6 @@ def serve(
 
 
 def _build(source: tuple[str, Any, Any], lanes: list[int]) -> dict[int, gymnasium.Env[Any, Any]]:
-    from .. import build_envs
-
     kind, payload, _ = source
     what = f"gymnasium.make({payload!r})" if kind == "id" else "the env factory"
     try:

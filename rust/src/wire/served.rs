@@ -2,11 +2,11 @@
 //! row of an action batch, and gives the results in the form a `StepResponse` carries them;
 //! `ServedEpisodes` keeps which lanes run an episode, and each one's steps and return.
 //!
-//! Mirrors `python/rlmesh/_pycore/served.py`, the specification. One thing is this core's own:
-//! where every observation is an array of exactly the observation leaf's dtype and shape and
-//! passes its check, their bytes are copied here rather than by `encode`, which gives the same
-//! bytes. Anything else (another dtype, a list, a value outside the space) goes to `encode`,
-//! which names what is wrong.
+//! Mirrors `python/rlmesh/_pycore/wire/served.py`, the specification. One thing is this core's
+//! own: where every observation is an array of exactly the observation leaf's dtype and shape
+//! and passes its check, their bytes are copied here rather than by `encode`, which gives the
+//! same bytes. Anything else (another dtype, a list, a value outside the space) goes to
+//! `encode`, which names what is wrong.
 
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyException, PyValueError};

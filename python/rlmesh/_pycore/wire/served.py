@@ -2,7 +2,7 @@
 its row of an action batch, and gives the results in the form a ``StepResponse`` carries them;
 ``ServedEpisodes`` keeps which lanes run an episode, and each one's steps and return.
 
-Mirrors ``rust/src/served.rs``.
+Mirrors ``rust/src/wire/served.rs``.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from ..utils import env_failure, lane_actions
-from .args import vector
+from ...utils import env_failure, lane_actions
+from ..args import vector
 
 ObservationLeaves = Callable[[list[Any], np.ndarray], list[bytes]]
 """``encode(observations, lanes)``: the observation leaves of the lanes' observations, raising

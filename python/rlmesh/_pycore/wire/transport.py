@@ -1,6 +1,6 @@
 """A raw-bytes gRPC transport: channels, bidi streams and a generic server, over grpcio.
 
-The mirror of ``rust/src/transport.rs`` (tonic): the same classes with the same behaviour.
+The mirror of ``rust/src/wire/transport.rs`` (tonic): the same classes with the same behaviour.
 Messages are bytes both ways; protobuf and all protocol logic stay with the caller. grpcio is
 an optional extra, so it is imported only when a class here is first used.
 
@@ -94,7 +94,7 @@ class WireChannel:
         >>> WireChannel("127.0.0.1:1", max_message_bytes=1024, connect_timeout=0.2)
         Traceback (most recent call last):
         ...
-        rlmesh._pycore.transport.WireStatusError: UNAVAILABLE: no server answered at 127.0.0.1:1 ...
+        rlmesh._pycore.wire.transport.WireStatusError: UNAVAILABLE: no server answered at ...
     """
 
     def __init__(self, target: str, *, max_message_bytes: int, connect_timeout: float) -> None:

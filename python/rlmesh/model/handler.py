@@ -1,19 +1,5 @@
-"""The model: the ``Model`` base class, which of its corners exist, and the handler that calls them.
-
-A model has up to four *corners*, one per kind of call (DESIGN.md, "Corners of a model"):
-
-- ``predict(obs)`` -> one action;
-- ``predict_batch(obs[K, ...])`` -> ``[K, ...]``, one action per lane;
-- ``predict_chunk(obs[, execution_horizon])`` -> ``[H, ...]``, H consecutive actions;
-- ``predict_chunk_batch(obs[K, ...][, execution_horizon])`` -> ``[K, H, ...]``.
-
-A subclass defines any subset. Batched corners receive one fused observation: each leaf gains a
-leading lane axis (a Dict stays a dict of arrays, a text leaf is a list of K strings) and return
-one batched action (an array, or a dict of arrays, each with the leading lane axis). A plain
-callable, or ``Model(callable)``, is a ``predict``. Any corner may be ``async``. A corner that
-declares a parameter named ``context`` also gets the ``PredictContext`` of each lane's episode
-(a list of them for a batched corner): where a model keeps what it remembers across
-predictions, per episode (``rlmesh.contexts``).
+"""The model handler: how a run calls a model (``ModelHandler``), and what the core calls
+(``RoundModel``, which the handler is).
 
 ``ModelHandler`` is how the driver calls a model: once per group step, for the K lanes that need
 an action, through the most specific corner that exists. Missing corners are derived: per-lane
@@ -23,6 +9,7 @@ asking for horizon 1 and keeping the first action.
 Example:
     >>> import asyncio
     >>> import numpy as np
+    >>> from rlmesh.model import Model
     >>> class Doubler(Model):
     ...     def predict_batch(self, obs):
     ...         return obs * 2
@@ -43,232 +30,24 @@ from __future__ import annotations
 import inspect
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .contexts import CONTEXT_PARAMETER, EpisodeContexts, accepts_context
-from .errors import (
+from ..contexts import CONTEXT_PARAMETER, EpisodeContexts, accepts_context
+from ..errors import (
     ModelDefinitionError,
-    ModelError,
     ModelOutputError,
-    RlmeshError,
-    StatefulModelError,
     call_failure,
 )
-from .utils import leaves, map_leaves, path_text
+from ..utils import leaves, map_leaves, path_text
+from .base import CHUNKED_ORDER, CORNERS, POSITIONAL, UNCHUNKED_ORDER, Model, Route, defined_corners
+from .probe import check_stateless
 
 if TYPE_CHECKING:
     import gymnasium
 
-    from .adapters import ModelSpec, Plan
-
-CORNERS = ("predict", "predict_batch", "predict_chunk", "predict_chunk_batch")
-# The corner a run uses is the first one the model defines, in this order: batched before
-# per-lane (one call per group step instead of K), and for an un-chunked run the plain corners
-# before the chunk ones (which are asked for horizon 1 and cut to their first action).
-CHUNKED_ORDER = ("predict_chunk_batch", "predict_chunk")
-UNCHUNKED_ORDER = ("predict_batch", "predict", "predict_chunk_batch", "predict_chunk")
-POSITIONAL = (
-    inspect.Parameter.POSITIONAL_ONLY,
-    inspect.Parameter.POSITIONAL_OR_KEYWORD,
-    inspect.Parameter.VAR_POSITIONAL,
-)
-
-# The stateful-model probe's statistical check (see ``ModelHandler.check_stateless``): rounds of
-# (b, a, a), and how strongly the outputs for ``a`` must line up with call order, or split by
-# what came before, to count as state. For outputs that are pure noise, a rank correlation with
-# the call count of 0.9 over 32 outputs has odds of about 1e-12 (t-distribution, 30 degrees of
-# freedom); a rank-biserial correlation of 0.99 between the 16 outputs after ``b`` and the 16
-# after ``a`` (both groups apart but for at most one swapped pair) has odds of 4 in
-# C(32, 16) = 6e8, about 7e-9. So even thousands of output elements tested at once leave false
-# alarms negligible; a state that grows with every call, or that remembers the last input
-# more than the noise blurs it, reaches 1.
-PROBE_ROUNDS = 16
-PROBE_THRESHOLD = 0.9
-PROBE_SPLIT_THRESHOLD = 0.99
-# The quick check that comes first: a, a, then a, b, a. A deterministic pure model is done
-# after these; only outputs for `a` that differ lead to the statistical check.
-QUICK_PROBE_CALLS = 5
-
-
-@dataclass(frozen=True)
-class Route:
-    """What a run tells its model before the first prediction (``Model.on_route``).
-
-    Attributes:
-        env: how the run names the env (``Lanes.name``).
-        observation_space, action_space: one lane's raw spaces.
-        plan: the model's spec compiled against them: what each payload holds and how each
-            action is applied.
-        execution_horizon: the actions a lane replays from one chunk (1: un-chunked).
-    """
-
-    env: str
-    observation_space: gymnasium.Space[Any]
-    action_space: gymnasium.Space[Any]
-    plan: Plan
-    execution_horizon: int
-
-
-class Model:
-    """The base class of a user model: override any subset of the four corners.
-
-    Args:
-        fn: optional; ``Model(fn)`` makes the callable ``fn(obs) -> action`` the ``predict``
-            corner, for a model written as a plain function.
-
-    Attributes:
-        spec: a ``ModelSpec`` saying what the model consumes and emits, or None for the raw
-            observation in, an action cast into the action space out. A class attribute a
-            subclass may set.
-        stateless: set ``stateless = True`` on a subclass to promise that its output depends
-            only on its input, never on earlier calls: a run with several lanes then skips
-            the statefulness probe (``ModelHandler.check_stateless``) and its model calls.
-            For a remote or paid model, or one too slow to call a few extra times. Default
-            False: the probe runs.
-
-    The lifecycle methods are no-ops here; override those you need. The driver calls
-    ``on_route(route)`` once when the run is configured (the spaces and plan it will use),
-    ``load()`` once before the first prediction, ``on_episode_end(episode_id)`` (or
-    ``on_episode_end()`` when it takes no argument) then ``reset()`` each time an episode the
-    model predicted on ends, and ``close()`` at the end, also on failure. Any of them, and any
-    corner, may be ``async``.
-
-    Example:
-        >>> import numpy as np
-        >>> class Policy(Model):
-        ...     def predict_chunk(self, obs, execution_horizon=None):
-        ...         return np.repeat(obs[None], execution_horizon or 4, axis=0)  # [H, ...]
-        >>> Policy().predict_chunk(np.zeros(2), 3).shape
-        (3, 2)
-        >>> Model(abs).predict(-1)
-        1
-    """
-
-    spec: ModelSpec | None = None
-    stateless: bool = False
-    # Set by Model(fn). A class attribute too, so a subclass whose __init__ skips
-    # super().__init__() still works.
-    _fn: Callable[[Any], Any] | None = None
-
-    def __init__(self, fn: Callable[[Any], Any] | None = None) -> None:
-        if fn is not None and not callable(fn):
-            raise TypeError(f"Model(fn): fn must be a callable fn(obs) -> action, got {fn!r}")
-        self._fn = fn
-
-    # ------------------------------------------------------------------ corners
-
-    def predict(self, obs: Any) -> Any:
-        """One lane's action for one observation; ``fn(obs)`` for ``Model(fn)``."""
-        if self._fn is None:
-            raise _missing(self, "predict")
-        return self._fn(obs)
-
-    def predict_batch(self, obs: Any) -> Any:
-        """K lanes' actions ``[K, ...]`` for a fused observation (every leaf ``[K, ...]``)."""
-        raise _missing(self, "predict_batch")
-
-    def predict_chunk(self, obs: Any, execution_horizon: int | None = None) -> Any:
-        """H consecutive actions ``[H, ...]`` for one observation.
-
-        ``execution_horizon`` is how many of them the run replays before asking again; a chunk
-        may hold more (the rest is dropped) or fewer (the lane re-plans sooner).
-        """
-        raise _missing(self, "predict_chunk")
-
-    def predict_chunk_batch(self, obs: Any, execution_horizon: int | None = None) -> Any:
-        """K lanes' chunks ``[K, H, ...]`` for a fused observation (every leaf ``[K, ...]``)."""
-        raise _missing(self, "predict_chunk_batch")
-
-    # ------------------------------------------------------------------ lifecycle
-
-    def on_route(self, route: Route) -> None:
-        """Called once per run, before ``load()``, with the run's ``Route``: a model that
-        forwards predictions elsewhere (``rlmesh.RemoteModel``) learns there what the payloads
-        and actions will be. Synchronous."""
-
-    def load(self) -> None:
-        """Called once, before the first prediction: load weights, warm up."""
-
-    def on_episode_end(self, episode_id: int) -> None:
-        """Called when an episode the model predicted on ends, before ``reset()``."""
-
-    def reset(self) -> None:
-        """Called at each episode end, after ``on_episode_end``."""
-
-    def close(self) -> None:
-        """Called once at the end of a run, also when it fails."""
-
-    def run(self, env: Any, **kwargs: Any) -> Any:
-        """Evaluate this model on ``env``: ``rlmesh.driver.run(self, env, **kwargs)``."""
-        from . import driver  # the driver imports this module: import it only when needed
-
-        return driver.run(self, env, **kwargs)
-
-
-def _missing(model: Model, corner: str) -> NotImplementedError:
-    return NotImplementedError(
-        f"{type(model).__name__} does not define {corner}; a Model subclass overrides at least "
-        f"one of {', '.join(CORNERS)}"
-    )
-
-
-def defined_corners(model: Model) -> tuple[str, ...]:
-    """The corners ``model`` defines: overridden by its class, set on the instance, or
-    ``predict`` given as ``Model(fn)``.
-
-    Example:
-        >>> class Chunky(Model):
-        ...     def predict_chunk(self, obs, execution_horizon=None):
-        ...         return [obs]
-        >>> defined_corners(Chunky()), defined_corners(Model(abs))
-        (('predict_chunk',), ('predict',))
-    """
-    return tuple(
-        corner
-        for corner in CORNERS
-        if getattr(type(model), corner) is not getattr(Model, corner)
-        or corner in vars(model)
-        or (corner == "predict" and model._fn is not None)
-    )
-
-
-@runtime_checkable
-class RoundModel(Protocol):
-    """The model as the core's ``RoundRunner.run_rounds`` calls it (``ModelHandler`` is one).
-
-    Attributes:
-        lane_corner: a per-lane function ``predict(lane_input) -> action`` the core may call on
-            each lane's input itself (a row of an array payload, or an array of the lane's
-            own; then ``combine`` stacks the outputs); None when the model must be called
-            through ``predict_now``.
-        wants_episode_ids: when true, ``predict_now`` takes the predict lanes' episode ids
-            (``[P]``), and ``lane_corner`` is not used.
-        calls_per_lane: a prediction for ``P`` lanes is ``P`` calls of a per-lane corner (for
-            the telemetry's count of model calls).
-    """
-
-    lane_corner: Callable[[Any], Any] | None
-    wants_episode_ids: bool
-    calls_per_lane: bool
-
-    def predict_now(
-        self, payload: Any, num_lanes: int, episode_ids: Sequence[int] | None = None
-    ) -> Any:
-        """The model's output for the ``P = num_lanes`` lanes of ``payload`` (``[P, ...]``, or
-        chunks ``[P, H, ...]``), without an event loop."""
-        ...
-
-    def combine(self, outputs: list[Any], num_lanes: int) -> Any:
-        """``P`` per-lane outputs of ``lane_corner``, in lane order, as one batch."""
-        ...
-
-    def failure(self, error: Exception, rounds: int) -> Exception:
-        """What the run raises (``from error``) when calling the model raised ``error`` after
-        ``rounds`` rounds."""
-        ...
+    from ..adapters import ModelSpec, Plan
 
 
 class ModelHandler:
@@ -394,17 +173,17 @@ class ModelHandler:
     async def load(self) -> None:
         """``model.load()``, once; later calls do nothing."""
         if not self._loaded:
-            await _resolved(self.model.load())
+            await resolved(self.model.load())
             self._loaded = True
 
     async def episode_end(self, episode_id: int) -> None:
         """``model.on_episode_end(episode_id)`` (or ``on_episode_end()`` when it takes no
         argument), then ``model.reset()``."""
         if self._end_takes_id:
-            await _resolved(self.model.on_episode_end(episode_id))
+            await resolved(self.model.on_episode_end(episode_id))
         else:
-            await _resolved(self.model.on_episode_end())
-        await _resolved(self.model.reset())
+            await resolved(self.model.on_episode_end())
+        await resolved(self.model.reset())
 
     def start_episodes(self, episode_ids: Sequence[int], seeds: Sequence[int | None]) -> None:
         """New episodes (``[S]`` ids and their seeds): a corner that takes a ``context`` gets
@@ -425,7 +204,7 @@ class ModelHandler:
         """``model.close()``, once; later calls do nothing."""
         if not self._closed:
             self._closed = True
-            await _resolved(self.model.close())
+            await resolved(self.model.close())
 
     # ------------------------------------------------------------------ prediction
 
@@ -451,7 +230,8 @@ class ModelHandler:
             numpy arrays with a leading lane axis, in the structure the model returned (an
             array, or a dict of them): ``[K, H, ...]`` per leaf when ``chunked``, else
             ``[K, ...]``. Per-lane chunks of different lengths are all cut to the shortest H:
-            a shorter chunk only means the lane re-plans sooner (DESIGN.md, "Action chunks").
+            a shorter chunk only means the lane re-plans sooner (docs/semantics.md, "Action
+            chunks").
 
         Raises:
             ModelOutputError: a batched corner returned another leading dimension than K, or
@@ -464,7 +244,7 @@ class ModelHandler:
         if not self._loaded:
             await self.load()
         calls = self._calls(payload, num_lanes, episode_ids)
-        return self.combine([await _resolved(output) for output in calls], num_lanes)
+        return self.combine([await resolved(output) for output in calls], num_lanes)
 
     def predict_now(
         self, payload: Any, num_lanes: int, episode_ids: Sequence[int] | None = None
@@ -597,8 +377,6 @@ class ModelHandler:
             )
         return leaf[:, 0]
 
-    # ------------------------------------------------------------------ the stateful-model probe
-
     @property
     def needs_probe(self) -> bool:
         """Whether ``check_stateless`` calls the model at all: not for a model that declares
@@ -607,131 +385,14 @@ class ModelHandler:
         return not getattr(self.model, "stateless", False) and self.contexts is None
 
     async def check_stateless(self, sample_a: Any, sample_b: Any) -> None:
-        """Refuse a model whose output depends on earlier calls: lanes cannot share it.
+        """Refuse a model whose output depends on earlier calls (``rlmesh.model.probe``)."""
+        await check_stateless(self, sample_a, sample_b)
 
-        With ``num_envs > 1`` one model serves every lane, so a model that keeps state across
-        calls (a step counter, a recurrent state, a remembered observation) would mix the lanes'
-        histories. The probe cannot see state directly; it looks for its effect on outputs.
-
-        The quick check, ``QUICK_PROBE_CALLS`` = 5 one-lane calls: ``a, a`` (the noise floor:
-        a deterministic model answers twice the same), then ``a, b, a`` (drift: a model that
-        counts its calls or remembers its last input answers the last ``a`` differently). If
-        all four outputs for ``a`` are identical, the model passes. Otherwise the outputs
-        cannot tell noise from state, and the statistical check decides, with
-        ``3 * PROBE_ROUNDS`` = 48 more calls on the sequence ``b, a, a``: the 32 outputs for
-        ``a`` are, for a pure model, draws of one distribution, so their order says nothing.
-        *Drift* is order that the noise cannot explain, in any output element: the rank
-        correlation of the ``a`` outputs with the call count reaching ``PROBE_THRESHOLD`` =
-        0.9 (state that grows, like a counter or running statistics), or the rank-biserial
-        correlation between those that followed ``b`` and those that followed ``a`` reaching
-        ``PROBE_SPLIT_THRESHOLD`` = 0.99 (state that remembers recent inputs: the two groups
-        do not overlap). Pure noise gets there with odds below 1e-8 per element, so a noisy
-        pure model passes. A state that changes the output once, cycles with the call count,
-        or hides under much larger noise, can slip through.
-
-        No call is made when ``needs_probe`` is false. The probe's calls are not the run's:
-        they count in no telemetry and in no episode. An error the model raises here (or an
-        output of the wrong kind) is raised as an ``RlmeshError`` that says it came from the
-        probe.
-
-        Args:
-            sample_a, sample_b: two one-lane payloads, batched with K = 1 as ``predict`` takes
-                them, preferably different observations.
-
-        Raises:
-            StatefulModelError: drift found; the message says what was seen and what to do.
-            ModelOutputError, ModelError: the model failed on a probe call.
-
-        Example:
-            >>> import asyncio
-            >>> calls = []
-            >>> handler = ModelHandler(lambda obs: calls.append(obs) or obs * 2)
-            >>> asyncio.run(handler.check_stateless(np.zeros((1, 2)), np.ones((1, 2))))
-            >>> len(calls)  # a deterministic model: the quick check alone
-            5
-        """
-        if not self.needs_probe:
-            return
-        try:
-            outputs = [
-                _numbers(await self._probe_call(sample))
-                for sample in (sample_a, sample_a, sample_a, sample_b, sample_a)
-            ]
-            outputs_a = outputs[:3] + outputs[4:]
-            if all(_identical(outputs_a[0], output) for output in outputs_a[1:]):
-                return
-            await self._statistical_check(sample_a, sample_b)
-        except StatefulModelError:
-            raise
-        except Exception as err:
-            raise self._probe_failure(err) from err
-
-    async def _statistical_check(self, sample_a: Any, sample_b: Any) -> None:
-        outputs_a: list[np.ndarray] = []
-        follows_b: list[bool] = []
-        for _ in range(PROBE_ROUNDS):
-            await self._probe_call(sample_b)
-            for after_b in (True, False):
-                outputs_a.append(_numbers(await self._probe_call(sample_a)))
-                follows_b.append(after_b)
-        # Chunks may change length between calls: compare the elements every output has.
-        size = min(output.size for output in outputs_a)
-        table = np.stack([output[:size] for output in outputs_a])  # [calls, elements]
-        calls = np.arange(len(outputs_a), dtype=np.float64)
-        after_b = np.array(follows_b)
-        for name, statistic, correlation_of, threshold in (
-            (
-                "the number of earlier calls",
-                "rank correlation",
-                lambda values: _rank_correlation(values, calls),
-                PROBE_THRESHOLD,
-            ),
-            (
-                "which input came just before it",
-                "rank-biserial correlation",
-                lambda values: _rank_biserial(values, after_b),
-                PROBE_SPLIT_THRESHOLD,
-            ),
-        ):
-            for element in range(size):
-                correlation = correlation_of(table[:, element])
-                if abs(correlation) >= threshold:
-                    raise StatefulModelError(
-                        self._stateful_message(name, element, statistic, correlation, threshold)
-                    )
-
-    async def _probe_call(self, sample: Any) -> Any:
+    async def probe_call(self, sample: Any) -> Any:
+        """The model's output for one probe input, a call that counts in no telemetry."""
         if self._synchronous and self._loaded:
             return self.predict_now(sample, 1)
         return await self.predict(sample, 1)
-
-    def _probe_failure(self, err: Exception) -> RlmeshError:
-        """``err``, raised by a probe call, as the error of the same kind saying so."""
-        where = (
-            f"during the statefulness probe (before the first round: {type(self.model).__name__}"
-            f".{self.corner} was called on one lane's observation, K = 1, to check that lanes "
-            f"can share it; set `stateless = True` on the model class to skip the probe)"
-        )
-        if isinstance(err, RlmeshError):
-            try:
-                return type(err)(f"{err} {where}")
-            except TypeError:  # an error class of the user's, built otherwise
-                pass
-        return ModelError(f"model.{self.corner} raised {err!r} {where}")
-
-    def _stateful_message(
-        self, name: str, element: int, statistic: str, correlation: float, threshold: float
-    ) -> str:
-        return (
-            f"{type(self.model).__name__}.{self.corner} keeps state across calls, so lanes "
-            f"cannot share it (num_envs > 1): called {2 * PROBE_ROUNDS} times on one fixed "
-            f"observation with another one in between, element {element} of its output tracked "
-            f"{name} ({statistic} {correlation:+.2f}; outputs that vary by noise alone stay "
-            f"below {threshold}). Keep what the model remembers per episode: declare a "
-            f"`context` parameter on {self.corner} and keep it in context['state'] (one "
-            f"dict per episode), or carry history in the observation (stack= in the "
-            f"ModelSpec); or run with num_envs=1, where one lane owns the model"
-        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -797,7 +458,7 @@ def _stacked_numbers(outputs: list[Any]) -> np.ndarray | None:
     return None if stacked.dtype == object else stacked
 
 
-async def _resolved(value: Any) -> Any:
+async def resolved(value: Any) -> Any:
     """``value``, awaited if it is awaitable (an ``async`` corner or lifecycle method)."""
     if inspect.isawaitable(value):
         return await value
@@ -811,61 +472,3 @@ def _arrays(output: Any) -> Any:
 def _lane(payload: Any, lane: int) -> Any:
     """One lane's input from a fused payload: every array and text list indexed at ``lane``."""
     return map_leaves(payload, lambda leaf: leaf[lane])
-
-
-def _numbers(output: Any) -> np.ndarray:
-    """Every element of an output as one float vector, for the probe to compare."""
-    parts = []
-    for path, leaf in leaves(output):
-        if leaf.dtype.kind not in "biuf":
-            raise ModelOutputError(
-                f"{path_text('output', path)} has dtype {leaf.dtype}: expected booleans, "
-                f"integers or floats"
-            )
-        parts.append(leaf.astype(np.float64).ravel())
-    return np.concatenate(parts)
-
-
-def _identical(first: np.ndarray, other: np.ndarray) -> bool:
-    """The same elements, nan equal to nan (a deterministic model may answer nan)."""
-    return first.shape == other.shape and bool(np.array_equal(first, other, equal_nan=True))
-
-
-def _ranks(values: np.ndarray) -> np.ndarray:
-    """Ranks 1..n, ties sharing their average rank."""
-    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
-    ends = np.cumsum(counts)
-    return (ends - (counts - 1) / 2)[inverse.ravel()]
-
-
-def _rank_biserial(values: np.ndarray, in_group: np.ndarray) -> float:
-    """The rank-biserial correlation of ``values`` between ``in_group`` and the rest: twice
-    the difference of their mean ranks over the count; +1 when every value in the group lies
-    above every other one, 0 when either group is empty or all values tie."""
-    n = len(values)
-    inside = int(in_group.sum())
-    if inside in (0, n):
-        return 0.0
-    ranks = _ranks(values)
-    return float(2 * (ranks[in_group].mean() - ranks[~in_group].mean()) / n)
-
-
-def _rank_correlation(values: np.ndarray, pattern: np.ndarray) -> float:
-    """Spearman's correlation of ``values`` with ``pattern``; 0 when either is constant."""
-    x = _ranks(values)
-    y = _ranks(pattern)
-    x -= x.mean()
-    y -= y.mean()
-    scale = np.sqrt((x @ x) * (y @ y))
-    return float(x @ y / scale) if scale > 0 else 0.0
-
-
-__all__ = [
-    "CORNERS",
-    "QUICK_PROBE_CALLS",
-    "Model",
-    "ModelHandler",
-    "RoundModel",
-    "Route",
-    "defined_corners",
-]

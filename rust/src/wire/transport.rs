@@ -1,7 +1,7 @@
 //! A raw-bytes gRPC transport on tonic: `WireChannel` and `WireStream` (a client), `WireServer`
 //! (a server for any method path, each call handed to a Python `dispatch` on its own thread).
 //!
-//! Mirrors `python/rlmesh/_pycore/transport.py` (the same API over grpcio), which is the
+//! Mirrors `python/rlmesh/_pycore/wire/transport.py` (the same API over grpcio), which is the
 //! specification. Messages are bytes both ways through a pass-through codec: Rust never parses
 //! protobuf; the caller keeps every message and all protocol logic.
 //!

@@ -1,0 +1,102 @@
+"""What the user names on the command line, checked and read before anything runs: an env id
+(``check_env``), an env id or factory (``load_env``), a seeds file (``read_seeds``) and a tags
+file (``read_tags``). Each refuses bad input with a one-line ``UsageError``.
+
+Example:
+    >>> check_env("CartPole-v1")  # a registered id: nothing to say
+    >>> check_env("NoSuchEnv-v0")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    rlmesh.policies.UsageError: --env 'NoSuchEnv-v0': ...; expected a registered Gymnasium id ...
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+
+from ..adapters import checked_env_tags
+from ..policies import load_object
+from .exits import UsageError
+
+
+def read_seeds(path: str) -> list[int]:
+    """The seeds in ``path``: non-negative integers separated by whitespace or commas."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"--seeds {path}: cannot read it ({exc.strerror})") from None
+    seeds = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        for token in line.replace(",", " ").split():
+            if not token.isdigit():
+                raise UsageError(
+                    f"--seeds {path}, line {number}: {token!r} is not a non-negative integer; "
+                    "expected integer seeds separated by whitespace, commas or newlines"
+                )
+            seeds.append(int(token))
+    if not seeds:
+        raise UsageError(f"--seeds {path} holds no seeds; expected at least one integer")
+    return seeds
+
+
+def check_env(env_id: str) -> None:
+    """Refuse an env id Gymnasium does not know, before anything runs.
+
+    ``module:Id`` imports ``module`` first (as ``gymnasium.make`` does), for envs registered on
+    import.
+    """
+    module, _, name = env_id.rpartition(":")
+    expected = (
+        "expected a registered Gymnasium id such as CartPole-v1 (or module:Id for an env its "
+        "module registers)"
+    )
+    try:
+        if module:
+            importlib.import_module(module)
+    except Exception as exc:
+        raise UsageError(
+            f"--env {env_id!r}: importing {module} failed: {type(exc).__name__}: "
+            f"{str(exc).rstrip('.')}; {expected}"
+        ) from None
+    try:
+        gym.spec(name)
+    except Exception as exc:
+        raise UsageError(f"--env {env_id!r}: {str(exc).rstrip('.')}; {expected}") from None
+
+
+def load_env(spec: str) -> Any:
+    """What ``rlmesh serve env`` serves: an env factory (``module:fn`` or ``file.py:fn``) or
+    a Gymnasium id (``CartPole-v1``, ``module:Id``), told apart by whether ``fn`` exists."""
+    target, _, name = spec.rpartition(":")
+    factory = target.endswith(".py")
+    if target and not factory:
+        try:
+            factory = hasattr(importlib.import_module(target), name)
+        except Exception:  # check_env says what is wrong with the module
+            factory = False
+    if not factory:
+        check_env(spec)
+        return spec
+    made = load_object(
+        spec, "env", "expected a Gymnasium id, package.module:make_env or file.py:make_env"
+    )
+    if not callable(made):
+        raise UsageError(
+            f"env {spec!r}: {name} is a {type(made).__name__}; expected a zero-argument "
+            f"function returning a gymnasium.Env"
+        )
+    return made
+
+
+def read_tags(path: str) -> Any:
+    """The ``EnvTags`` in the adapters-v1 JSON file ``--tags path``; a UsageError if it cannot
+    be read, a SpecError naming the file if it is not valid tags."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise UsageError(f"--tags {path!r}: {exc.strerror}") from None
+    return checked_env_tags(f"--tags {path}", text)
