@@ -3,10 +3,26 @@
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 from types import ModuleType
 
 import pytest
-from rlmesh.core import load_core
+
+# The tests' folders mirror the package's; test modules, their helpers (helpers.py,
+# servers.py, ...) and the envs worker processes and Ray workers load import one another by
+# name, so every folder is on the path, here and in every process a test starts.
+TESTS = Path(__file__).resolve().parent
+FOLDERS = [
+    str(TESTS),
+    *sorted(str(path) for path in TESTS.iterdir() if path.is_dir() and any(path.glob("test_*.py"))),
+]
+sys.path[:0] = [folder for folder in FOLDERS if folder not in sys.path]
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [*FOLDERS, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+)
+
+from rlmesh.core import load_core  # noqa: E402
 
 # imageio-ffmpeg (the tests' video reader and writer) starts ffmpeg with preexec_fn=os.setpgrp
 # unless this is set: a real fork() that runs Python and gRPC's fork handlers in the child of

@@ -1,4 +1,4 @@
-"""Policies and envs the Ray workers of tests/test_cluster_ray.py import by name.
+"""Policies and envs the Ray workers of tests/cluster/test_cluster_ray.py import by name.
 
 The workers import this module as the tests do (the coordinator sends its import path along),
 so everything here is module-level and picklable by reference.

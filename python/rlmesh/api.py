@@ -204,6 +204,7 @@ arun.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
     ],
     return_annotation=inspect.signature(arun).return_annotation,
 )
+run.__signature__ = arun.__signature__  # type: ignore[attr-defined]
 
 
 async def evaluate(model: Any, env: Any, settings: RunSettings, *, hooks: Any = None) -> RunResult:
@@ -224,8 +225,9 @@ async def evaluate(model: Any, env: Any, settings: RunSettings, *, hooks: Any = 
     success_rule = rule_for(settings.success, env)
     results = settings.open_results(env, model, success_rule)
     try:
-        run = EvaluationRun(model, env, settings, hooks=hooks, results=results,
-                            success_rule=success_rule)  # fmt: skip
+        run = EvaluationRun(
+            model, env, settings, hooks=hooks, results=results, success_rule=success_rule
+        )
     except BaseException:
         if results is not None:
             results.close()  # releases the file's writer lock

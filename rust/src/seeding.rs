@@ -41,7 +41,7 @@ mod tests {
 
     #[test]
     fn seeds_are_pinned_and_below_2_pow_31() {
-        // The same table is pinned in tests/test_seeding.py for both cores.
+        // The same table is pinned in tests/core/test_seeding.py for both cores.
         assert_eq!(derive_seed(0, 0), 1_401_122_455);
         assert_eq!(derive_seed(0, 1), 73_039_572);
         assert_eq!(derive_seed(u64::MAX, u64::MAX), 830_769_695);

@@ -23,7 +23,7 @@ from rlmesh.remote.codec import (
 )
 from rlmesh.remote.wire.spaces.v1 import spaces_pb2, types_pb2, value_pb2
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 SPACES = {
     "box-elementwise": gym.spaces.Box(np.array([-1, -2, 0]), np.array([1, 2, 5]), dtype=np.float32),

@@ -1,5 +1,5 @@
 """Envs and models the remote env tests share, importable by a server process too
-(``rlmesh serve env tests/test_remote_env_cases.py:make_dict_env``), and checks of them."""
+(``rlmesh serve env tests/remote/test_remote_env_cases.py:make_dict_env``), and checks of them."""
 
 from __future__ import annotations
 

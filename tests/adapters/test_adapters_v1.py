@@ -15,7 +15,7 @@ from rlmesh import adapters
 from rlmesh.core import load_core
 from rlmesh.errors import SpecError
 
-CASES_DIR = Path(__file__).parent / "conformance" / "adapters-v1" / "cases"
+CASES_DIR = Path(__file__).parents[1] / "conformance" / "adapters-v1" / "cases"
 CASE_FILES = sorted(CASES_DIR.glob("*.json"))
 
 

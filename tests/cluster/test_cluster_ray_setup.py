@@ -29,7 +29,7 @@ def _placement(**given):
         "cluster": "ray",
         "ray_workers": None,
         "ray_address": None,
-        "window_retries": 3,  # checked by run_settings (tests/test_failures.py)
+        "window_retries": 3,  # checked by run_settings (tests/driver/test_failures.py)
         "window_episodes": None,
         "processes_per_worker": None,
         **given,

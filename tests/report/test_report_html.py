@@ -1,6 +1,6 @@
 """The HTML report: one self-contained file (parsed here: nothing it would fetch), a plot per
 task, the recorded videos inline, the failed episodes listed, clear errors for bad files.
-The real browser's view of it is tests/test_report_html_browser.py."""
+The real browser's view of it is tests/report/test_report_html_browser.py."""
 
 from __future__ import annotations
 

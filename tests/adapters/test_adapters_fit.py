@@ -81,7 +81,7 @@ def test_crop_and_pad_match_the_reference(core, fit, resample, source, target):
     frame = _assemble(core, plan, image)["image"][0]
     expected = _reference(image, target, fit, resample)
     assert frame.shape == (*target, 3)
-    # Our resizes are within one uint8 step of Pillow's and OpenCV's (tests/test_resize.py).
+    # Our resizes are within one uint8 step of Pillow's and OpenCV's (tests/core/test_resize.py).
     assert np.abs(frame.astype(int) - expected.astype(int)).max() <= 1
     if fit == "pad":  # the letterbox itself is exact: zeros wherever the reference has none
         border = _reference(np.full_like(image, 255), target, fit, resample) == 0
