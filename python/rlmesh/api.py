@@ -19,7 +19,7 @@ from typing import Any
 
 from .driver import EvaluationRun
 from .results import RunResult
-from .settings import RUN_ARGUMENTS, RunSettings, run_settings
+from .settings import RunSettings, check_argument_names, run_settings
 from .success import rule_for
 
 
@@ -187,12 +187,7 @@ async def arun(model: Any, env: Any, *, hooks: Any = None, **arguments: Any) -> 
         RlmeshError: a typed error (model output, env, hook, timeout, spec); it carries the
             episodes completed before it as ``err.partial_result``.
     """
-    unknown = sorted(set(arguments) - set(RUN_ARGUMENTS))
-    if unknown:
-        raise TypeError(
-            f"rlmesh.run() got unexpected keyword arguments {unknown}; rlmesh.run takes "
-            f"hooks and {', '.join(RUN_ARGUMENTS)}"
-        )
+    check_argument_names(arguments, "rlmesh.run")
     return await evaluate(model, env, run_settings(**arguments), hooks=hooks)
 
 

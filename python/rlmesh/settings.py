@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -592,3 +592,21 @@ def run_settings(
 
 RUN_ARGUMENTS = tuple(inspect.signature(run_settings).parameters)
 """The names of ``rlmesh.run``'s keyword arguments (but ``hooks``), in their order."""
+
+
+def check_argument_names(names: Iterable[str], caller: str) -> None:
+    """TypeError naming what ``caller`` (``"rlmesh.run"``) was given that is not one of
+    ``rlmesh.run``'s keyword arguments, and what those are.
+
+    Example:
+        >>> check_argument_names(["episodes", "episodez"], "rlmesh.run")
+        Traceback (most recent call last):
+        ...
+        TypeError: rlmesh.run() got unexpected keyword arguments ['episodez']; it takes ...
+    """
+    unknown = sorted(set(names) - set(RUN_ARGUMENTS))
+    if unknown:
+        raise TypeError(
+            f"{caller}() got unexpected keyword arguments {unknown}; it takes hooks and "
+            f"{', '.join(RUN_ARGUMENTS)}"
+        )

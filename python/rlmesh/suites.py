@@ -53,7 +53,7 @@ from .api import evaluate, run_to_end
 from .core import core_name
 from .provenance import PROVENANCE_KEY, collect_provenance
 from .results import SUITE_KEY, ResultsFile, RunResult
-from .settings import RunSettings, run_settings
+from .settings import RunSettings, check_argument_names, run_settings
 from .version import __version__
 
 if sys.version_info >= (3, 11):
@@ -504,6 +504,7 @@ async def arun_suite(
     if resume and results_path is None:
         raise ValueError("resume=True needs results_path=, the suite's results file to continue")
     hooks = run_kwargs.pop("hooks", None)
+    check_argument_names(run_kwargs, "rlmesh.run_suite")
     core = core or core_name()
     # The arguments every task shares, checked once; each task sets its own part.
     shared = run_settings(**run_kwargs, core=core, success=success, results_path=results_path)
