@@ -21,6 +21,7 @@ WITHOUT_EXAMPLES = frozenset(
         "rlmesh.lanes.process.worker",
         "rlmesh.lanes.vector_env",
         "rlmesh.remote",
+        "rlmesh.remote.openpi",
         "rlmesh.video",
     }
 )
