@@ -6,7 +6,9 @@ published rlmesh 0.1.0's, in a virtual environment of its own.
 the process (and its group) on exit, whatever happened (``stop``). ``peer_python()`` is the
 Python of a venv holding ``rlmesh==0.1.0`` and Gymnasium: made once and cached under
 ``$RLMESH_PEER_VENV`` (default ``~/.cache/rlmesh-tests/peer-0.1.0``); a test that needs it
-skips, saying why, only when the install itself fails.
+skips, saying why, only when the install itself fails. ``openpi_client_python()`` is the
+same for a venv holding openpi's own client (``openpi-client``), cached under
+``$RLMESH_OPENPI_CLIENT_VENV`` (default ``~/.cache/rlmesh-tests/peer-openpi-client``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import pytest
 
 PEER_VERSION = "0.1.0"
 PEER_REQUIREMENTS = [f"rlmesh=={PEER_VERSION}", "gymnasium>=1.0,<2", "numpy"]
-_ADDRESS = re.compile(r"((?:tcp|unix)://\S+)")
+_ADDRESS = re.compile(r"((?:tcp|unix|ws)://\S+)")
 
 
 def peer_venv_dir() -> Path:
@@ -57,6 +59,42 @@ def peer_python() -> str:
             f"{install.stderr.strip().splitlines()[-1:]}"
         )
     marker.write_text(PEER_VERSION)
+    return str(python)
+
+
+# openpi-client pins numpy<2 but runs on numpy 2; it imports typing_extensions, msgpack and
+# websockets, so those come beside it instead of its own (too narrow) requirements.
+OPENPI_CLIENT_REQUIREMENTS = ["msgpack", "websockets", "typing_extensions", "numpy"]
+
+
+def openpi_client_venv_dir() -> Path:
+    default = Path.home() / ".cache" / "rlmesh-tests" / "peer-openpi-client"
+    return Path(os.environ.get("RLMESH_OPENPI_CLIENT_VENV", default))
+
+
+def openpi_client_python() -> str:
+    """The Python of a venv holding ``openpi-client`` (openpi's ``WebsocketClientPolicy``),
+    made on first use; ``pytest.skip`` if pip cannot install it."""
+    root = openpi_client_venv_dir()
+    python = root / "bin" / "python"
+    marker = root / ".installed"
+    if marker.exists() and python.exists():
+        return str(python)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    venv.EnvBuilder(with_pip=True, clear=True).create(root)
+    for step in (["--no-deps", "openpi-client"], OPENPI_CLIENT_REQUIREMENTS):
+        install = subprocess.run(
+            [str(python), "-m", "pip", "install", "--quiet", *step],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        if install.returncode != 0:
+            pytest.skip(
+                f"cannot install openpi's client ({' '.join(step)}) into {root}: "
+                f"{install.stderr.strip().splitlines()[-1:]}"
+            )
+    marker.write_text("openpi-client")
     return str(python)
 
 

@@ -55,6 +55,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "rlmesh.remote.env_server",
         "rlmesh.remote.env_client",
         "rlmesh.remote.model_server",
+        "rlmesh.remote.openpi.server",
         "rlmesh.remote.model_client",
         "rlmesh.policies",
     ),

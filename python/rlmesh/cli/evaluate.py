@@ -3,8 +3,10 @@ progress display, and print the summary.
 
 With ``--out`` the results file survives a crash and can be resumed (``--resume``); with
 ``--ray [ADDRESS]`` the episodes run across a Ray cluster (``rlmesh.cluster``), whose workers
-load the policy by its name. A ``POLICY`` that is an address is a served model. Ctrl-C keeps
-the completed episodes and says how to resume.
+load the policy by its name. A ``POLICY`` that is an address is a served model: rlmesh-wire-v1
+(``tcp://host:port``, ``host:port``, ``unix:///path``) or openpi's WebSocket protocol
+(``openpi://host:port``, with ``--policy-token`` as its Api-Key). Ctrl-C keeps the completed
+episodes and says how to resume.
 
 Example:
     >>> from rlmesh.cli import main
@@ -29,7 +31,7 @@ from ..api import run
 from ..core import core_name
 from ..errors import ModelDefinitionError, ResultsFileError, RlmeshError
 from ..policies import load_policy, policy_identity
-from ..remote.address import is_address
+from ..remote.address import is_address, is_openpi_address
 from ..results import LOCK_SUFFIX, SUITE_KEY, dumps, read_results, read_run, read_suite
 from ..settings import check_video_settings
 from ..stats import format_suite_summary, format_summary
@@ -78,7 +80,7 @@ def eval_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         finally:
             env.close()
 
-    if is_address(args.policy):  # a served model
+    if _is_served(args.policy):  # a served model
         try:
             policy = _served_policy(args.policy, args.policy_token)
         except RlmeshError as exc:
@@ -172,7 +174,7 @@ def _eval_suite(args: argparse.Namespace, argv: Sequence[str], cluster: dict[str
             check_env(task.env)
         except UsageError as exc:
             raise UsageError(f"--suite {args.suite}, task {task.name!r}: {exc}") from None
-    if is_address(args.policy):
+    if _is_served(args.policy):
         try:
             policy = _served_policy(args.policy, args.policy_token)
         except RlmeshError as exc:
@@ -326,9 +328,27 @@ def _evaluated(
         progress.stop()
 
 
+def _is_served(policy: str) -> bool:
+    """Whether ``POLICY`` names a served model (an address) rather than code to load."""
+    return is_address(policy) or is_openpi_address(policy)
+
+
 def _served_policy(address: str, token: str | None) -> Any:
-    """``rlmesh.RemoteModel(address)``: needs the remote extra."""
-    from ..remote import require_grpc
+    """``rlmesh.RemoteModel(address)`` (needs the remote extra), or for ``openpi://host:port``
+    ``rlmesh.remote.OpenPIModel(address, api_key=token)`` (needs the openpi extra)."""
+    from ..remote import require_grpc, require_openpi
+
+    if is_openpi_address(address):
+        try:
+            require_openpi("remote.OpenPIModel")
+        except ImportError as exc:
+            raise UsageError(f"policy {address!r} is an openpi policy server: {exc}") from None
+        from ..remote.openpi.client import OpenPIModel
+
+        try:
+            return OpenPIModel(address, api_key=token)
+        except ValueError as exc:
+            raise UsageError(f"policy {address!r}: {exc}") from None
 
     try:
         require_grpc("RemoteModel")

@@ -155,7 +155,10 @@ def _add_eval(commands: Any) -> None:
     )
     what = evaluate.add_argument_group("policy and env")
     what.add_argument(
-        "--policy-token", metavar="T", help="the bearer token of a served POLICY (an address)"
+        "--policy-token",
+        metavar="T",
+        help="the token of a served POLICY (an address): its bearer token, or an openpi:// "
+        "server's Api-Key",
     )
     what.add_argument("--env", help="a Gymnasium id, e.g. CartPole-v1")
     what.add_argument(
@@ -512,7 +515,18 @@ def _add_serve_model(served: Any) -> None:
         metavar="W",
         help="how long a predict waits for other drivers' predicts to batch with (default 2)",
     )
-    serve_model.add_argument("--token", metavar="T", help="require this bearer token")
+    serve_model.add_argument(
+        "--token",
+        metavar="T",
+        help="require this token: a bearer token, or with --protocol openpi an Api-Key",
+    )
+    serve_model.add_argument(
+        "--protocol",
+        choices=("rlmesh", "openpi"),
+        default="rlmesh",
+        help="rlmesh (rlmesh-wire-v1, gRPC) or openpi (openpi's WebSocket policy protocol, for "
+        "openpi's clients; --token is then its Api-Key; ADDR host:port or ws://host:port)",
+    )
     serve_model.add_argument(
         "--max-message-mb", type=float, default=64.0, metavar="M", help="largest message (64)"
     )

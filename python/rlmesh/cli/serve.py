@@ -101,9 +101,13 @@ def _serve_env(args: argparse.Namespace) -> int:
 
 
 def _serve_model(args: argparse.Namespace) -> int:
-    """Serve ``args.policy`` until SIGINT / SIGTERM (or an accepted Shutdown call)."""
+    """Serve ``args.policy`` until SIGINT / SIGTERM (or an accepted Shutdown call), over
+    rlmesh-wire-v1 or (``--protocol openpi``) openpi's WebSocket protocol."""
     from ..remote import require_grpc
 
+    protocol = getattr(args, "protocol", "rlmesh")
+    if protocol == "openpi" and args.allow_shutdown:
+        raise UsageError("rlmesh serve model: --allow-shutdown: openpi's protocol has no Shutdown")
     try:
         require_grpc("serve_model")
     except ImportError as exc:
@@ -126,10 +130,14 @@ def _serve_model(args: argparse.Namespace) -> int:
             token=args.token,
             max_message_mb=args.max_message_mb,
             allow_shutdown=args.allow_shutdown,
+            protocol=protocol,
         )
     except ValueError as exc:  # a malformed address
         raise UsageError(f"rlmesh serve model: {exc}") from None
     except RlmeshError as exc:  # the address cannot be bound, or the model failed to load
         print_error(exc)
         return EXIT_FAILED
-    return _serve_until_stopped(server, f"rlmesh: serving model {args.policy} at {server.address}")
+    over = " over openpi's protocol" if protocol == "openpi" else ""
+    return _serve_until_stopped(
+        server, f"rlmesh: serving model {args.policy}{over} at {server.address}"
+    )

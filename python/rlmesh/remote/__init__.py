@@ -17,6 +17,10 @@ of lanes, ``rlmesh.lanes.remote.RemoteEnv`` (also importable from ``env_client``
 imports a server module: what both need is in ``protocol``.
 
 Needs the ``remote`` extra: ``pip install "rlmesh[remote]"``.
+
+``openpi/`` speaks openpi's WebSocket policy protocol instead; its client,
+``rlmesh.remote.OpenPIModel``, is imported on first use and needs the ``openpi`` extra
+(``pip install "rlmesh[openpi]"``), not grpcio.
 """
 
 from __future__ import annotations
@@ -31,3 +35,25 @@ def require_grpc(what: str) -> None:
             f"rlmesh.{what} serves or reaches envs and models over gRPC, which needs the "
             f'remote extra: pip install "rlmesh[remote]"'
         )
+
+
+def require_openpi(what: str) -> None:
+    """Raise ``ImportError`` saying how to install the openpi extra, if msgpack or websockets
+    is missing."""
+    missing = [name for name in ("msgpack", "websockets") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ImportError(
+            f"rlmesh.{what} speaks openpi's WebSocket protocol, which needs "
+            f'{" and ".join(missing)}: pip install "rlmesh[openpi]"'
+        )
+
+
+# Imported on first use, so `import rlmesh` loads neither msgpack nor websockets.
+_OPENPI = {"OpenPIModel": "rlmesh.remote.openpi.client"}
+
+
+def __getattr__(name: str) -> object:
+    if name not in _OPENPI:
+        raise AttributeError(f"module 'rlmesh.remote' has no attribute {name!r}")
+    require_openpi(f"remote.{name}")
+    return getattr(importlib.import_module(_OPENPI[name]), name)

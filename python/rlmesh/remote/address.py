@@ -1,7 +1,10 @@
 """Where a server listens and a client dials: the address forms rlmesh accepts.
 
 - ``tcp://host:port`` or ``host:port``: TCP; port 0 (when serving) picks a free port;
-- ``unix:///absolute/path`` (or ``unix:relative/path``): a unix socket.
+- ``unix:///absolute/path`` (or ``unix:relative/path``): a unix socket;
+- ``openpi://host:port``: a policy server speaking openpi's WebSocket protocol (not
+  rlmesh-wire-v1), for ``rlmesh.remote.OpenPIModel`` and ``rlmesh eval openpi://...``;
+  ``is_address`` leaves it out, since no env is served over it.
 
 A bare ``host:port`` is told apart from a Gymnasium id (``"CartPole-v1"``, ``"ale_py:Pong-v5"``)
 by its all-digit port, so ``rlmesh.run(model, "127.0.0.1:50051")`` drives a served env.
@@ -13,6 +16,8 @@ Example:
     'unix:///tmp/env.sock'
     >>> is_address("CartPole-v1"), is_address("tcp://10.0.0.5:7000"), is_address("localhost:7000")
     (False, True, True)
+    >>> str(parse_openpi_address("openpi://gpu-box:8000")), is_openpi_address("gpu-box:8000")
+    ('openpi://gpu-box:8000', False)
 """
 
 from __future__ import annotations
@@ -23,12 +28,13 @@ from dataclasses import dataclass
 _HOST_PORT = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(?P<port>\d{1,5})$")
 
 LOOPBACK = "127.0.0.1"
+OPENPI_SCHEME = "openpi://"
 
 
 @dataclass(frozen=True)
 class Address:
-    """One parsed address: ``scheme`` ``"tcp"`` (with ``host`` and ``port``) or ``"unix"``
-    (with ``path``)."""
+    """One parsed address: ``scheme`` ``"tcp"`` or ``"openpi"`` (with ``host`` and ``port``),
+    or ``"unix"`` (with ``path``)."""
 
     scheme: str
     host: str | None = None
@@ -47,6 +53,8 @@ class Address:
         return Address("tcp", self.host, port)
 
     def __str__(self) -> str:
+        if self.scheme == "openpi":
+            return f"{OPENPI_SCHEME}{self.host}:{self.port}"
         return self.target if self.scheme == "unix" else f"tcp://{self.host}:{self.port}"
 
 
@@ -78,4 +86,39 @@ def parse_address(text: str) -> Address:
     return Address("tcp", match["host"], port)
 
 
-__all__ = ["LOOPBACK", "Address", "is_address", "parse_address"]
+def is_openpi_address(text: str) -> bool:
+    """Whether ``text`` names an openpi policy server (``openpi://host:port``)."""
+    return text.startswith(OPENPI_SCHEME)
+
+
+def parse_openpi_address(text: str) -> Address:
+    """The ``Address`` (scheme ``"openpi"``) of an openpi policy server: ``openpi://host:port``,
+    or, where an openpi server is all that can be meant, ``ws://host:port`` (openpi's own
+    clients' spelling) or a bare ``host:port``.
+
+    Raises:
+        ValueError: ``text`` is none of these forms, or its port is out of range.
+    """
+    rest = text
+    for prefix in (OPENPI_SCHEME, "ws://"):
+        if text.startswith(prefix):
+            rest = text[len(prefix) :]
+            break
+    match = _HOST_PORT.match(rest.rstrip("/"))
+    if match is None:
+        raise ValueError(f"address {text!r} is not openpi://host:port, ws://host:port or host:port")
+    port = int(match["port"])
+    if port > 65535:
+        raise ValueError(f"address {text!r}: port {port} is out of range (0..65535)")
+    return Address("openpi", match["host"], port)
+
+
+__all__ = [
+    "LOOPBACK",
+    "OPENPI_SCHEME",
+    "Address",
+    "is_address",
+    "is_openpi_address",
+    "parse_address",
+    "parse_openpi_address",
+]
