@@ -37,29 +37,35 @@ def peer_venv_dir() -> Path:
     return Path(os.environ.get("RLMESH_PEER_VENV", default))
 
 
-def peer_python() -> str:
-    """The Python of the peer's venv, made on first use; ``pytest.skip`` if pip cannot
-    install the published package."""
-    root = peer_venv_dir()
+def cached_venv(root: Path, installs: list[list[str]], what: str) -> str:
+    """The Python of a venv at ``root`` holding what ``installs`` (pip arguments, one list a
+    step) install, made on first use and kept; ``pytest.skip`` naming ``what`` if pip fails."""
     python = root / "bin" / "python"
     marker = root / ".installed"
     if marker.exists() and python.exists():
         return str(python)
     root.parent.mkdir(parents=True, exist_ok=True)
     venv.EnvBuilder(with_pip=True, clear=True).create(root)
-    install = subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", *PEER_REQUIREMENTS],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if install.returncode != 0:
-        pytest.skip(
-            f"cannot install the published peer ({' '.join(PEER_REQUIREMENTS)}) into {root}: "
-            f"{install.stderr.strip().splitlines()[-1:]}"
+    for step in installs:
+        install = subprocess.run(
+            [str(python), "-m", "pip", "install", "--quiet", *step],
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
-    marker.write_text(PEER_VERSION)
+        if install.returncode != 0:
+            pytest.skip(
+                f"cannot install {what} ({' '.join(step)}) into {root}: "
+                f"{install.stderr.strip().splitlines()[-1:]}"
+            )
+    marker.write_text(what)
     return str(python)
+
+
+def peer_python() -> str:
+    """The Python of the peer's venv, made on first use; ``pytest.skip`` if pip cannot
+    install the published package."""
+    return cached_venv(peer_venv_dir(), [PEER_REQUIREMENTS], "the published peer")
 
 
 # openpi-client pins numpy<2 but runs on numpy 2; it imports typing_extensions, msgpack and
@@ -75,27 +81,11 @@ def openpi_client_venv_dir() -> Path:
 def openpi_client_python() -> str:
     """The Python of a venv holding ``openpi-client`` (openpi's ``WebsocketClientPolicy``),
     made on first use; ``pytest.skip`` if pip cannot install it."""
-    root = openpi_client_venv_dir()
-    python = root / "bin" / "python"
-    marker = root / ".installed"
-    if marker.exists() and python.exists():
-        return str(python)
-    root.parent.mkdir(parents=True, exist_ok=True)
-    venv.EnvBuilder(with_pip=True, clear=True).create(root)
-    for step in (["--no-deps", "openpi-client"], OPENPI_CLIENT_REQUIREMENTS):
-        install = subprocess.run(
-            [str(python), "-m", "pip", "install", "--quiet", *step],
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        if install.returncode != 0:
-            pytest.skip(
-                f"cannot install openpi's client ({' '.join(step)}) into {root}: "
-                f"{install.stderr.strip().splitlines()[-1:]}"
-            )
-    marker.write_text("openpi-client")
-    return str(python)
+    return cached_venv(
+        openpi_client_venv_dir(),
+        [["--no-deps", "openpi-client"], OPENPI_CLIENT_REQUIREMENTS],
+        "openpi's client",
+    )
 
 
 @contextlib.contextmanager
