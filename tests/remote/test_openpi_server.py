@@ -276,7 +276,7 @@ def test_a_frame_over_the_limit_closes_its_connection() -> None:
 def test_loopback_by_default_and_a_bad_address_is_refused() -> None:
     with serve_openpi(lambda obs: 0) as server:
         assert server.address.startswith("ws://127.0.0.1:")
-    with pytest.raises(ValueError, match="not an openpi server address"):
+    with pytest.raises(ValueError, match="is not openpi://host:port, ws://host:port or host:port"):
         serve_openpi(lambda obs: 0, "tcp://127.0.0.1:0")
     server.close()  # a second close does nothing
     assert server.wait(0)

@@ -89,6 +89,7 @@ from ...errors import RemoteError
 from ...model import Model, ModelHandler
 from ...model.base import CHUNKED_ORDER, defined_corners
 from ...utils import leaves, map_leaves
+from ..address import parse_openpi_address
 from ..batching import Batcher, BatchStats, Work
 from .codec import OpenPIWireError, packb, unpackb
 
@@ -151,7 +152,8 @@ def serve_openpi(
         raise ValueError(f"max_message_mb must be > 0, got {max_message_mb!r}")
     if execution_horizon is not None and int(execution_horizon) < 1:
         raise ValueError(f"execution_horizon must be >= 1, got {execution_horizon!r}")
-    host, port = parse_ws_address(address)
+    parsed = parse_openpi_address(address)  # openpi://, ws:// or host:port
+    host, port = parsed.host.strip("[]"), parsed.port
     metadata_frame = packb(dict(metadata or {}))
     # A bare callable is a ``predict``; only a Model can define a chunk corner.
     chunked = isinstance(model, Model) and any(
@@ -181,25 +183,6 @@ def serve_openpi(
         batcher.close()
         raise
     return server
-
-
-def parse_ws_address(address: str) -> tuple[str, int]:
-    """``host:port`` or ``ws://host:port`` (``[v6]:port`` too) as ``(host, port)``.
-
-    Example:
-        >>> parse_ws_address("ws://127.0.0.1:8000"), parse_ws_address("[::1]:0")
-        (('127.0.0.1', 8000), ('::1', 0))
-    """
-    text = address.removeprefix("ws://").rstrip("/")
-    host, sep, port = text.rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")
-    malformed = not sep or not host or "/" in host or not port.isdigit()
-    if malformed or not 0 <= int(port) < 65536:
-        raise ValueError(
-            f"{address!r} is not an openpi server address: expected host:port or "
-            f"ws://host:port (port 0 picks a free one)"
-        )
-    return host, int(port)
 
 
 # ---------------------------------------------------------------------------------- inputs
@@ -520,4 +503,4 @@ async def _fail(ws: ServerConnection, err: BaseException) -> None:
         await ws.close(CloseCode.INTERNAL_ERROR, "request failed; see the previous text frame")
 
 
-__all__ = ["OpenPIServer", "parse_ws_address", "serve_openpi"]
+__all__ = ["OpenPIServer", "serve_openpi"]
