@@ -243,11 +243,8 @@ def test_one_model_serves_several_runs(openpi_server):
 
 
 def _serve_openpi(model):
-    """``model`` served by rlmesh's own openpi server, or a skip when it is not there."""
-    try:
-        return rlmesh.serve_model(model, protocol="openpi")
-    except (TypeError, ValueError, ImportError) as exc:
-        pytest.skip(f"rlmesh.serve_model(..., protocol='openpi') is not available: {exc}")
+    """``model`` served by rlmesh's own openpi server."""
+    return rlmesh.serve_model(model, protocol="openpi")
 
 
 @pytest.mark.parametrize("policy", [LocalChunkPolicy, LocalStatefulPolicy])

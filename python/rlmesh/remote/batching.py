@@ -40,6 +40,23 @@ from .wire.model.v1 import interaction_pb2
 Code = interaction_pb2.ModelErrorCode
 
 
+def check_batching(max_batch: int | None, max_wait_ms: float) -> None:
+    """A served model's batching arguments, whatever the protocol: ValueError naming a
+    ``max_batch`` that is not a positive number of rows or None, or a negative ``max_wait_ms``.
+
+    Example:
+        >>> check_batching(64, 2)
+        >>> check_batching(0, 2)
+        Traceback (most recent call last):
+        ...
+        ValueError: max_batch must be a positive number of rows or None, got 0
+    """
+    if max_batch is not None and (isinstance(max_batch, bool) or int(max_batch) < 1):
+        raise ValueError(f"max_batch must be a positive number of rows or None, got {max_batch!r}")
+    if not max_wait_ms >= 0:
+        raise ValueError(f"max_wait_ms must be >= 0, got {max_wait_ms!r}")
+
+
 @dataclass
 class BatchStats:
     """Counts of a served model's work.

@@ -48,7 +48,7 @@ import numpy as np
 from ..model import ModelHandler
 from ..spaces import batch_from_leaves, batch_leaves, leaf_shape, space_leaves
 from ..utils import map_leaves
-from .batching import Batcher, BatchStats, Work, first_leaf
+from .batching import Batcher, BatchStats, Work, check_batching, first_leaf
 from .codec import WORKFLOW_EDITION, SpaceCodec, WireFormatError, space_from_spec
 from .connection import DEFAULT_MAX_MESSAGE_MB, Server, handshake_response
 from .protocol import MODEL_SPEC_KEY, RequestError
@@ -110,10 +110,7 @@ def serve_model(
         )
     if protocol != "rlmesh":
         raise ValueError(f"protocol must be 'rlmesh' or 'openpi', got {protocol!r}")
-    if max_batch is not None and (isinstance(max_batch, bool) or int(max_batch) < 1):
-        raise ValueError(f"max_batch must be a positive number of rows or None, got {max_batch!r}")
-    if not max_wait_ms >= 0:
-        raise ValueError(f"max_wait_ms must be >= 0, got {max_wait_ms!r}")
+    check_batching(max_batch, max_wait_ms)
     handler = ModelHandler(model)
     spec_json = None if handler.spec is None else json.dumps(handler.spec.to_dict())
     batcher = Batcher(handler, max_batch=max_batch, max_wait_s=max_wait_ms / 1000)

@@ -90,7 +90,7 @@ from ...model import Model, ModelHandler
 from ...model.base import CHUNKED_ORDER, defined_corners
 from ...utils import leaves, map_leaves
 from ..address import parse_openpi_address
-from ..batching import Batcher, BatchStats, Work
+from ..batching import Batcher, BatchStats, Work, check_batching
 from .codec import OpenPIWireError, packb, unpackb
 
 DEFAULT_MAX_MESSAGE_MB = 64.0
@@ -144,10 +144,7 @@ def serve_openpi(
         ...     server.address.startswith("ws://127.0.0.1:")
         True
     """
-    if max_batch is not None and (isinstance(max_batch, bool) or int(max_batch) < 1):
-        raise ValueError(f"max_batch must be a positive number of rows or None, got {max_batch!r}")
-    if not max_wait_ms >= 0:
-        raise ValueError(f"max_wait_ms must be >= 0, got {max_wait_ms!r}")
+    check_batching(max_batch, max_wait_ms)
     if not max_message_mb > 0:
         raise ValueError(f"max_message_mb must be > 0, got {max_message_mb!r}")
     if execution_horizon is not None and int(execution_horizon) < 1:
