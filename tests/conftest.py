@@ -11,16 +11,14 @@ import pytest
 
 # The tests' folders mirror the package's; test modules, their helpers (helpers.py,
 # servers.py, ...) and the envs worker processes and Ray workers load import one another by
-# name, so every folder is on the path, here and in every process a test starts.
+# name, so every folder is on this process's path (worker processes inherit it, and Ray
+# workers get it as the job's search path).
 TESTS = Path(__file__).resolve().parent
 FOLDERS = [
     str(TESTS),
     *sorted(str(path) for path in TESTS.iterdir() if path.is_dir() and any(path.glob("test_*.py"))),
 ]
 sys.path[:0] = [folder for folder in FOLDERS if folder not in sys.path]
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    [*FOLDERS, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-)
 
 from rlmesh.core import load_core  # noqa: E402
 
