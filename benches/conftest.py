@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from rlmesh.core import CORE_NAMES, load_core
+
+# The robot benchmarks' simulators render without a display (Mesa's EGL).
+os.environ.setdefault("MUJOCO_GL", "egl")
 
 
 @pytest.fixture(params=CORE_NAMES)

@@ -28,6 +28,10 @@ from rlmesh.core import load_core  # noqa: E402
 # preexec_fn, subprocess starts ffmpeg with vfork and exec, and nothing runs in between.
 os.environ["IMAGEIO_FFMPEG_NO_PREVENT_SIGINT"] = "1"
 
+# The robot benchmarks' simulators render without a display (Mesa's EGL); worker processes
+# and served envs inherit it. Set before anything imports mujoco, which reads it on import.
+os.environ.setdefault("MUJOCO_GL", "egl")
+
 
 @pytest.fixture(params=["rust", "python"], ids=["rust", "python"])
 def core(request: pytest.FixtureRequest) -> ModuleType:

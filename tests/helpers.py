@@ -19,13 +19,19 @@ def cartpole_policy(obs):
     return int(obs[2] + 0.3 * obs[3] > 0)
 
 
-def comparable(result, *, drop=("env_index",)):
-    """Each episode's fields but timings (and, across lane counts, the lane it ran on)."""
+def comparable(result, *, drop=("env_index",), reward_digits=None):
+    """Each episode's fields but timings (and, across lane counts, the lane it ran on); with
+    ``reward_digits``, the reward rounded to that many decimals, for a simulator whose one
+    seed gives rewards that differ in the last bits from run to run (PushT's pymunk)."""
     dropped = TIMING_FIELDS | set(drop)
-    return [
+    episodes = [
         {key: value for key, value in episode.to_dict().items() if key not in dropped}
         for episode in result.episodes
     ]
+    if reward_digits is not None:
+        for episode in episodes:
+            episode["reward"] = round(episode["reward"], reward_digits)
+    return episodes
 
 
 class AwaitEveryStep(rlmesh.RunHooks):

@@ -62,6 +62,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("rlmesh.cluster",),
     ("rlmesh.api",),
     ("rlmesh.suites",),
+    # The built-in benchmarks, as suites.
+    ("rlmesh.benchmarks",),
     # The command line, and the package's front door.
     ("rlmesh.cli",),
     ("rlmesh", "rlmesh.__main__", "rlmesh.numpy"),

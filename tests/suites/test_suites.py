@@ -564,9 +564,9 @@ def test_cli_tasks_filter_and_errors(tmp_path, capsys, monkeypatch):
     assert main([*base, "--episodes", "3", "--seed", "1"]) == 2
     assert "--seed, --episodes cannot go with --suite" in capsys.readouterr().err
     assert main(["eval", "random", "--env", "CartPole-v1", "--tasks", "a"]) == 2
-    assert "--tasks needs --suite FILE" in capsys.readouterr().err
+    assert "--tasks needs --suite NAME|FILE" in capsys.readouterr().err
     assert main(["eval", "random"]) == 2
-    assert "required: --env (or --suite FILE)" in capsys.readouterr().err
+    assert "required: --env (or --suite NAME|FILE)" in capsys.readouterr().err
     _write_suite(tmp_path, TASK + "episode = 3\n", name="bad.toml")
     assert main(["eval", "random", "--suite", "bad.toml"]) == 2
     assert "bad.toml, task 'a': unknown key 'episode'" in capsys.readouterr().err

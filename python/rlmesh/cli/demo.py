@@ -25,6 +25,7 @@ def demo_args(args: argparse.Namespace) -> argparse.Namespace:
         env="CartPole-v1",
         suite=None,
         tasks=None,
+        suite_options=None,
         env_kwargs={},
         seed=None,
         seeds=None,

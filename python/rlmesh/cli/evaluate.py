@@ -4,8 +4,9 @@ progress display, and print the summary.
 With ``--out`` the results file survives a crash and can be resumed (``--resume``); with
 ``--ray [ADDRESS]`` the episodes run across a Ray cluster (``rlmesh.cluster``), whose workers
 load the policy by its name. A ``POLICY`` that is an address is a served model: rlmesh-wire-v1
-(``tcp://host:port``, ``host:port``, ``unix:///path``) or openpi's WebSocket protocol
-(``openpi://host:port``, with ``--policy-token`` as its Api-Key). Ctrl-C keeps the completed
+(``tcp://host:port``, ``host:port``, ``unix:///path``), openpi's WebSocket protocol
+(``openpi://host:port``, with ``--policy-token`` as its Api-Key) or vla-eval's
+(``vlaeval://host:port``, ``--policy-token`` as a bearer token). Ctrl-C keeps the completed
 episodes and says how to resume.
 
 Example:
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import shlex
 import signal
 import sys
@@ -31,13 +33,12 @@ from ..api import run
 from ..core import core_name
 from ..errors import ModelDefinitionError, ResultsFileError, RlmeshError
 from ..policies import load_policy, policy_identity
-from ..remote.address import is_address, is_openpi_address
 from ..results import LOCK_SUFFIX, SUITE_KEY, dumps, read_results, read_run, read_suite
 from ..settings import check_video_settings
 from ..stats import format_suite_summary, format_summary
 from ..success import rule_for
 from .exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, UsageError, print_error
-from .inputs import check_env, read_seeds
+from .inputs import check_env, is_served, read_seeds, ready_made_spec, served_policy
 from .progress import EpisodeSink, Progress, SuiteEpisodeSink, Throughput
 from .report import suite_file_summary
 
@@ -60,11 +61,14 @@ def eval_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     cluster = _cluster_arguments(args)
     if args.suite is not None:
         return _eval_suite(args, argv, cluster)
-    if args.tasks is not None:
-        raise UsageError("rlmesh eval: error: --tasks needs --suite FILE, the suite to choose from")
+    for given, option in ((args.tasks, "--tasks"), (args.suite_options, "--suite-options")):
+        if given is not None:
+            raise UsageError(
+                f"rlmesh eval: error: {option} needs --suite NAME|FILE, the suite it applies to"
+            )
     if args.env is None:
         raise UsageError(
-            "rlmesh eval: error: the following arguments are required: --env (or --suite FILE)"
+            "rlmesh eval: error: the following arguments are required: --env (or --suite NAME|FILE)"
         )
     check_env(args.env)
     _check_video_options(args)
@@ -80,9 +84,9 @@ def eval_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         finally:
             env.close()
 
-    if _is_served(args.policy):  # a served model
+    if is_served(args.policy):  # a served model
         try:
-            policy = _served_policy(args.policy, args.policy_token)
+            policy = served_policy(args.policy, args.policy_token)
         except RlmeshError as exc:
             print_error(exc)
             return EXIT_FAILED
@@ -150,21 +154,12 @@ def eval_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
 def _eval_suite(args: argparse.Namespace, argv: Sequence[str], cluster: dict[str, Any]) -> int:
     """``rlmesh eval POLICY --suite FILE [--tasks a,b]``: every task (or those named), one
     after another, into one results file; the per-task and overall summary."""
-    from ..suites import checked_suite, load_suite, run_suite
+    from ..suites import checked_suite, run_suite
 
-    given = [option for name, option in PER_TASK_OPTIONS if getattr(args, name)]
-    if given:
-        raise UsageError(
-            f"rlmesh eval: error: {', '.join(given)} cannot go with --suite: a suite sets "
-            f"{'it' if len(given) == 1 else 'them'} per task, in its [[task]] tables"
-        )
     only = None
     if args.tasks is not None:
         only = [name.strip() for name in args.tasks.split(",") if name.strip()]
-    try:
-        suite = load_suite(args.suite)
-    except ValueError as exc:
-        raise UsageError(f"--suite {exc}") from None
+    suite = _suite_tasks(args)
     try:
         suite, chosen = checked_suite(suite, only)
     except ValueError as exc:
@@ -174,9 +169,11 @@ def _eval_suite(args: argparse.Namespace, argv: Sequence[str], cluster: dict[str
             check_env(task.env)
         except UsageError as exc:
             raise UsageError(f"--suite {args.suite}, task {task.name!r}: {exc}") from None
-    if _is_served(args.policy):
+    if is_served(args.policy):
         try:
-            policy = _served_policy(args.policy, args.policy_token)
+            policy = served_policy(
+                args.policy, args.policy_token, ready_made_spec(args.suite, args.policy)
+            )
         except RlmeshError as exc:
             print_error(exc)
             return EXIT_FAILED
@@ -213,6 +210,50 @@ def _eval_suite(args: argparse.Namespace, argv: Sequence[str], cluster: dict[str
         summary = suite_file_summary(args.out)
     print(dumps(summary) if args.json else format_suite_summary(summary))
     return status
+
+
+def _suite_tasks(args: argparse.Namespace) -> list[Any]:
+    """The tasks ``--suite`` names: a built-in suite (``rlmesh.benchmarks``), with
+    ``--episodes``, ``--seed``, ``--max-episode-steps`` and ``--suite-options`` applied to
+    each task, or a suite's TOML file, which sets all of them per task itself."""
+    from .. import benchmarks
+    from ..suites import load_suite
+
+    builtin = args.suite in benchmarks.SUITES and not os.path.exists(args.suite)
+    settable = ("seed", "episodes", "max_episode_steps") if builtin else ()
+    given = [
+        option for name, option in PER_TASK_OPTIONS if getattr(args, name) and name not in settable
+    ]
+    if given:
+        sets = "each task's" if builtin else "them per task, in its [[task]] tables"
+        raise UsageError(
+            f"rlmesh eval: error: {', '.join(given)} cannot go with --suite: a suite sets {sets}"
+        )
+    if not builtin:
+        if args.suite_options is not None:
+            raise UsageError(
+                f"rlmesh eval: error: --suite-options is for a built-in suite "
+                f"({', '.join(benchmarks.SUITES)}); {args.suite} is a file"
+            )
+        if not os.path.exists(args.suite) and not args.suite.endswith(".toml"):
+            raise UsageError(
+                f"--suite {args.suite}: no such file and no built-in suite of that name; the "
+                f"built-in suites are {', '.join(benchmarks.SUITES)} (rlmesh benchmarks)"
+            )
+        try:
+            return load_suite(args.suite)
+        except ValueError as exc:
+            raise UsageError(f"--suite {exc}") from None
+    try:
+        return benchmarks.suite(
+            args.suite,
+            episodes=args.episodes,
+            max_episode_steps=args.max_episode_steps,
+            seed=args.seed or 0,
+            **(args.suite_options or {}),
+        )
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"--suite {args.suite}: {exc}") from None
 
 
 def _shared_arguments(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
@@ -326,37 +367,6 @@ def _evaluated(
         return EXIT_FAILED, getattr(exc, "partial_result", None)
     finally:
         progress.stop()
-
-
-def _is_served(policy: str) -> bool:
-    """Whether ``POLICY`` names a served model (an address) rather than code to load."""
-    return is_address(policy) or is_openpi_address(policy)
-
-
-def _served_policy(address: str, token: str | None) -> Any:
-    """``rlmesh.RemoteModel(address)`` (needs the remote extra), or for ``openpi://host:port``
-    ``rlmesh.remote.OpenPIModel(address, api_key=token)`` (needs the openpi extra)."""
-    from ..remote import require_grpc, require_openpi
-
-    if is_openpi_address(address):
-        try:
-            require_openpi("remote.OpenPIModel")
-        except ImportError as exc:
-            raise UsageError(f"policy {address!r} is an openpi policy server: {exc}") from None
-        from ..remote.openpi.client import OpenPIModel
-
-        try:
-            return OpenPIModel(address, api_key=token)
-        except ValueError as exc:
-            raise UsageError(f"policy {address!r}: {exc}") from None
-
-    try:
-        require_grpc("RemoteModel")
-    except ImportError as exc:
-        raise UsageError(f"policy {address!r} is a served model: {exc}") from None
-    from ..remote.model_client import RemoteModel
-
-    return RemoteModel(address, token=token)
 
 
 def _raise_interrupt(signum: int, frame: Any) -> NoReturn:

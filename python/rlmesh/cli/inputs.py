@@ -1,6 +1,8 @@
 """What the user names on the command line, checked and read before anything runs: an env id
-(``check_env``), an env id or factory (``load_env``), a seeds file (``read_seeds``) and a tags
-file (``read_tags``). Each refuses bad input with a one-line ``UsageError``.
+(``check_env``), an env id or factory (``load_env``), a seeds file (``read_seeds``), a tags
+file (``read_tags``) and a served policy's address (``served_policy``, with the spec a built-in
+suite ships for it: ``ready_made_spec``). Each refuses bad input with a one-line
+``UsageError``.
 
 Example:
     >>> check_env("CartPole-v1")  # a registered id: nothing to say
@@ -13,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import importlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,7 @@ import gymnasium as gym
 
 from ..adapters import checked_env_tags
 from ..policies import load_object
+from ..remote.address import is_address, is_openpi_address, is_vlaeval_address
 from .exits import UsageError
 
 
@@ -100,3 +104,62 @@ def read_tags(path: str) -> Any:
     except OSError as exc:
         raise UsageError(f"--tags {path!r}: {exc.strerror}") from None
     return checked_env_tags(f"--tags {path}", text)
+
+
+def is_served(policy: str) -> bool:
+    """Whether ``POLICY`` names a served model (an address) rather than code to load."""
+    return is_address(policy) or is_openpi_address(policy) or is_vlaeval_address(policy)
+
+
+def ready_made_spec(suite: str | None, policy: str) -> Any:
+    """The model spec built-in suite ``suite`` ships for a policy served over the protocol
+    that address ``policy`` speaks (openpi's LIBERO input, say), else None (also when
+    ``suite`` is a file)."""
+    from .. import benchmarks
+
+    facts = benchmarks.SUITES.get(suite) if suite is not None else None
+    if facts is None or os.path.exists(suite):
+        return None
+    protocol = "openpi" if is_openpi_address(policy) else None
+    factory = facts.served_specs.get(protocol) if protocol else None
+    return None if factory is None else factory()
+
+
+def served_policy(address: str, token: str | None, spec: Any = None) -> Any:
+    """``rlmesh.RemoteModel(address)`` (needs the remote extra), or for ``openpi://host:port``
+    ``rlmesh.remote.OpenPIModel(address, api_key=token, spec=spec)`` and for
+    ``vlaeval://host:port`` ``rlmesh.remote.VlaEvalModel(address, api_key=token, spec=spec)``
+    (both need the openpi extra)."""
+    from ..remote import require_grpc, require_openpi, require_vlaeval
+
+    if is_vlaeval_address(address):  # vla-eval's protocol: --policy-token as a Bearer token
+        try:
+            require_vlaeval("remote.VlaEvalModel")
+        except ImportError as exc:
+            raise UsageError(f"policy {address!r} is a vla-eval model server: {exc}") from None
+        from ..remote.vlaeval.client import VlaEvalModel
+
+        try:
+            return VlaEvalModel(address, api_key=token, spec=spec)
+        except ValueError as exc:
+            raise UsageError(f"policy {address!r}: {exc}") from None
+
+    if is_openpi_address(address):
+        try:
+            require_openpi("remote.OpenPIModel")
+        except ImportError as exc:
+            raise UsageError(f"policy {address!r} is an openpi policy server: {exc}") from None
+        from ..remote.openpi.client import OpenPIModel
+
+        try:
+            return OpenPIModel(address, api_key=token, spec=spec)
+        except ValueError as exc:
+            raise UsageError(f"policy {address!r}: {exc}") from None
+
+    try:
+        require_grpc("RemoteModel")
+    except ImportError as exc:
+        raise UsageError(f"policy {address!r} is a served model: {exc}") from None
+    from ..remote.model_client import RemoteModel
+
+    return RemoteModel(address, token=token)

@@ -31,6 +31,7 @@ from .argtypes import (
     reward_threshold,
     seed,
 )
+from .benchmarks import benchmarks_command
 from .compare import compare_command
 from .demo import demo_command
 from .describe import describe_command
@@ -93,6 +94,8 @@ def _main(argv: list[str]) -> int:
                 return describe_command(args)
             if args.command == "serve":
                 return serve_command(args)
+            if args.command == "benchmarks":
+                return benchmarks_command(args)
             build_parser().print_help()
             return EXIT_USAGE
         except UsageError as exc:
@@ -134,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_compare(commands)
     _add_describe(commands)
     _add_serve(commands)
+    _add_benchmarks(commands)
     return parser
 
 
@@ -163,12 +167,22 @@ def _add_eval(commands: Any) -> None:
     what.add_argument("--env", help="a Gymnasium id, e.g. CartPole-v1")
     what.add_argument(
         "--suite",
-        metavar="FILE",
-        help="evaluate every task of a suite's TOML file instead of one --env (each [[task]] "
-        "sets its env, env_kwargs, episodes, seed and caps)",
+        metavar="NAME|FILE",
+        help="evaluate every task of a built-in suite (rlmesh benchmarks lists them; "
+        "--episodes, --seed and --max-episode-steps then apply to each task) or of a suite's "
+        "TOML file (each [[task]] sets its env, env_kwargs, episodes, seed and caps) instead "
+        "of one --env",
     )
     what.add_argument(
         "--tasks", metavar="A,B", help="with --suite: run only these tasks (comma-separated)"
+    )
+    what.add_argument(
+        "--suite-options",
+        type=json_object,
+        default=None,
+        metavar="JSON",
+        help="with a built-in --suite: its options, e.g. '{\"image_size\": 128}' "
+        "(rlmesh benchmarks NAME --json lists them)",
     )
     what.add_argument(
         "--env-kwargs", type=json_object, default={}, help="JSON object for gymnasium.make"
@@ -410,8 +424,20 @@ def _add_describe(commands: Any) -> None:
         "--model my_policy.py:Policy",
         formatter_class=_FORMATTER,
     )
+    where = describe.add_mutually_exclusive_group(required=True)
+    where.add_argument("--env", help="a Gymnasium id, package.module:make_env or file.py:make_env")
+    where.add_argument(
+        "--suite",
+        metavar="NAME",
+        help="a built-in suite (rlmesh benchmarks): the plan on its first task's env, with the "
+        "spec the suite ships for a served POLICY's protocol",
+    )
     describe.add_argument(
-        "--env", required=True, help="a Gymnasium id, package.module:make_env or file.py:make_env"
+        "--suite-options",
+        type=json_object,
+        default=None,
+        metavar="JSON",
+        help="with --suite: its options, as for rlmesh eval",
     )
     describe.add_argument(
         "--env-kwargs", type=json_object, default={}, help="JSON object for gymnasium.make"
@@ -423,8 +449,26 @@ def _add_describe(commands: Any) -> None:
         'metadata["rlmesh.adapters.v1.env_io_spec"])',
     )
     describe.add_argument(
-        "--model", required=True, metavar="POLICY", help="the policy, as for rlmesh eval"
+        "--model",
+        required=True,
+        metavar="POLICY",
+        help="the policy, as for rlmesh eval (an address too)",
     )
+
+
+def _add_benchmarks(commands: Any) -> None:
+    listing = commands.add_parser(
+        "benchmarks",
+        help="the built-in robot benchmark suites",
+        description="List the built-in suites (LIBERO, PushT, ALOHA, Meta-World): tasks, "
+        "episodes per task, step cap, the extra that installs each and whether it is "
+        "installed; with NAME, that suite's tasks.",
+        epilog="example:\n  rlmesh benchmarks\n  rlmesh eval random --suite libero_spatial "
+        "--episodes 2 --num-envs 2",
+        formatter_class=_FORMATTER,
+    )
+    listing.add_argument("name", nargs="?", metavar="NAME", help="one suite: its tasks")
+    listing.add_argument("--json", action="store_true", help="print it as JSON")
 
 
 def _add_serve(commands: Any) -> None:
@@ -522,10 +566,12 @@ def _add_serve_model(served: Any) -> None:
     )
     serve_model.add_argument(
         "--protocol",
-        choices=("rlmesh", "openpi"),
+        choices=("rlmesh", "openpi", "vla-eval"),
         default="rlmesh",
-        help="rlmesh (rlmesh-wire-v1, gRPC) or openpi (openpi's WebSocket policy protocol, for "
-        "openpi's clients; --token is then its Api-Key; ADDR host:port or ws://host:port)",
+        help="rlmesh (rlmesh-wire-v1, gRPC), openpi (openpi's WebSocket policy protocol, for "
+        "openpi's clients; --token is then its Api-Key) or vla-eval (vla-eval's WebSocket "
+        "protocol, for its clients; --token then as a Bearer header or ?token=); ADDR of the "
+        "WebSocket protocols host:port or ws://host:port",
     )
     serve_model.add_argument(
         "--max-message-mb", type=float, default=64.0, metavar="M", help="largest message (64)"

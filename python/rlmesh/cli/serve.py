@@ -15,6 +15,7 @@ import argparse
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -102,17 +103,13 @@ def _serve_env(args: argparse.Namespace) -> int:
 
 def _serve_model(args: argparse.Namespace) -> int:
     """Serve ``args.policy`` until SIGINT / SIGTERM (or an accepted Shutdown call), over
-    rlmesh-wire-v1 or (``--protocol openpi``) openpi's WebSocket protocol."""
-    from ..remote import require_grpc
-
+    rlmesh-wire-v1, or (``--protocol openpi`` / ``vla-eval``) that WebSocket protocol."""
     protocol = getattr(args, "protocol", "rlmesh")
-    if protocol == "openpi" and args.allow_shutdown:
-        raise UsageError("rlmesh serve model: --allow-shutdown: openpi's protocol has no Shutdown")
-    try:
-        require_grpc("serve_model")
-    except ImportError as exc:
-        raise UsageError(str(exc)) from None
-    from ..remote.model_server import serve_model
+    if protocol != "rlmesh" and args.allow_shutdown:
+        raise UsageError(
+            f"rlmesh serve model: --allow-shutdown: {protocol}'s protocol has no Shutdown"
+        )
+    serve, token_name = _model_server(protocol)
 
     def no_action_space() -> gym.Space:
         raise UsageError(
@@ -121,23 +118,46 @@ def _serve_model(args: argparse.Namespace) -> int:
         )
 
     policy = load_policy(args.policy, no_action_space)
+    options: dict[str, Any] = {
+        "max_batch": args.max_batch,
+        "max_wait_ms": args.max_wait_ms,
+        "max_message_mb": args.max_message_mb,
+        token_name: args.token,
+    }
+    if protocol == "rlmesh":
+        options["allow_shutdown"] = args.allow_shutdown
     try:
-        server = serve_model(
-            policy,
-            args.address,
-            max_batch=args.max_batch,
-            max_wait_ms=args.max_wait_ms,
-            token=args.token,
-            max_message_mb=args.max_message_mb,
-            allow_shutdown=args.allow_shutdown,
-            protocol=protocol,
-        )
-    except ValueError as exc:  # a malformed address
+        server = serve(policy, args.address, **options)
+    except ValueError as exc:  # a malformed address or argument
         raise UsageError(f"rlmesh serve model: {exc}") from None
     except RlmeshError as exc:  # the address cannot be bound, or the model failed to load
         print_error(exc)
         return EXIT_FAILED
-    over = " over openpi's protocol" if protocol == "openpi" else ""
+    over = "" if protocol == "rlmesh" else f" over {protocol}'s protocol"
     return _serve_until_stopped(
         server, f"rlmesh: serving model {args.policy}{over} at {server.address}"
     )
+
+
+def _model_server(protocol: str) -> tuple[Callable[..., Any], str]:
+    """The function serving a model over ``protocol``, and the name of its token argument;
+    a ``UsageError`` naming the extra to install when its packages are missing."""
+    from ..remote import require_grpc, require_openpi, require_vlaeval
+
+    try:
+        if protocol == "openpi":
+            require_openpi("serve_model")
+            from ..remote.openpi.server import serve_openpi
+
+            return serve_openpi, "api_key"
+        if protocol == "vla-eval":
+            require_vlaeval("serve_model")
+            from ..remote.vlaeval.server import serve_vlaeval
+
+            return serve_vlaeval, "token"
+        require_grpc("serve_model")
+    except ImportError as exc:
+        raise UsageError(str(exc)) from None
+    from ..remote.model_server import serve_model
+
+    return serve_model, "token"

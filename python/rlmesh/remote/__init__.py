@@ -20,7 +20,10 @@ Needs the ``remote`` extra: ``pip install "rlmesh[remote]"``.
 
 ``openpi/`` speaks openpi's WebSocket policy protocol instead; its client,
 ``rlmesh.remote.OpenPIModel``, is imported on first use and needs the ``openpi`` extra
-(``pip install "rlmesh[openpi]"``), not grpcio.
+(``pip install "rlmesh[openpi]"``), not grpcio. ``vlaeval/`` speaks vla-eval's WebSocket
+protocol; its client, ``rlmesh.remote.VlaEvalModel``, needs the same two packages (msgpack and
+websockets: the ``vlaeval`` extra, or ``openpi``); Pillow, when installed, decodes its PNG
+images faster.
 """
 
 from __future__ import annotations
@@ -48,11 +51,25 @@ def require_openpi(what: str) -> None:
         )
 
 
+def require_vlaeval(what: str) -> None:
+    """Raise ``ImportError`` saying what to install, if msgpack or websockets is missing."""
+    missing = [name for name in ("msgpack", "websockets") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ImportError(
+            f"rlmesh.{what} speaks vla-eval's WebSocket protocol, which needs "
+            f'{" and ".join(missing)}: pip install "rlmesh[vlaeval]"'
+        )
+
+
 # Imported on first use, so `import rlmesh` loads neither msgpack nor websockets.
 _OPENPI = {"OpenPIModel": "rlmesh.remote.openpi.client"}
+_VLAEVAL = {"VlaEvalModel": "rlmesh.remote.vlaeval.client"}
 
 
 def __getattr__(name: str) -> object:
+    if name in _VLAEVAL:
+        require_vlaeval(f"remote.{name}")
+        return getattr(importlib.import_module(_VLAEVAL[name]), name)
     if name not in _OPENPI:
         raise AttributeError(f"module 'rlmesh.remote' has no attribute {name!r}")
     require_openpi(f"remote.{name}")

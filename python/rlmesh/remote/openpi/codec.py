@@ -79,24 +79,41 @@ def _encode(value: Any) -> Any:
 
 def _decode(value: dict[Any, Any]) -> Any:
     if value.get(ARRAY) is True:
-        try:
-            dtype = np.dtype(value[b"dtype"])
-            shape = tuple(int(size) for size in value[b"shape"])
-            data = value[b"data"]
-        except (KeyError, TypeError) as exc:
-            raise OpenPIWireError(f"an array without its data, dtype or shape ({exc})") from None
-        if dtype.kind in REFUSED_KINDS:
-            raise OpenPIWireError(f"an array of dtype {dtype}: expected no {REFUSED_KINDS} kind")
-        expected = math.prod(shape) * dtype.itemsize
-        if not isinstance(data, bytes) or len(data) != expected:
-            raise OpenPIWireError(
-                f"an array of dtype {dtype.str} and shape {list(shape)} needs {expected} bytes, "
-                f"got {len(data) if isinstance(data, bytes) else type(data).__name__}"
-            )
-        return np.frombuffer(data, dtype=dtype).reshape(shape)
+        return _array(value)
     if value.get(SCALAR) is True:
         try:
             return np.dtype(value[b"dtype"]).type(value[b"data"])
         except (KeyError, TypeError) as exc:
             raise OpenPIWireError(f"a numpy scalar without its data or dtype ({exc})") from None
     return value
+
+
+def _array(value: dict[Any, Any]) -> np.ndarray:
+    """The array a marker map holds: a read-only view of the message's bytes, no copy."""
+    try:
+        name = value[b"dtype"]
+        dtype = _DTYPES.get(name) or _dtype(name)
+        shape = tuple(map(int, value[b"shape"]))
+        data = value[b"data"]
+    except (KeyError, TypeError) as exc:
+        raise OpenPIWireError(f"an array without its data, dtype or shape ({exc})") from None
+    if dtype.kind in REFUSED_KINDS:
+        raise OpenPIWireError(f"an array of dtype {dtype}: expected no {REFUSED_KINDS} kind")
+    expected = math.prod(shape) * dtype.itemsize
+    if type(data) is not bytes or len(data) != expected:
+        raise OpenPIWireError(
+            f"an array of dtype {dtype.str} and shape {list(shape)} needs {expected} bytes, "
+            f"got {len(data) if isinstance(data, bytes) else type(data).__name__}"
+        )
+    return np.ndarray(shape, dtype, data)
+
+
+_DTYPES: dict[str, np.dtype[Any]] = {}
+_DTYPES_KEPT = 64  # distinct dtype names parsed once each; a peer cannot grow it beyond
+
+
+def _dtype(name: Any) -> np.dtype[Any]:
+    dtype = np.dtype(name)
+    if isinstance(name, str) and len(_DTYPES) < _DTYPES_KEPT:
+        _DTYPES[name] = dtype
+    return dtype

@@ -30,8 +30,9 @@ Batching: every connection's requests go to one ``Batcher`` (``rlmesh.remote.bat
 fuses the requests of all connections whose inputs have one structure (keys, dtypes and shapes)
 into one call of the model's batched corner, of at most ``max_batch`` rows, waiting at most
 ``max_wait_ms`` for others to join (not at all once every connection has a request queued).
-The model runs on worker threads, never on the event loop, so pings, health checks and other
-connections' frames go on while it infers. A call of several requests that fails is retried
+Each connection has threads of its own and the model is never called by the thread that
+reads the network, so pings, health checks and other connections' frames go on while it
+infers (``rlmesh.remote.websocket.server``). A call of several requests that fails is retried
 request by request, so only the requests the model fails on fail (a corner's ``context`` then
 counts the failed call in its ``predict_index``).
 
@@ -66,41 +67,36 @@ Example:
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import contextlib
-import hmac
 import http
-import itertools
-import threading
 import time
 import traceback
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode
 from websockets.http11 import Request, Response
+from websockets.sync.server import ServerConnection
 
-from ...adapters.inputs import input_leaves
-from ...errors import RemoteError
-from ...model import Model, ModelHandler
-from ...model.base import CHUNKED_ORDER, defined_corners
-from ...utils import leaves, map_leaves
 from ..address import parse_openpi_address
-from ..batching import Batcher, BatchStats, Work, check_batching
+from ..batching import Batcher
+from ..websocket import inputs as shared_inputs
+from ..websocket.server import (
+    DEFAULT_MAX_MESSAGE_MB,
+    SocketServer,
+    Stream,
+    check_serving,
+    load_model,
+    one_row,
+    same_secret,
+    start_serving,
+)
 from .codec import OpenPIWireError, packb, unpackb
 
-DEFAULT_MAX_MESSAGE_MB = 64.0
-DEFAULT_CHUNK_HORIZON = 2
 RESET_REPLY = "reset successful"
 HEALTH_PATH = "/healthz"
-# Threads that wait on the batcher, one per request in flight: enough for a batch of every
-# connection that a served GPU policy usually sees.
-MAX_WAITING_THREADS = 64
-CLOSE_TIMEOUT_S = 30.0
 
 
 def serve_openpi(
@@ -144,150 +140,48 @@ def serve_openpi(
         ...     server.address.startswith("ws://127.0.0.1:")
         True
     """
-    check_batching(max_batch, max_wait_ms)
-    if not max_message_mb > 0:
-        raise ValueError(f"max_message_mb must be > 0, got {max_message_mb!r}")
-    if execution_horizon is not None and int(execution_horizon) < 1:
-        raise ValueError(f"execution_horizon must be >= 1, got {execution_horizon!r}")
+    check_serving(max_batch, max_wait_ms, max_message_mb, execution_horizon)
     parsed = parse_openpi_address(address)  # openpi://, ws:// or host:port
-    host, port = parsed.host.strip("[]"), parsed.port
     metadata_frame = packb(dict(metadata or {}))
-    # A bare callable is a ``predict``; only a Model can define a chunk corner.
-    chunked = isinstance(model, Model) and any(
-        corner in defined_corners(model) for corner in CHUNKED_ORDER
-    )
-    horizon = (execution_horizon or DEFAULT_CHUNK_HORIZON) if chunked else 1
-    handler = ModelHandler(model, execution_horizon=horizon)
-    inputs = ObservationInputs(handler.spec)
-    batcher = Batcher(
-        handler, max_batch=max_batch, max_wait_s=max_wait_ms / 1000, isolate_failures=True
+    served = load_model(
+        model,
+        ObservationInputs,
+        execution_horizon=execution_horizon,
+        max_batch=max_batch,
+        max_wait_ms=max_wait_ms,
     )
     server = OpenPIServer(
-        batcher,
-        inputs,
+        served.batcher,
+        served.inputs,
         metadata_frame=metadata_frame,
         api_key=api_key,
         max_size=int(max_message_mb * 2**20),
     )
-    try:
-        server.start(host, port)
-    except OSError as err:
-        batcher.close()
-        raise RemoteError(
-            f"cannot serve openpi's protocol on {address!r}: {err}", address=address
-        ) from None
-    except BaseException:
-        batcher.close()
-        raise
-    return server
+    return start_serving(server, parsed)
 
 
-# ---------------------------------------------------------------------------------- inputs
-
-
-class ObservationInputs:
-    """How an openpi observation becomes one lane's model input, and its batching key.
+class ObservationInputs(shared_inputs.ObservationInputs):
+    """How an openpi observation becomes one lane's model input
+    (``rlmesh.remote.websocket.inputs``): a bad one raises ``OpenPIWireError``.
 
     Example:
         >>> from rlmesh.adapters import ModelSpec, State, Text
         >>> inputs = ObservationInputs(ModelSpec(input={"state": State("s"), "prompt": Text("p")}))
-        >>> lane = inputs.lane({"state": np.zeros(2), "prompt": "go", "extra": 1})
-        >>> lane["state"].shape, lane["prompt"], sorted(lane)
-        ((1, 2), ['go'], ['prompt', 'state'])
+        >>> inputs.lane({"state": np.zeros(2)})
+        Traceback (most recent call last):
+        ...
+        rlmesh.remote.openpi.codec.OpenPIWireError: the observation has no 'prompt', ...
     """
 
-    def __init__(self, spec: Any) -> None:
-        tree = None if spec is None else spec.input
-        self.slots: list[tuple[str, ...]] | None = None
-        self.single_key: str | None = None
-        if tree is None:
-            return
-        found = list(input_leaves(tree))
-        if len(found) == 1 and found[0][0] == ():
-            key = found[0][1].key
-            if not key:
-                raise ValueError(
-                    "the model's spec has one input leaf that names a role, not an observation "
-                    "key: an openpi observation cannot say which value plays it; give the spec a "
-                    "dict input whose slots name the observation's keys"
-                )
-            self.single_key = "/".join(key)
-        else:
-            self.slots = [slot for slot, _ in found]
-
-    def lane(self, observation: dict[str, Any]) -> Any:
-        """One lane of input (each leaf with a leading axis of 1), from ``observation``.
-
-        Raises:
-            OpenPIWireError: the observation lacks a key the spec names, or holds a value
-                that is no array, number or text.
-        """
-        if self.single_key is not None:
-            return _as_lane(_lookup(observation, (self.single_key,)), (self.single_key,))
-        if self.slots is None:
-            return _as_lane(observation, ())
-        payload: dict[str, Any] = {}
-        for slot in self.slots:
-            target = payload
-            for name in slot[:-1]:
-                target = target.setdefault(name, {})
-            target[slot[-1]] = _as_lane(_lookup(observation, slot), slot)
-        return payload
+    protocol = "openpi"
+    wire_error = OpenPIWireError
 
 
-def _lookup(observation: dict[str, Any], slot: tuple[str, ...]) -> Any:
-    value: Any = observation
-    for name in slot:
-        if not isinstance(value, dict) or name not in value:
-            break
-        value = value[name]
-    else:
-        return value
-    flat = "/".join(slot)
-    if flat in observation:
-        return observation[flat]
-    raise OpenPIWireError(
-        f"the observation has no {flat!r}, which the model's spec reads; it holds "
-        f"{sorted(map(str, observation))}"
-    )
+class OpenPIServer(SocketServer):
+    """A model served over openpi's protocol (``serve_openpi``): a threaded WebSocket
+    server, its model on one ``Batcher``."""
 
-
-def _as_lane(value: Any, path: tuple[str, ...]) -> Any:
-    if isinstance(value, dict):
-        return {key: _as_lane(item, (*path, str(key))) for key, item in value.items()}
-    if isinstance(value, str):
-        return [value]
-    array = np.asarray(value)
-    if array.dtype == object:
-        raise OpenPIWireError(
-            f"observation[{'/'.join(path)!r}] is a {type(value).__name__} that makes no array: "
-            f"expected arrays, numbers or text"
-        )
-    return array[None]
-
-
-def batching_key(payload: Any) -> tuple[Any, ...]:
-    """Which requests may share a model call: one structure, dtype and shape per leaf."""
-    return tuple(
-        (path, "text") if isinstance(leaf, list) else (path, leaf.dtype.str, leaf.shape[1:])
-        for path, leaf in leaves(payload)
-    )
-
-
-# ---------------------------------------------------------------------------------- the server
-
-
-class _Connection:
-    """One client: its episode (None between episodes) and the batching key it holds."""
-
-    def __init__(self) -> None:
-        self.episode: int | None = None
-        self.key: Any = None
-
-
-class OpenPIServer:
-    """A model served over openpi's protocol (``serve_openpi``): a WebSocket server on a
-    thread of its own, its model on one ``Batcher``."""
+    protocol = "openpi"
 
     def __init__(
         self,
@@ -298,132 +192,34 @@ class OpenPIServer:
         api_key: str | None,
         max_size: int,
     ) -> None:
-        self.address = ""
-        self._batcher = batcher
-        self._handler: ModelHandler = batcher.handler
-        self._inputs = inputs
+        super().__init__(batcher, inputs, max_size=max_size)
         self._metadata_frame = metadata_frame
         self._api_key = api_key
-        self._max_size = max_size
-        self._episode_ids = itertools.count()
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            MAX_WAITING_THREADS, thread_name_prefix="rlmesh-openpi-model"
-        )
-        self._loop = asyncio.new_event_loop()
-        self._stop: asyncio.Event | None = None
-        self._thread: threading.Thread | None = None
-        self._closed = threading.Event()
-        self._close_lock = threading.Lock()
 
-    # ------------------------------------------------------------------ lifecycle
-
-    def start(self, host: str, port: int) -> None:
-        """Listen on ``host:port`` (on a thread of its own); return once listening."""
-        ready: concurrent.futures.Future[tuple[str, int]] = concurrent.futures.Future()
-        self._thread = threading.Thread(
-            target=self._loop.run_until_complete,
-            args=(self._main(host, port, ready),),
-            name="rlmesh-openpi-server",
-            daemon=True,
-        )
-        self._thread.start()
-        try:
-            bound_host, bound_port = ready.result(timeout=CLOSE_TIMEOUT_S)
-        except BaseException:
-            self._thread.join(CLOSE_TIMEOUT_S)
-            self._pool.shutdown(wait=False)
-            self._closed.set()
-            raise
-        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-        self.address = f"ws://{shown}:{bound_port}"
-
-    async def _main(self, host: str, port: int, ready: concurrent.futures.Future[Any]) -> None:
-        self._stop = asyncio.Event()
-        try:
-            server: Server = await serve(
-                self._serve_connection,
-                host,
-                port,
-                process_request=self._check_request,
-                max_size=self._max_size,
-                compression=None,
-            )
-        except BaseException as err:
-            ready.set_exception(err)
-            return
-        ready.set_result(server.sockets[0].getsockname()[:2])
-        await self._stop.wait()
-        server.close()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(server.wait_closed(), CLOSE_TIMEOUT_S)
-
-    def stats(self) -> BatchStats:
-        """What the model was asked so far: requests, rows, model calls, mean batch size."""
-        return self._batcher.stats.snapshot()
-
-    def close(self) -> None:
-        """Close every connection (each ends its episode), stop listening, close the model."""
-        with self._close_lock:
-            if self._closed.is_set():
-                return
-            if self._stop is not None:
-                self._loop.call_soon_threadsafe(self._stop.set)
-            if self._thread is not None:
-                self._thread.join(CLOSE_TIMEOUT_S)
-            # The batcher first: it answers what is still queued, so no worker thread waits on.
-            self._batcher.close()
-            self._pool.shutdown(wait=True)
-            if not self._loop.is_running():
-                self._loop.close()
-            self._closed.set()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Wait until the server is closed (at most ``timeout`` seconds); whether it is."""
-        return self._closed.wait(timeout)
-
-    def __enter__(self) -> OpenPIServer:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    # ------------------------------------------------------------------ HTTP
-
-    def _check_request(self, connection: ServerConnection, request: Request) -> Response | None:
+    def _http(self, connection: ServerConnection, request: Request) -> Response | None:
         """``/healthz`` answered; an upgrade without the API key refused (HTTP 401)."""
         if request.path == HEALTH_PATH:
             return connection.respond(http.HTTPStatus.OK, "OK\n")
-        expected = None if self._api_key is None else f"Api-Key {self._api_key}"
-        given = request.headers.get("Authorization", "")
-        if expected is not None and not hmac.compare_digest(given.encode(), expected.encode()):
+        if self._api_key is not None and not same_secret(
+            request.headers.get("Authorization", ""), f"Api-Key {self._api_key}"
+        ):
             return connection.respond(
                 http.HTTPStatus.UNAUTHORIZED,
                 "this openpi server needs the header Authorization: Api-Key <key>\n",
             )
         return None
 
-    # ------------------------------------------------------------------ a connection
+    def _converse(self, ws: ServerConnection, stream: Stream) -> None:
+        ws.send(self._metadata_frame)
+        for message in ws:
+            try:
+                reply = self._answer(stream, message)
+            except Exception as err:
+                _fail(ws, err)
+                return
+            ws.send(reply)
 
-    async def _serve_connection(self, ws: ServerConnection) -> None:
-        connection = _Connection()
-        try:
-            await ws.send(self._metadata_frame)
-            while True:
-                message = await ws.recv()
-                try:
-                    reply = await self._answer(connection, message)
-                except Exception as err:
-                    await _fail(ws, err)
-                    return
-                await ws.send(reply)
-        except ConnectionClosed:
-            pass
-        finally:
-            await self._end_episode(connection)
-            if connection.key is not None:
-                self._batcher.leave_key(connection.key)
-
-    async def _answer(self, connection: _Connection, message: str | bytes) -> bytes:
+    def _answer(self, stream: Stream, message: str | bytes) -> bytes:
         if isinstance(message, str):
             raise OpenPIWireError(
                 "a text frame: openpi's requests are binary frames of msgpack (the observation)"
@@ -435,59 +231,23 @@ class OpenPIServer:
             )
         endpoint = observation.pop("endpoint", "infer")
         if endpoint == "reset":
-            await self._end_episode(connection)
+            self.end_episode(stream)
             return packb(RESET_REPLY)
         if endpoint != "infer":
             raise OpenPIWireError(f"endpoint {endpoint!r}: expected 'infer' or 'reset'")
-        payload = self._inputs.lane(observation)
-        key = batching_key(payload)
-        if key != connection.key:
-            if connection.key is not None:
-                self._batcher.leave_key(connection.key)
-            self._batcher.join_key(key)
-            connection.key = key
-        new_episodes: list[tuple[int, int | None]] = []
-        if connection.episode is None:
-            connection.episode = next(self._episode_ids)
-            new_episodes.append((connection.episode, None))
-        work = Work(key, self._handler, payload, [connection.episode], new_episodes)
         started = time.perf_counter()
-        await asyncio.get_running_loop().run_in_executor(self._pool, self._batcher.predict, [work])
-        if work.error is not None:
-            raise work.error
-        result = self._result(work.output)
-        result["server_timing"] = {"infer_ms": (time.perf_counter() - started) * 1000}
-        return packb(result)
-
-    def _result(self, output: Any) -> dict[str, Any]:
-        """The model's output for the one row as openpi's result: ``actions`` as ``(H, D)``."""
-        row = map_leaves(output, lambda leaf: np.asarray(leaf)[0])
-        result = dict(row) if isinstance(row, dict) else {"actions": row}
-        if "actions" not in result:
-            raise ValueError(
-                f"the model's action is a dict of {sorted(result)}: openpi's result needs "
-                f"'actions' (an array, or a dict holding 'actions')"
-            )
+        result = one_row(self.predict(stream, observation, self._handler), "openpi")
         actions = np.asarray(result["actions"])
         if not self._handler.chunked:
             actions = actions[None]
         if actions.ndim == 1:
             actions = actions[:, None]
         result["actions"] = actions
-        return result
-
-    async def _end_episode(self, connection: _Connection) -> None:
-        """The connection's episode ends: its context goes, the model hears of it."""
-        if connection.episode is None:
-            return
-        ended, connection.episode = [connection.episode], None
-        with contextlib.suppress(Exception):  # the model's on_episode_end failing ends it too
-            await asyncio.get_running_loop().run_in_executor(
-                self._pool, self._batcher.end_episodes, self._handler, ended
-            )
+        result["server_timing"] = {"infer_ms": (time.perf_counter() - started) * 1000}
+        return packb(result)
 
 
-async def _fail(ws: ServerConnection, err: BaseException) -> None:
+def _fail(ws: ServerConnection, err: BaseException) -> None:
     """The error as a text frame, then close code 1011: how openpi's clients learn of it."""
     if isinstance(err, OpenPIWireError):
         text = f"rlmesh openpi server: malformed request: {err}"
@@ -496,8 +256,8 @@ async def _fail(ws: ServerConnection, err: BaseException) -> None:
             traceback.format_exception(err)
         )
     with contextlib.suppress(ConnectionClosed):
-        await ws.send(text)
-        await ws.close(CloseCode.INTERNAL_ERROR, "request failed; see the previous text frame")
+        ws.send(text)
+        ws.close(CloseCode.INTERNAL_ERROR, "request failed; see the previous text frame")
 
 
 __all__ = ["OpenPIServer", "serve_openpi"]
