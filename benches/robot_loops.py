@@ -63,7 +63,13 @@ class ProjectionPolicy:
     """
 
     def __init__(
-        self, inputs: int, outputs: int, *, low: Sequence[float], high: Sequence[float], seed: int
+        self,
+        inputs: int,
+        outputs: int,
+        *,
+        low: Sequence[float],
+        high: Sequence[float],
+        seed: int,
     ) -> None:
         self.weights = np.random.default_rng(seed).normal(size=(inputs, outputs))
         self.low = np.asarray(low, dtype=np.float64)
@@ -216,7 +222,10 @@ class Sample:
 
 
 def vector_batches(
-    vector: gym.vector.VectorEnv, act: Callable[[Any], Any], seeds: Sequence[int], cap: int
+    vector: gym.vector.VectorEnv,
+    act: Callable[[Any], Any],
+    seeds: Sequence[int],
+    cap: int,
 ) -> Sample:
     """LeRobot's evaluation loop over ``vector``: episodes in batches of ``num_envs``, each
     batch reset with its seeds and stepped until every lane's episode has ended or ``cap``
@@ -370,6 +379,26 @@ class KeptInProcessLanes(InProcessLanes):
         super().close()
 
 
+class TimedProcessLanes(KeptProcessLanes):
+    """``KeptProcessLanes`` that keep every timing: the workers' time in their envs' steps
+    (``worker{w}.step``) and the driver's wait for them (``driver.wait``), a round each (what
+    ``record_latency`` hears), and each reset call's time (``reset``), in ns."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.times: dict[str, list[int]] = defaultdict(list)
+        super().__init__(*args, record_latency=self._note, **kwargs)
+
+    def _note(self, op: str, ns: int) -> None:
+        self.times[op].append(ns)
+
+    def reset(self, lanes, seeds, trials):
+        started = time.perf_counter_ns()
+        try:
+            return super().reset(lanes, seeds, trials)
+        finally:
+            self.times["reset"].append(time.perf_counter_ns() - started)
+
+
 @contextlib.contextmanager
 def kept(lanes: KeptProcessLanes | KeptInProcessLanes) -> Iterator[Any]:
     """``lanes``, shut down at the end of the block however it ends."""
@@ -423,6 +452,44 @@ def wait_for_memory(gb: float, timeout_s: float, log: Callable[[str], None] = pr
             log(f"  waiting for {gb:.1f} GiB of memory ({free:.1f} GiB available)")
             said = True
         time.sleep(10)
+
+
+def worker_run_profile(
+    factory: Callable[[], gym.Env],
+    model: rlmesh.Model,
+    num_envs: int,
+    seeds: Sequence[int],
+    cap: int,
+) -> dict[str, Any]:
+    """Where a ``workers=2`` run's wall time goes (``TimedProcessLanes``, built and warmed
+    first): the driver's reset calls, its waits for each round's workers (the slower worker's
+    steps: the other idles for the difference, ``barrier_idle_s`` when every round steps
+    both), and the rest, the driver's own time (the model, the core's round, the pipes); and
+    a lane-step's mean time inside the workers' envs."""
+    lanes = TimedProcessLanes(factory, num_envs=num_envs, workers=2)
+    try:
+        warm(lanes)
+        lanes.times.clear()
+        sample, _ = run_rlmesh(model, lanes, seeds, cap)
+    finally:
+        lanes.shutdown()
+    wall = sample.scored_steps / sample.rate
+    s = {op: np.array(ns, dtype=np.float64) / 1e9 for op, ns in lanes.times.items()}
+    waits, resets = s["driver.wait"], s["reset"]
+    busy = [s.get(f"worker{w}.step", np.zeros(0)) for w in (0, 1)]
+    figures: dict[str, Any] = {
+        "wall_s": wall,
+        "rate": sample.rate,
+        "resets_s": float(resets.sum()),
+        "round_waits_s": float(waits.sum()),
+        "driver_own_s": wall - float(resets.sum()) - float(waits.sum()),
+        "rounds": len(waits),
+        "worker_busy_s": [float(b.sum()) for b in busy],
+        "step_s_in_workers": float(sum(b.sum() for b in busy)) / sample.scored_steps,
+    }
+    if len(busy[0]) == len(busy[1]) == len(waits):
+        figures["barrier_idle_s"] = float(np.abs(busy[0] - busy[1]).sum())
+    return figures
 
 
 # ---------------------------------------------------------------------------------- sampling

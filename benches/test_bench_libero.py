@@ -62,12 +62,11 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 import pytest
 import rlmesh
 from rlmesh import benchmarks
@@ -92,6 +91,7 @@ from robot_loops import (
     vector_batches,
     wait_for_memory,
     warm,
+    worker_run_profile,
 )
 
 SUITE, TASK = "libero_spatial", 0
@@ -255,13 +255,10 @@ def memory_gb(side: str, lanes: int) -> float:
 
 
 class LiberoLab:
-    """Each side's envs, built when asked for and kept until another side's are: a LIBERO
-    env holds about 0.8 GB (its 190 MB of textures, in MuJoCo and again in the GL context),
-    and a process's first one 2 GB, so 8 lanes of every side at once (about 36 GB) do not fit
-    in memory. ``only(...)`` closes the envs of every side it does not name, then builds those
-    it names: this process's lanes (lane 0 first, its build timed; a mujoco LIBERO cannot use
-    is ``CannotBuildError``), worker-process lanes, an ``AsyncVectorEnv`` of one process per
-    lane, or the ceiling's raw processes."""
+    """Each side's envs, built when asked for and kept until another side's are (see the
+    module on memory): this process's lanes (lane 0 first, its build timed; a mujoco LIBERO
+    cannot use is ``CannotBuildError``), worker-process lanes, an ``AsyncVectorEnv`` of one
+    process per lane, or the ceiling's raw processes."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -478,17 +475,24 @@ def test_libero_ceiling(benchmark, lab, kind):
 # What main measures, a group of sides at a time (the sides of a group are built together);
 # every repeat builds each group anew and takes one sample of each of its entries, so each
 # side's samples spread over the whole run, as interleaved samples do.
-GROUPS = (
-    ((WORKERS, CEILING), ((WORKERS, "even"), (CEILING, "even"), (WORKERS, "uneven"),
-                          (PIPELINED, "uneven"), (CEILING, "uneven"))),
-    ((VECTOR,), ((VECTOR, "even"), (VECTOR, "uneven"))),
-    ((IN_PROCESS,), ((IN_PROCESS, "even"),)),
-)  # fmt: skip
+GROUPS = {
+    "workers": ((WORKERS, CEILING), ((WORKERS, "even"), (CEILING, "even"), (WORKERS, "uneven"),
+                                     (PIPELINED, "uneven"), (CEILING, "uneven"))),
+    "vector": ((VECTOR,), ((VECTOR, "even"), (VECTOR, "uneven"))),
+    "in-process": ((IN_PROCESS,), ((IN_PROCESS, "even"),)),
+}  # fmt: skip
 
 
 def lane_rows(samples: dict[tuple[str, str], list[Sample]], settings: Settings) -> list[Row]:
     """The rows of the lanes comparisons, from every side's samples."""
     rate = {key: median_rate(runs) for key, runs in samples.items()}
+    best = {key: max(s.rate for s in runs) for key, runs in samples.items()}
+
+    def spread(subject: tuple[str, str], baseline: tuple[str, str]) -> str:
+        counts = f"{len(samples[subject])} and {len(samples[baseline])} samples"
+        ratio = best[subject] / best[baseline]
+        return f"{counts}; best samples {best[subject]:.2f} vs {best[baseline]:.2f}: {ratio:.2f}x"
+
     rows = []
     for kind in ("even", "uneven"):
         count = settings.episodes if kind == "even" else settings.uneven_episodes
@@ -511,22 +515,26 @@ def lane_rows(samples: dict[tuple[str, str], list[Sample]], settings: Settings) 
         if ceiling is not None:
             rows.append(Row(section, f"{kind}: workers=2 vs the machine's ceiling",
                             "2 raw processes", ceiling, WORKERS, ours, target=0.9,
-                            note=f"ceiling: 2 processes of 1 env each, raw loops, rates summed; "
+                            note=f"{spread((WORKERS, kind), (CEILING, kind))}; the ceiling: 2 "
+                            f"processes of 1 env each, raw loops, rates summed; "
                             f"{lengths}"))  # fmt: skip
         if (VECTOR, kind) in rate:
             vector = samples[(VECTOR, kind)]
             surplus = statistics.median(s.surplus_steps for s in vector)
             rows.append(Row(section, f"{kind}: workers=2 vs LeRobot's AsyncVectorEnv batches",
                             VECTOR, rate[(VECTOR, kind)], WORKERS, ours, target=1.0,
-                            note=f"the loop's surplus lane-steps: {surplus:.0f} beside "
-                            f"{vector[0].scored_steps} scored (median); rlmesh's: 0"))  # fmt: skip
+                            note=f"{spread((WORKERS, kind), (VECTOR, kind))}; the loop's surplus "
+                            f"lane-steps: {surplus:.0f} beside {vector[0].scored_steps} scored "
+                            f"(median); rlmesh's: 0"))  # fmt: skip
         if (IN_PROCESS, kind) in rate:
             rows.append(Row(section, f"{kind}: workers=2 vs {settings.lanes} lanes in-process",
-                            IN_PROCESS, rate[(IN_PROCESS, kind)], WORKERS, ours))  # fmt: skip
+                            IN_PROCESS, rate[(IN_PROCESS, kind)], WORKERS, ours,
+                            note=spread((WORKERS, kind), (IN_PROCESS, kind))))  # fmt: skip
         if (PIPELINED, kind) in rate and ceiling is not None:
+            note = spread((PIPELINED, kind), (CEILING, kind))
             rows.append(Row(section, f"{kind}: workers=2 pipeline=True vs the ceiling",
                             "2 raw processes", ceiling, PIPELINED, rate[(PIPELINED, kind)],
-                            target=0.9))  # fmt: skip
+                            target=0.9, note=note))  # fmt: skip
     return rows
 
 
@@ -545,67 +553,23 @@ def one_lane_row(samples: dict[str, list[Sample]], settings: Settings) -> Row:
     )
 
 
-class ProfiledLanes(KeptProcessLanes):
-    """Worker-process lanes that time their resets (the workers time their steps:
-    ``record_latency``), for ``profile_workers``."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.times: dict[str, list[int]] = defaultdict(list)
-        super().__init__(*args, record_latency=self._note, **kwargs)
-
-    def _note(self, op: str, ns: int) -> None:
-        self.times[op].append(ns)
-
-    def reset(self, lanes, seeds, trials):
-        started = time.perf_counter_ns()
-        try:
-            return super().reset(lanes, seeds, trials)
-        finally:
-            self.times["reset"].append(time.perf_counter_ns() - started)
-
-
-def profile_workers(lab: LiberoLab, kind: str, log: Callable[[str], None]) -> dict[str, float]:
-    """Where ``workers=2``'s wall time goes in one run of ``kind`` episodes, beside the
-    ceiling's: the driver's resets, each round's wait for the workers (the slower worker's
-    steps; the other idles for the difference), and the driver's own time (the model, the
-    core's round, the pipes); and a lane-step's time inside the workers against inside the
-    ceiling's processes (slower inside the workers: the two processes contend more)."""
+def profile_workers(lab: LiberoLab, kind: str, log: Callable[[str], None]) -> dict[str, Any]:
+    """Where ``workers=2``'s wall time goes in one run of ``kind`` episodes
+    (``robot_loops.worker_run_profile``), beside a sample of the ceiling: a lane-step takes
+    longer inside the workers than inside the ceiling's processes when the two contend more."""
     settings = lab.settings
     count = settings.episodes if kind == "even" else settings.uneven_episodes
-    seeds, cap = seeds_of(kind, count), settings.cap
     lab.only(CEILING)
     ceiling = lab.side(CEILING, kind)()
     lab.only()
-    lanes = ProfiledLanes(lab.factory, num_envs=settings.lanes, workers=2)
-    try:
-        warm(lanes)
-        lanes.times.clear()
-        sample, _ = run_rlmesh(lab.model, lanes, seeds, cap)
-    finally:
-        lanes.shutdown()
-    wall = sample.scored_steps / sample.rate
-    s = {op: np.array(ns, dtype=np.float64) / 1e9 for op, ns in lanes.times.items()}
-    waits, resets = s["driver.wait"], s["reset"]
-    busy = [s.get(f"worker{w}.step", np.zeros(0)) for w in (0, 1)]
-    rounds = len(waits)
-    both = min(len(busy[0]), len(busy[1]))
-    detail = ceiling.detail
-    figures = {
-        "wall_s": wall,
-        "rate": sample.rate,
-        "ceiling_rate": ceiling.rate,
-        "resets_s": float(resets.sum()),
-        "round_waits_s": float(waits.sum()),
-        "driver_own_s": wall - float(resets.sum()) - float(waits.sum()),
-        "rounds": rounds,
-        "worker_busy_s": [float(b.sum()) for b in busy],
-        "step_s_in_workers": float(sum(b.sum() for b in busy)) / sample.scored_steps,
-        "step_s_in_ceiling": sum(detail["step_s"]) / sum(detail["steps"]),
-        "ceiling_reset_s": detail["reset_s"],
-        "ceiling_seconds": detail["seconds"],
-    }
-    if both == rounds:  # every round stepped both workers: the slower one's lead is idle
-        figures["barrier_idle_s"] = float(np.abs(busy[0] - busy[1]).sum())
+    seeds = seeds_of(kind, count)
+    figures = worker_run_profile(lab.factory, lab.model, settings.lanes, seeds, settings.cap)
+    figures.update(
+        ceiling_rate=ceiling.rate,
+        step_s_in_ceiling=sum(ceiling.detail["step_s"]) / sum(ceiling.detail["steps"]),
+        ceiling_reset_s=ceiling.detail["reset_s"],
+        ceiling_seconds=ceiling.detail["seconds"],
+    )
     log(f"  profile, {kind}: " + ", ".join(f"{k} {v}" for k, v in figures.items()))
     return figures
 
@@ -629,10 +593,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="the smoke sizes")
     parser.add_argument("--json", metavar="PATH", help="write every figure here")
     parser.add_argument(
-        "--profile", action="store_true", help="only where workers=2's time goes (one run a kind)"
+        "--groups", default=",".join(GROUPS), help=f"sides to sample, of {', '.join(GROUPS)}"
+    )
+    parser.add_argument("--repeats", type=int, help="samples of each side (default 3)")
+    parser.add_argument(
+        "--profile", action="store_true", help="only where workers=2's time goes (a run a kind)"
     )
     args = parser.parse_args(argv)
     settings = SMOKE if args.quick else FULL
+    if args.repeats is not None:
+        settings = replace(settings, repeats=args.repeats)
+    groups = [GROUPS[name] for name in args.groups.split(",")]
 
     def log(text: str) -> None:
         print(text, flush=True)
@@ -660,10 +631,10 @@ def main(argv: list[str] | None = None) -> int:
         figures["split"] = {"step": step, "reset": reset}
         log(describe_split(step, reset, lab.build_s))
         for repeat in range(settings.repeats):
-            for built, entries in GROUPS:
+            for built, entries in groups:
                 try:
                     lab.only(*built)
-                except (MemoryError, RuntimeError) as error:  # others took the memory, or so
+                except (MemoryError, RuntimeError) as error:  # others hold the memory, or so
                     log(f"repeat {repeat}: {', '.join(built)} skipped: {error!r}")
                     continue
                 log(f"repeat {repeat}: {', '.join(built)} built ({dict(lab.build_s)})")

@@ -22,8 +22,11 @@ def cartpole_policy(obs):
 def comparable(result, *, drop=("env_index",), reward_digits=None):
     """Each episode's fields but timings (and, across lane counts, the lane it ran on); with
     ``reward_digits``, the reward rounded to that many decimals, for a simulator whose one
-    seed gives rewards that differ in the last bits from run to run (PushT's pymunk)."""
+    seed gives rewards that differ in the last bits from run to run (PushT's pymunk), and
+    without the trajectory digest, which those bits change (the reset digest stays)."""
     dropped = TIMING_FIELDS | set(drop)
+    if reward_digits is not None:
+        dropped.add("trajectory_digest")
     episodes = [
         {key: value for key, value in episode.to_dict().items() if key not in dropped}
         for episode in result.episodes

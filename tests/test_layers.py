@@ -46,6 +46,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("rlmesh.remote",),
     # What holds envs.
     ("rlmesh.lanes",),
+    # The live view: its figures, lanes watched, page, table, a results file followed.
+    ("rlmesh.view",),
     # A run: its settings, the recording of its videos, and the loop.
     ("rlmesh.settings",),
     ("rlmesh.video",),
@@ -58,10 +60,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "rlmesh.remote.openpi.server",
         "rlmesh.remote.model_client",
         "rlmesh.policies",
+        "rlmesh.sandbox",
     ),
     ("rlmesh.cluster",),
     ("rlmesh.api",),
-    ("rlmesh.suites",),
+    ("rlmesh.suites", "rlmesh.ab"),
     # The built-in benchmarks, as suites.
     ("rlmesh.benchmarks",),
     # The command line, and the package's front door.

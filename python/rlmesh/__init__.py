@@ -4,6 +4,7 @@ Episodes are numbered in the order they start, each is seeded by its index, and 
 exactly the episodes asked for, whatever the number of parallel environments.
 """
 
+from .ab import ABResult, ab
 from .adapters import Action, Concat, Custom, Image, ModelSpec, Plan, State, Text, compile_spec
 from .api import arun, run
 from .contexts import PredictContext
@@ -34,12 +35,14 @@ from .results import (
     read_results,
     read_suite,
 )
+from .stats.stopping import Precision
 from .suites import SuiteResult, Task, arun_suite, load_suite, run_suite
 from .version import __version__
 
 episode_seed = _active_core.episode_seed
 
 __all__ = [
+    "ABResult",
     "Action",
     "Concat",
     "Custom",
@@ -55,6 +58,7 @@ __all__ = [
     "ObservationError",
     "OperationTimeout",
     "Plan",
+    "Precision",
     "PredictContext",
     "RemoteEnv",
     "RemoteError",
@@ -66,6 +70,8 @@ __all__ = [
     "RunHooks",
     "RunResult",
     "RuntimeHooks",
+    "SandboxEnv",
+    "SandboxModel",
     "SpecError",
     "State",
     "StatefulModelError",
@@ -75,6 +81,7 @@ __all__ = [
     "TelemetryRow",
     "Text",
     "__version__",
+    "ab",
     "arun",
     "arun_suite",
     "compare",
@@ -95,6 +102,8 @@ __all__ = [
 _REMOTE = {
     "RemoteEnv": "rlmesh.lanes.remote",
     "RemoteModel": "rlmesh.remote.model_client",
+    "SandboxEnv": "rlmesh.sandbox",
+    "SandboxModel": "rlmesh.sandbox",
     "serve_env": "rlmesh.remote.env_server",
     "serve_model": "rlmesh.remote.model_server",
 }

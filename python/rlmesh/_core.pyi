@@ -17,6 +17,10 @@ Int64Array = npt.NDArray[np.int64]
 def episode_seed(base: int, index: int) -> int:
     """The reset seed of episode ``index`` for base seed ``base``, in ``[0, 2**31)``."""
 
+def value_digest(value: Any) -> str:
+    """The digest of an observation or action (16 hex digits): an episode's ``reset_digest``
+    is this of its first observation. See ``rlmesh/_pycore/digests.py`` for what is hashed."""
+
 @final
 class EpisodeSummary:
     """One completed, scored episode."""
@@ -49,6 +53,10 @@ class EpisodeSummary:
     def step_ms(self) -> float: ...
     @property
     def error(self) -> str | None: ...
+    @property
+    def reset_digest(self) -> str | None: ...
+    @property
+    def trajectory_digest(self) -> str | None: ...
     def to_dict(self) -> dict[str, Any]: ...
 
 @final
@@ -165,7 +173,9 @@ class RoundRunner:
         overflow: str = "idle",
         max_episode_steps: int | None = None,
         max_episode_seconds: float | None = None,
-    ) -> None: ...
+        digests: bool = True,
+    ) -> None:
+        """``digests=False`` keeps no episode digests: for measuring what they cost only."""
     @property
     def num_lanes(self) -> int: ...
     @property

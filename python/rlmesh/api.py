@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -21,6 +22,7 @@ from .driver import EvaluationRun
 from .results import RunResult
 from .settings import RunSettings, check_argument_names, run_settings
 from .success import rule_for
+from .view import LiveView, hooks_with, open_view
 
 
 def run(model: Any, env: Any, **kwargs: Any) -> RunResult:
@@ -164,6 +166,11 @@ async def arun(model: Any, env: Any, *, hooks: Any = None, **arguments: Any) -> 
             default: from ``render()``, the envs built with ``render_mode="rgb_array"``.
         video_prefix: what the file names start with (a suite's task name); default the
             env's name: ``CartPole-v1_ep00003_seed3.mp4``.
+        view: watch the run live (``rlmesh.view``): ``"http"`` serves a page on 127.0.0.1
+            (a free port, printed; ``"http:PORT"``, ``"http:HOST:PORT"``), ``"terminal"``
+            shows a live table, ``"both"`` does both. The page shows progress, per-task
+            success with its interval, failures and each lane's latest frame, and stays up
+            after the run. Watching changes no result.
         on_error: what an env failure (a lane's env raised in ``reset`` or ``step``, in this
             process, in a worker process, or on a served env) does to the run. ``"raise"``
             (default): the run fails with ``EnvError``. ``"record"``: the episode is kept as
@@ -178,6 +185,17 @@ async def arun(model: Any, env: Any, *, hooks: Any = None, **arguments: Any) -> 
             Needs lanes that can rebuild their envs (an id, a factory, a served env: not a
             ``gymnasium.Env`` instance or a ``VectorEnv``); a served env's error ends its
             session, so every episode in flight there fails with it.
+        until: stop early once the answer is known: ``rlmesh.Precision(success=0.05)`` stops
+            at the first n where the anytime-valid 95% confidence sequence of the success
+            rate over episodes ``0..n-1`` is within +/-0.05 (``Precision(reward=E,
+            reward_bounds=(lo, hi))``: the mean return's, within +/-E). ``episodes`` is the
+            cap. The decision reads only the contiguous prefix of indices, never whichever
+            episodes finished first; episodes past the stop are cancelled (or, finished,
+            left out), so the result holds exactly the first n episodes of the unstopped run.
+            A results file then holds those n alone (each written once every lower index is
+            in), and its header records the rule, so a resumed file stops on the same rule
+            (``RunResult.stop``; docs/semantics.md, "Stopping on precision"). Not with
+            ``indices=`` or ``cluster=``.
 
     Returns:
         The ``RunResult``: M episodes sorted by index (with ``results_path``, every episode in
@@ -202,7 +220,14 @@ arun.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
 run.__signature__ = arun.__signature__  # type: ignore[attr-defined]
 
 
-async def evaluate(model: Any, env: Any, settings: RunSettings, *, hooks: Any = None) -> RunResult:
+async def evaluate(
+    model: Any,
+    env: Any,
+    settings: RunSettings,
+    *,
+    hooks: Any = None,
+    view: LiveView | None = None,
+) -> RunResult:
     """Run the evaluation ``settings`` describe: on this process, or with a placement on a
     Ray cluster (``rlmesh.cluster``, imported only by runs that ask for it).
 
@@ -213,6 +238,11 @@ async def evaluate(model: Any, env: Any, settings: RunSettings, *, hooks: Any = 
         >>> len(result.episodes)
         2
     """
+    # The live view, if asked for (``view``: a suite's, opened once for all its tasks): its
+    # page binds now, so a port in use fails before any env is made.
+    if view is None and settings.output.view is not None:
+        view = open_view(settings.output.view, **view_options(settings))
+    hooks = hooks_with(view, hooks)
     if settings.placement is not None:
         from .cluster import run_on_cluster
 
@@ -221,10 +251,29 @@ async def evaluate(model: Any, env: Any, settings: RunSettings, *, hooks: Any = 
     results = settings.open_results(env, model, success_rule)
     try:
         run = EvaluationRun(
-            model, env, settings, hooks=hooks, results=results, success_rule=success_rule
+            model,
+            env,
+            settings,
+            hooks=hooks,
+            results=results,
+            success_rule=success_rule,
+            view=view,
         )
     except BaseException:
         if results is not None:
             results.close()  # releases the file's writer lock
         raise
     return await run.execute()
+
+
+def view_options(settings: RunSettings) -> dict[str, Any]:
+    """What a run's live view takes from its settings: the image key its videos are recorded
+    from (the lanes' frames then come from it too), and the results file's directory, which
+    the videos' links are relative to."""
+    video, path = settings.video, settings.output.results_path
+    if not isinstance(path, (str, os.PathLike)):  # none, or a suite task's part of its file
+        path = None
+    return {
+        "video_key": None if video is None else video.key,
+        "videos_from": None if path is None else os.path.dirname(os.path.abspath(path)),
+    }

@@ -45,6 +45,7 @@ from .lanes import Lanes, StepBatch, core_steps, lanes_pipelined, make_lanes
 from .model import ModelHandler
 from .results import EpisodeResult, ResultsFile, RunResult
 from .settings import RunSettings
+from .stats.stopping import stopper_for
 from .success import SuccessRule, rule_for
 from .telemetry import Telemetry
 from .utils import env_label, map_leaves
@@ -92,12 +93,14 @@ class EvaluationRun:
         hooks: Any = None,
         results: ResultsFile | None = None,
         success_rule: SuccessRule | None = None,
+        view: Any = None,
     ) -> None:
         self.settings = settings
         self.success_rule = (
             rule_for(settings.success, env) if success_rule is None else success_rule
         )
         self.hooks_argument = hooks
+        self.view = view  # the live view (rlmesh.view.LiveView) or None; among the hooks
         self.results = results
         self.core = active if settings.core is None else load_core(settings.core)
         self.core_name = "python" if self.core is load_core("python") else "rust"
@@ -116,6 +119,18 @@ class EvaluationRun:
         # group of each lane.
         self._groups_in_flight: dict[int, OpenRound] = {}
         self._group_of: dict[int, int] = {}
+        # With until=: the stopping decision over the prefix of indices (docs/semantics.md,
+        # "Stopping on precision"); it releases the episodes the file and hooks get.
+        self.stopper = (
+            None
+            if settings.until is None
+            else stopper_for(
+                settings.until,
+                env,
+                cap=settings.episodes.count,
+                max_episode_steps=settings.limits.max_episode_steps,
+            )
+        )
 
     # -------------------------------------------------------------------- set-up and teardown
 
@@ -167,6 +182,10 @@ class EvaluationRun:
         episodes, results = self.settings.episodes, self.results
         if results is None:
             return episodes.indices
+        if self.stopper is not None:
+            self.stopper.resume(results.episodes)
+            if self.stopper.stopped:  # the file's run stopped already
+                return []
         return [index for index in episodes.slots if index not in results.indices]
 
     def _close_results(self, segment: RunResult | None, elapsed_s: float | None) -> RunResult:
@@ -178,7 +197,7 @@ class EvaluationRun:
             self.results.append_run(segment, elapsed_s=elapsed_s)
         result, _ = self.results.run_result()
         self.results.close()
-        return result
+        return self._stopped_result(result, None if segment is None else segment.stop)
 
     def _configure(self, indices: list[int] | None) -> None:
         settings = self.settings
@@ -192,7 +211,7 @@ class EvaluationRun:
             workers=settings.parallel.process_workers,
             restart_workers=settings.parallel.restart_workers,
             record_latency=self._record_lanes_latency,
-            render_mode=None if settings.video is None else settings.video.render_mode,
+            render_mode=self._render_mode(),
             core=self.core_name,
         )
         self.lanes = lanes  # closed by the teardown if the recorder refuses them
@@ -202,6 +221,8 @@ class EvaluationRun:
             else VideoRecorder(settings.video, lanes, lambda lanes: self.runner.observations(lanes))
         )
         self.lanes = lanes = self.videos.lanes  # with recording: takes the recorded lanes' frames
+        if self.view is not None:  # the live view takes frames; its lanes' figures are ours
+            self.lanes = lanes = self.view.wrap(lanes, lane_figures=self._lane_figures)
         handler.fit_lanes(lanes.num_lanes)
         if settings.parallel.pipeline:
             if lanes_pipelined(lanes) is None:
@@ -260,6 +281,19 @@ class EvaluationRun:
         self.hooks.record_latency = lambda ns: telemetry.record("hooks", ns)
         self._yielded_ns = time.perf_counter_ns()
 
+    def _lane_figures(self) -> list[tuple[int, float]]:
+        """Each lane's steps and return so far in its episode, from the core (the live
+        view reads them in its hooks, on this thread)."""
+        return [(lane["steps"], lane["reward"]) for lane in self.runner.snapshot()["lanes"]]
+
+    def _render_mode(self) -> str | None:
+        """The render mode the envs are built with: ``rgb_array`` when recorded videos or the
+        live view's frames come from ``render()``."""
+        video = self.settings.video
+        if video is not None and video.render_mode is not None:
+            return video.render_mode
+        return None if self.view is None else self.view.render_mode
+
     def _record_lanes_latency(self, op: str, ns: int) -> None:
         """Where lanes that time work of their own (worker processes) report it."""
         self.telemetry.record(op, ns)
@@ -313,6 +347,10 @@ class EvaluationRun:
         episodes = (EpisodeResult.from_summary(summary, rule) for summary in summaries)
         if self.videos is not None:  # None: the run failed before its lanes were made
             episodes = (self.videos.linked(episode) for episode in episodes)
+        if self.stopper is not None:
+            # Only what the stopper released: the prefix, never an episode past it.
+            counted = self.stopper.counted
+            episodes = (episode for episode in episodes if episode.index < counted)
         return RunResult(
             episodes=tuple(episodes),
             base_seed=settings.episodes.base_seed,
@@ -322,7 +360,30 @@ class EvaluationRun:
             core=self.core_name,
             success_rule=rule,
             episodes_requested=(settings.episodes.requested),
+            stop=None if self.stopper is None else self.stopper.record(self._in_flight()),
         )
+
+    def _in_flight(self) -> list[int]:
+        """The indices of the scored episodes running now (a stopped run cancels them)."""
+        if self.runner is None:
+            return []
+        indices, _, _ = self.runner.lane_episodes(self.runner.running_lanes())
+        return [index for index in indices.tolist() if index >= 0]
+
+    def _stopped_result(self, result: RunResult, stop: Any) -> RunResult:
+        """A results file's ``result`` as a run with ``until=`` returns it: the prefix its
+        stopper counted, and how it stopped (``stop``, this segment's record, else the
+        stopper's now)."""
+        if self.stopper is None:
+            return result
+        counted = self.stopper.counted
+        kept = tuple(episode for episode in result.episodes if episode.index < counted)
+        return replace(result, episodes=kept, stop=stop or self.stopper.record())
+
+    @property
+    def _stopped(self) -> bool:
+        """The stopping rule has decided (``until=``): no episode starts any more."""
+        return self.stopper is not None and self.stopper.stopped
 
     # -------------------------------------------------------------------- the loop
 
@@ -334,7 +395,7 @@ class EvaluationRun:
         await self._next_episodes(NO_LANES)  # lanes that restart themselves: the baseline
         await self._probe_statefulness()
         core_runs_rounds = self._core_runs_rounds()
-        while not runner.done:
+        while not runner.done and not self._stopped:
             if core_runs_rounds:
                 await self._run_rounds()
             elif self.settings.parallel.pipeline:
@@ -349,6 +410,7 @@ class EvaluationRun:
                 # so a Ctrl-C (a cancellation under asyncio.run) stops the run promptly.
                 await asyncio.sleep(0)
                 self._yielded_ns = now
+        await self._drain_groups()
 
     def _core_runs_rounds(self) -> bool:
         """Whether nothing in a round needs awaiting, so the core can run whole rounds itself:
@@ -407,7 +469,20 @@ class EvaluationRun:
         group = self._group_of[int(lane)]
         runner.resume_round(group)
         await self._close_round(self._groups_in_flight.pop(group), batch, failures)
-        await self._send_round(group, lanes.step_groups[group])
+        if not self._stopped:
+            await self._send_round(group, lanes.step_groups[group])
+
+    async def _drain_groups(self) -> None:
+        """Once a run stopped (``until=``), take the steps still on their way to groups of
+        lanes (``pipeline=True``), so every worker is idle when the lanes close; those steps'
+        episodes are cancelled, their outcomes unread."""
+        while self._groups_in_flight:
+            try:
+                batch, failures = await self._stepped(self.lanes.receive_step)
+            except RlmeshError:
+                return  # closing the lanes stops a worker still busy
+            lane = batch.stepped[0] if len(batch.stepped) else next(iter(failures.errors))
+            self._groups_in_flight.pop(self._group_of[int(lane)], None)
 
     async def _send_round(self, group: int, group_lanes: np.ndarray) -> None:
         """Open a round over ``group``'s running lanes and send its step; the round is set
@@ -524,6 +599,8 @@ class EvaluationRun:
             "corner": self.handler.corner,
             "core": self.core_name,
             "plan": self.plan.describe(),
+            # A suite's task (its run_info names it): the live view's row for it.
+            "task": (settings.output.run_info or {}).get("task"),
             # Episodes a resumed results file already holds (they are not run again).
             "completed_episodes": () if self.results is None else self.results.episodes,
         }
@@ -534,7 +611,7 @@ class EvaluationRun:
         Lanes whose reset failed (with ``on_error`` other than ``"raise"``) start again, on
         the same slot or the next: each round of this loop finishes a slot or spends one of
         its retries, so it ends."""
-        while len(lanes_to_start):
+        while len(lanes_to_start) and not self._stopped:
             starts = self.runner.start(lanes_to_start, now_ns=time.perf_counter_ns())
             reset = np.concatenate([starts.lanes, starts.surplus_lanes])
             errors: dict[int, str] = {}
@@ -590,17 +667,17 @@ class EvaluationRun:
             where="model.on_episode_end",
         )
         for summary in summaries:
-            episode = EpisodeResult.from_summary(summary, self.success_rule)
-            if self.results is not None:
-                self.results.append(episode)  # on disk before anyone hears of it
-            await self.hooks.episode_end(episode)
+            await self._record(EpisodeResult.from_summary(summary, self.success_rule))
         await self._guard("rebuild", self.lanes.rebuild, lanes, where="env.rebuild")
         return lanes
 
     async def _next_episodes(self, ended: np.ndarray) -> None:
         """Start what follows the ended episodes: the driver resets the ended lanes on the
         next slots, or, where the lanes restart themselves, the runner observes which lanes
-        the env restarted (their first observations arrived with the step)."""
+        the env restarted (their first observations arrived with the step). Nothing, once
+        the run stopped."""
+        if self._stopped:
+            return
         if self.lanes.resets_itself:
             starts = self.runner.observe_rolls(
                 self.all_lanes, self.lanes.env_episode_ids(), now_ns=time.perf_counter_ns()
@@ -653,12 +730,24 @@ class EvaluationRun:
             where="model.on_episode_end",
         )
         rule = self.success_rule
-        if self.results is None and not self.hooks.listening and not rule.calls_user_code:
+        if (
+            self.results is None
+            and not self.hooks.listening
+            and not rule.calls_user_code
+            and self.stopper is None
+        ):
             return
         for summary in summaries:
             # A user's success rule runs here, once per episode, so its errors stop the run.
             episode = EpisodeResult.from_summary(summary, rule)
-            episode = self.videos.linked(episode)
+            await self._record(self.videos.linked(episode))
+
+    async def _record(self, episode: EpisodeResult) -> None:
+        """A finished episode to the results file, then to the hooks. With ``until=``, the
+        stopper holds it until every lower index is in, and drops it once the run stopped:
+        the file and the hooks get the prefix, in index order."""
+        released = [episode] if self.stopper is None else self.stopper.offer(episode)
+        for episode in released:
             if self.results is not None:
                 self.results.append(episode)  # on disk before anyone hears of it
             await self.hooks.episode_end(episode)

@@ -41,9 +41,11 @@ from .adapters import checked_env_tags
 from .core import core_name
 from .provenance import PROVENANCE_KEY, check_provenance, collect_provenance
 from .results import ResultsFile
+from .stats.stopping import Precision
 from .success import SuccessRule
 from .utils import env_label, positive_int, positive_seconds
 from .version import __version__
+from .view.spec import ViewSpec, parse_view
 
 TIMEOUT_OPS = ("reset", "step", "predict")
 """The operations ``timeouts=`` may limit."""
@@ -136,6 +138,7 @@ class OutputSettings:
     run_info: dict[str, Any] | None = None
     allow_changed_policy: bool = False
     provenance: dict[str, Any] | None = None
+    view: ViewSpec | None = None  # the live view (rlmesh.view): its page, its table
 
 
 @dataclass(frozen=True)
@@ -324,7 +327,8 @@ def check_cluster_settings(
 class RunSettings:
     """One run's checked settings, in parts (the module docstring names each), and what
     belongs to no part: the actions replayed per chunk, the env's role tags, the success
-    rule as given, the telemetry window, whether to close an env passed in, and the core."""
+    rule as given, the telemetry window, whether to close an env passed in, the core, and
+    the stopping rule (``until``: a ``rlmesh.Precision``, or None to play every episode)."""
 
     episodes: EpisodeSettings
     limits: LimitSettings = LimitSettings()
@@ -339,6 +343,7 @@ class RunSettings:
     telemetry_window: float = 1.0
     close_env: bool = False
     core: str | None = None
+    until: Precision | None = None
 
     def for_window(self, indices: list[int] | None = None) -> RunSettings:
         """The settings of one window of a cluster run, run on a Ray worker: the same
@@ -383,6 +388,9 @@ class RunSettings:
             "trial_index_base": episodes.trial_index_base,
             "rlmesh_version": __version__,
             "core": core,
+            # Only when set, so a file without a stopping rule reads as before; a resumption
+            # must stop on the same rule.
+            **({} if self.until is None else {"until": self.until.to_json()}),
             **(self.output.run_info or {}),
         }
         stated = self.output.provenance or {}
@@ -442,6 +450,8 @@ def run_settings(
     video_key: str | None = None,
     video_prefix: str | None = None,
     on_error: str = "raise",
+    view: str | None = None,
+    until: Precision | None = None,
 ) -> RunSettings:
     """``rlmesh.run``'s keyword arguments (documented there) checked into a ``RunSettings``;
     ValueError or TypeError naming the argument, what it was and what was expected.
@@ -567,6 +577,7 @@ def run_settings(
         ray_mode=ray_mode,
     )
     stated = check_provenance(provenance)
+    _check_until(until, cluster=cluster, indices=indices)
     return RunSettings(
         episodes=episode_settings,
         limits=limits,
@@ -579,6 +590,7 @@ def run_settings(
             run_info=run_info,
             allow_changed_policy=allow_changed_policy,
             provenance=stated,
+            view=parse_view(view),
         ),
         video=video,
         execution_horizon=execution_horizon,
@@ -587,7 +599,31 @@ def run_settings(
         telemetry_window=telemetry_window,
         close_env=bool(close_env),
         core=core,
+        until=until,
     )
+
+
+def _check_until(until: Any, *, cluster: str | None, indices: Sequence[int] | None) -> None:
+    """Refuse an ``until=`` that is not a ``Precision``, or that goes with what plays other
+    episodes than a prefix (``indices=``) or merges windows (``cluster=``)."""
+    if until is None:
+        return
+    if not isinstance(until, Precision):
+        raise ValueError(
+            f"until must be rlmesh.Precision(success=...) or Precision(reward=..., "
+            f"reward_bounds=(lo, hi)), or None to play every episode; got {until!r}"
+        )
+    if indices is not None:
+        raise ValueError(
+            "until= stops on the prefix 0..n-1 of a run's episodes, and indices= plays chosen "
+            "ones: pass one of them (a resumed results file continues a stopped run by itself)"
+        )
+    if cluster is not None:
+        raise ValueError(
+            f"until= decides after each episode of this process's run; cluster={cluster!r} "
+            f"runs windows of episodes on other workers: drop cluster= (workers= gives this "
+            f"machine's processes) or until="
+        )
 
 
 RUN_ARGUMENTS = tuple(inspect.signature(run_settings).parameters)

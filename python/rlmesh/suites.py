@@ -49,12 +49,13 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from .api import evaluate, run_to_end
+from .api import evaluate, run_to_end, view_options
 from .core import core_name
 from .provenance import PROVENANCE_KEY, collect_provenance
 from .results import SUITE_KEY, ResultsFile, RunResult
 from .settings import RunSettings, check_argument_names, run_settings
 from .version import __version__
+from .view import open_view
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -522,6 +523,12 @@ async def arun_suite(
         }
         results = ResultsFile.open(results_path, header, resume=resume)
     runs: dict[str, RunResult] = {}
+    # The suite's one live view (cleared: a new run), which each task's run adds to.
+    view = (
+        None
+        if shared.output.view is None
+        else open_view(shared.output.view, **view_options(shared))
+    )
     try:
         for task in chosen:
             settings = task.settings(shared)
@@ -540,7 +547,7 @@ async def arun_suite(
             video = shared.video and replace(shared.video, prefix=task.name)
             settings = replace(settings, output=output, video=video)
             try:
-                result = await evaluate(model, task.make_env(), settings, hooks=hooks)
+                result = await evaluate(model, task.make_env(), settings, hooks=hooks, view=view)
             except BaseException as exc:
                 partial = getattr(exc, "partial_result", None)
                 if isinstance(partial, RunResult):

@@ -13,6 +13,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyIterator, PyList};
 
 use crate::args::{count_arg, same_length, u64_arg, user_warning, ArgError, LaneMarks};
+use crate::digests::hex_digest;
 use crate::seeding::derive_seed;
 
 /// The most lanes one route may have (the Python core refuses the same).
@@ -107,6 +108,8 @@ impl Lane {
 /// ``seed`` is None when the environment chose the episode's start itself; ``success`` is None
 /// when the final ``info`` said nothing about success. ``error`` is None for an episode that
 /// ended, or the ``"<Type>: <message>"`` of the env failure it was abandoned with.
+/// ``reset_digest`` and ``trajectory_digest`` are the episode's digests (16 hex digits), None
+/// when its first observation never arrived or the runner keeps no digests.
 #[pyclass(module = "rlmesh._core", frozen, eq, get_all)]
 #[derive(Debug, Clone, PartialEq)]
 pub struct EpisodeSummary {
@@ -124,6 +127,8 @@ pub struct EpisodeSummary {
     pub predict_ms: f64,
     pub step_ms: f64,
     pub error: Option<String>,
+    pub reset_digest: Option<String>,
+    pub trajectory_digest: Option<String>,
 }
 
 #[pymethods]
@@ -145,6 +150,8 @@ impl EpisodeSummary {
         dict.set_item("predict_ms", self.predict_ms)?;
         dict.set_item("step_ms", self.step_ms)?;
         dict.set_item("error", &self.error)?;
+        dict.set_item("reset_digest", &self.reset_digest)?;
+        dict.set_item("trajectory_digest", &self.trajectory_digest)?;
         Ok(dict)
     }
 
@@ -456,12 +463,15 @@ impl RouteLedger {
     }
 
     /// Close the ended episodes `episode_ids` on `lanes`; return the scored summaries.
+    /// `digests[k]` is lane `lanes[k]`'s episode's `(reset, trajectory)` digests; none when
+    /// `digests` is empty.
     pub fn complete_episodes(
         &mut self,
         lanes: &[i64],
         episode_ids: &[i64],
         success: &[Option<bool>],
         now_ns: i64,
+        digests: &[Digests],
     ) -> Result<Vec<EpisodeSummary>, ArgError> {
         same_length("episode_ids", episode_ids.len(), lanes.len())?;
         same_length("success", success.len(), lanes.len())?;
@@ -476,8 +486,11 @@ impl RouteLedger {
             }
         }
 
+        let digests = digests_of(digests, lanes.len())?;
         let mut completed = Vec::new();
-        for ((&lane, &episode_id), &outcome) in lanes.iter().zip(episode_ids).zip(success) {
+        for (k, ((&lane, &episode_id), &outcome)) in
+            lanes.iter().zip(episode_ids).zip(success).enumerate()
+        {
             let lane = lane as usize;
             let held = &self.lanes[lane];
             if held.state != LaneState::Ended || held.episode_id != episode_id {
@@ -485,7 +498,7 @@ impl RouteLedger {
                 continue;
             }
             if !held.surplus {
-                let summary = summarize(lane, held, outcome, now_ns, None);
+                let summary = summarize(lane, held, outcome, now_ns, None, digests(k));
                 self.summaries.push(summary.clone());
                 self.completed += 1;
                 completed.push(summary);
@@ -506,12 +519,14 @@ impl RouteLedger {
 
     /// Abandon the running episodes of `lanes`, whose env failed: `errors[k]` None gives the
     /// lane's slot back (claimed again first), a text records the episode failed with it.
-    /// Returns the summaries of the episodes recorded failed.
+    /// Returns the summaries of the episodes recorded failed (with `digests[k]`, the digests
+    /// of lane `lanes[k]`'s steps so far; none when `digests` is empty).
     pub fn abandon_episodes(
         &mut self,
         lanes: &[i64],
         errors: &[Option<String>],
         now_ns: i64,
+        digests: &[Digests],
     ) -> Result<Vec<EpisodeSummary>, ArgError> {
         same_length("errors", errors.len(), lanes.len())?;
         self.marks.check_lanes(lanes)?;
@@ -524,15 +539,17 @@ impl RouteLedger {
                 )));
             }
         }
+        let digests = digests_of(digests, lanes.len())?;
         let mut failed = Vec::new();
-        for (&lane, error) in lanes.iter().zip(errors) {
+        for (k, (&lane, error)) in lanes.iter().zip(errors).enumerate() {
             let lane = lane as usize;
             let held = &self.lanes[lane];
             if !held.surplus {
                 match error {
                     None => self.returned.push(held.index as u64),
                     Some(error) => {
-                        let summary = summarize(lane, held, None, now_ns, Some(error.clone()));
+                        let error = Some(error.clone());
+                        let summary = summarize(lane, held, None, now_ns, error, digests(k));
                         self.summaries.push(summary.clone());
                         self.completed += 1;
                         failed.push(summary);
@@ -668,12 +685,28 @@ impl RouteLedger {
     }
 }
 
+/// An episode's `(reset, trajectory)` digests, as the runner's `LaneDigests::episode` gives
+/// them.
+pub type Digests = (Option<u64>, Option<u64>);
+
+/// Each lane's digests by position: none when `digests` is empty.
+fn digests_of(
+    digests: &[Digests],
+    count: usize,
+) -> Result<impl Fn(usize) -> Digests + '_, ArgError> {
+    if !digests.is_empty() {
+        same_length("digests", digests.len(), count)?;
+    }
+    Ok(move |k: usize| digests.get(k).copied().unwrap_or((None, None)))
+}
+
 fn summarize(
     lane: usize,
     held: &Lane,
     success: Option<bool>,
     now_ns: i64,
     error: Option<String>,
+    digests: Digests,
 ) -> EpisodeSummary {
     let steps = held.steps;
     // An episode that failed before its first step has no per-step means: 0.
@@ -697,6 +730,8 @@ fn summarize(
         predict_ms: mean_ms(held.predict_ns),
         step_ms: mean_ms(held.step_ns),
         error,
+        reset_digest: digests.0.map(hex_digest),
+        trajectory_digest: digests.1.map(hex_digest),
     }
 }
 
@@ -882,7 +917,7 @@ mod tests {
 
     fn complete(ledger: &mut RouteLedger, lanes: &[i64], ids: &[i64]) -> Vec<EpisodeSummary> {
         ledger
-            .complete_episodes(lanes, ids, &vec![None; lanes.len()], 100)
+            .complete_episodes(lanes, ids, &vec![None; lanes.len()], 100, &[])
             .unwrap()
     }
 
@@ -1040,7 +1075,7 @@ mod tests {
         );
         assert_eq!(format!("{:?}", ledger.lanes), before);
         let running = ledger
-            .complete_episodes(&[0], &[0], &[None], 0)
+            .complete_episodes(&[0], &[0], &[None], 0, &[])
             .unwrap_err();
         assert!(running.0.starts_with("lane 0 episode 0 is still running"));
         let restart = ledger.start_episodes(&[0], 0, Overflow::Idle).unwrap_err();

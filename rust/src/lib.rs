@@ -1,8 +1,9 @@
 //! `rlmesh._core`: the per-lane, per-step bookkeeping of an evaluation run.
 //!
 //! Mirrors the pure-Python core `python/rlmesh/_pycore/` file for file: `seeding`, `args`,
-//! `ledger`, `assembly`, `resize`, `rotations`, `actions`, `chunks`, `telemetry`, `rounds` (the
-//! per-lane work of a round, and the synchronous loop of rounds on top of the others), and the
+//! `digests` (each episode's determinism evidence), `ledger`, `assembly`, `resize`,
+//! `rotations`, `actions`, `chunks`, `telemetry`, `rounds` (the per-lane work of a round, and
+//! the synchronous loop of rounds on top of the others), and the
 //! wire part in its own folder, `wire/`: `wire::served` (a served env's steps and episode
 //! tallies) and `wire::transport` (a raw-bytes gRPC transport on tonic). The Python core is the
 //! specification; the parity tests keep the two in lockstep.
@@ -13,6 +14,7 @@ pub mod actions;
 pub mod args;
 pub mod assembly;
 pub mod chunks;
+pub mod digests;
 pub mod ledger;
 pub mod resize;
 pub mod rotations;
@@ -24,6 +26,7 @@ pub mod wire;
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(seeding::episode_seed, m)?)?;
+    m.add_function(wrap_pyfunction!(digests::value_digest, m)?)?;
     m.add_class::<assembly::ObservationAssembler>()?;
     m.add_class::<ledger::EpisodeStarts>()?;
     m.add_class::<ledger::EpisodeSummary>()?;

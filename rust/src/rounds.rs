@@ -5,7 +5,8 @@
 //! runner owns the run's ledger, assembler, applier and queues by value and calls their Rust
 //! methods directly, with lanes as slices: within a round, the only per-lane Python work left
 //! is what is inherent (indexing the lane's action, calling its env's `step`, reading the
-//! step's result). Each lane's step count and clock live in the ledger alone.
+//! step's result). Each lane's step count and clock live in the ledger alone, and each lane's
+//! running digests in its `LaneDigests` (`digests`).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -23,6 +24,7 @@ use crate::actions::ActionApplier;
 use crate::args::{i64_arg, lanes_arg, path_text, vector, Dtype};
 use crate::assembly::{numpy, ObservationAssembler};
 use crate::chunks::{chunk_leaves, ChunkQueues};
+use crate::digests::LaneDigests;
 use crate::ledger::{EpisodeStarts, EpisodeSummary, LaneState, Overflow, RouteLedger};
 use crate::telemetry::LatencyStats;
 
@@ -786,6 +788,10 @@ pub struct RoundRunner {
     spare_ids: Vec<i64>,
     /// Scratch, all false between calls: which lanes a round predicts for.
     predicted: Vec<bool>,
+    /// Each lane's running digests (`digests`).
+    digests: LaneDigests,
+    /// Scratch: a round's truncation flags as the envs returned them, before the caps.
+    env_truncated: Vec<bool>,
     clock: Clock,
 }
 
@@ -977,7 +983,9 @@ impl RoundRunner {
         let ledger = &self.ledger;
         let Some(queues) = &mut self.queues else {
             let lane_text = row_text(ledger, &self.running, 1);
-            return applier.apply(py, output, &self.running, &lane_text);
+            let actions = applier.apply(py, output, &self.running, &lane_text)?;
+            self.digests.act(&self.running, &actions)?;
+            return Ok(actions);
         };
         let predict_lanes = &self.predict_lanes;
         if !predict_lanes.is_empty() {
@@ -1005,7 +1013,9 @@ impl RoundRunner {
             queues.push_lanes(py, predict_lanes, &ids, &chunks)?;
         }
         let ids = self.ledger.episode_ids_of(&self.running);
-        queues.pop_lanes(py, &self.running, &ids)
+        let actions = queues.pop_lanes(py, &self.running, &ids)?;
+        self.digests.act(&self.running, &actions)?;
+        Ok(actions)
     }
 
     /// Step every running lane in one `step(lanes, actions) -> StepBatch` call, keeping each
@@ -1074,7 +1084,11 @@ impl RoundRunner {
             )));
         }
         for (&lane, observation) in stepped.iter().zip(observations.try_iter()?) {
-            self.observations[lane as usize] = Some(observation?.unbind());
+            let observation = observation?;
+            // The round's running lanes: what their step returned.
+            self.digests
+                .observe_steps(&[lane], std::slice::from_ref(&observation))?;
+            self.observations[lane as usize] = Some(observation.unbind());
         }
         let infos = batch
             .getattr("infos")?
@@ -1117,6 +1131,8 @@ impl RoundRunner {
                 )));
             }
         }
+        self.env_truncated.clear();
+        self.env_truncated.extend_from_slice(truncated);
         for (k, &lane) in self.running.iter().enumerate() {
             let capped = cap_reached(
                 &self.ledger,
@@ -1138,6 +1154,8 @@ impl RoundRunner {
             &self.predict_ns,
         )?;
         // Set once the ledger took the step: a refused round leaves the runner as it was.
+        self.digests
+            .step(&self.running, rewards, terminated, &self.env_truncated);
         for &lane in &ended {
             self.ended_ns[lane as usize] = now_ns;
         }
@@ -1152,7 +1170,7 @@ impl RoundRunner {
     #[pyo3(signature = (
         num_lanes, episodes, observation_plan, action_plan, *, execution_horizon=None,
         seeds=None, base_seed=None, trial_index_base=None, indices=None, overflow=Given(None),
-        max_episode_steps=None, max_episode_seconds=None
+        max_episode_steps=None, max_episode_seconds=None, digests=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn py_new(
@@ -1169,6 +1187,7 @@ impl RoundRunner {
         overflow: Given<'_>,
         max_episode_steps: Option<&Bound<'_, PyAny>>,
         max_episode_seconds: Option<&Bound<'_, PyAny>>,
+        digests: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         // Checked in the Python core's order, so a bad call fails alike in both.
         let overflow = overflow_arg(overflow.0.as_ref())?;
@@ -1194,6 +1213,16 @@ impl RoundRunner {
                 Some(seconds * NS_PER_S)
             }
         };
+        let digests = match digests {
+            None => true,
+            Some(value) if value.is_instance_of::<PyBool>() => value.is_truthy()?,
+            Some(value) => {
+                return Err(PyTypeError::new_err(format!(
+                    "digests must be a bool, got {}",
+                    value.get_type().name()?
+                )))
+            }
+        };
         let num_lanes = ledger.lane_count();
         Ok(RoundRunner {
             ledger,
@@ -1215,6 +1244,8 @@ impl RoundRunner {
             parked: HashMap::new(),
             in_parked_round: vec![false; num_lanes],
             predicted: vec![false; num_lanes],
+            digests: LaneDigests::new(num_lanes, digests),
+            env_truncated: Vec::new(),
             clock: Clock::new(py)?,
         })
     }
@@ -1279,6 +1310,9 @@ impl RoundRunner {
         let starts = self
             .ledger
             .start_episodes(lanes.as_slice()?, now_ns, self.overflow)?;
+        // Their first observations come with set_observations, after the lanes' resets.
+        self.digests.begin(&starts.lanes);
+        self.digests.begin(&starts.surplus_lanes);
         Ok(EpisodeStarts::new(py, starts))
     }
 
@@ -1298,6 +1332,13 @@ impl RoundRunner {
         let starts = self
             .ledger
             .observe_rolls(lanes.as_slice()?, env_ids.as_slice()?, now_ns)?;
+        for &lane in starts.lanes.iter().chain(&starts.surplus_lanes) {
+            let observation = match &self.observations[lane as usize] {
+                Some(observation) => observation.bind(py).clone(),
+                None => py.None().into_bound(py),
+            };
+            self.digests.begin_with(lane as usize, &observation)?;
+        }
         Ok(EpisodeStarts::new(py, starts))
     }
 
@@ -1348,6 +1389,7 @@ impl RoundRunner {
                 &[episode_id],
                 &[outcome],
                 ended_ns,
+                &[self.digests.episode(lane as usize)],
             )?);
         }
         let model_ends = self.release(&episode_ids);
@@ -1393,7 +1435,13 @@ impl RoundRunner {
                 }
             })
             .collect::<PyResult<Vec<_>>>()?;
-        let failed = self.ledger.abandon_episodes(&checked, &errors, now_ns)?;
+        let digests: Vec<_> = checked
+            .iter()
+            .map(|&lane| self.digests.episode(lane as usize))
+            .collect();
+        let failed = self
+            .ledger
+            .abandon_episodes(&checked, &errors, now_ns, &digests)?;
         let kept: Vec<usize> = (0..self.running.len())
             .filter(|&k| !checked.contains(&self.running[k]))
             .collect();
@@ -1430,7 +1478,10 @@ impl RoundRunner {
             )));
         }
         for (&lane, observation) in checked.iter().zip(observations.try_iter()?) {
-            self.observations[lane as usize] = Some(observation?.unbind());
+            let observation = observation?;
+            let running = self.ledger.lane_state(lane as usize) == LaneState::Running;
+            self.digests.observe(lane as usize, &observation, running)?;
+            self.observations[lane as usize] = Some(observation.unbind());
         }
         Ok(())
     }
@@ -1694,7 +1745,12 @@ impl RoundRunner {
                     _ => None,
                 };
                 let actions = match scalars {
-                    Some(scalars) => LaneActions::PerLane(scalars),
+                    Some(scalars) => {
+                        if let Output::Integers(values) = &output {
+                            self.digests.act_integers(&self.running, values);
+                        }
+                        LaneActions::PerLane(scalars)
+                    }
                     None => {
                         let actions = self.actions(py, &output.into_batch(py))?;
                         lane_actions(&actions, count, &mut Vec::new())?
@@ -1747,6 +1803,12 @@ impl RoundRunner {
                     .iter()
                     .enumerate()
                     .filter(|(k, _)| !failed.contains(k));
+                if failed.is_empty() {
+                    self.digests.observe_steps(&self.running, &observations)?;
+                } else {
+                    let lanes: Vec<i64> = kept.clone().map(|(_, &lane)| lane).collect();
+                    self.digests.observe_steps(&lanes, &observations)?;
+                }
                 for ((_, &lane), observation) in kept.zip(observations.drain(..)) {
                     self.observations[lane as usize] = Some(observation.unbind());
                 }
@@ -1869,7 +1931,7 @@ mod tests {
         assert!(cap_reached(&ledger, 0, 1_000, Some(2), None));
         step(&mut ledger, true);
         let summaries = ledger
-            .complete_episodes(&[0], &[0], &[None], 10_001_000)
+            .complete_episodes(&[0], &[0], &[None], 10_001_000, &[])
             .unwrap();
         assert_eq!(summaries[0].duration_s, 0.01);
         // The next episode starts its own count and clock.

@@ -24,6 +24,7 @@ pytestmark = pytest.mark.usefixtures("ray_cluster", "bounded_in_time")  # confte
 
 import envs_for_cluster as workers  # noqa: E402 - after the skip: only with Ray
 import gymnasium as gym  # noqa: E402
+import numpy as np  # noqa: E402
 import rlmesh  # noqa: E402
 from helpers import CORES  # noqa: E402
 from rlmesh.cli import main  # noqa: E402
@@ -383,6 +384,37 @@ def test_the_cli_joins_a_cluster_at_an_address_and_prints_the_cluster_lines(
     assert main([*argv, "--ray", ray_cluster, "--workers", "2"]) == 0
     out = capsys.readouterr().out
     assert "mean reward" in out and "workers 2, windows" in out and "steps/s" in out
+
+
+class ServedHeuristic(rlmesh.Model):
+    """CartPole's heuristic as a served model: the rlmesh wire sends the observation's array,
+    openpi's protocol a dict of it under ``"observation"``."""
+
+    stateless = True
+
+    def predict_batch(self, obs):
+        obs = obs["observation"] if isinstance(obs, dict) else obs
+        return (obs[:, 2] + 0.3 * obs[:, 3] > 0).astype(np.int64)
+
+
+@pytest.mark.parametrize("protocol", ["rlmesh", "openpi"])
+def test_the_cli_sends_a_served_policy_s_client_to_the_workers(ray_cluster, tmp_path, protocol):
+    if protocol == "openpi":
+        pytest.importorskip("websockets", reason="the openpi extra (websockets) is not installed")
+    server = rlmesh.serve_model(ServedHeuristic(), protocol=protocol)
+    address = (
+        server.address if protocol == "rlmesh" else f"openpi://{server.address.split('://')[-1]}"
+    )
+    out, reference = tmp_path / "ray.jsonl", tmp_path / "local.jsonl"
+    argv = ["eval", address, "--env", "CartPole-v1", "--episodes", "6",
+            "--max-episode-steps", "40", "--no-progress"]  # fmt: skip
+    try:
+        assert main([*argv, "--out", str(out), "--ray", ray_cluster, "--workers", "2"]) == 0
+        assert main([*argv, "--out", str(reference)]) == 0
+    finally:
+        server.close()
+    assert len(_stable(out)) == 6
+    assert _stable(out) == _stable(reference)
 
 
 def test_cli_ctrl_c_then_resume_equals_an_uninterrupted_run(ray_cluster, tmp_path):

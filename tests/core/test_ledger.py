@@ -38,6 +38,8 @@ SUMMARY_FIELDS = [
     "predict_ms",
     "step_ms",
     "error",
+    "reset_digest",
+    "trajectory_digest",
 ]
 STARTS_FIELDS = (
     "lanes",
@@ -546,6 +548,8 @@ def test_summary_fields(core):
         "predict_ms": 2.0,  # 6 ms of model time over 3 steps
         "step_ms": 4.0,  # 12 ms of env time over 3 steps
         "error": None,
+        "reset_digest": core.value_digest(OBSERVATION),  # the episode's first observation's
+        "trajectory_digest": summary.trajectory_digest,  # tests/core/test_digests.py checks it
     }
     assert list(summary.to_dict()) == SUMMARY_FIELDS
     # Plain Python types (dict equality alone would let 1 pass for True or numpy for int).
@@ -553,6 +557,7 @@ def test_summary_fields(core):
     expected_types.update(dict.fromkeys(["terminated", "truncated", "success"], bool))
     expected_types.update(dict.fromkeys(["reward", "duration_s", "predict_ms", "step_ms"], float))
     expected_types["error"] = type(None)  # an episode that ended has no env error
+    expected_types.update(dict.fromkeys(["reset_digest", "trajectory_digest"], str))
     for field, value in summary.to_dict().items():
         assert getattr(summary, field) == value
         assert type(value) is expected_types[field], field

@@ -71,6 +71,8 @@ def test_from_summary_copies_every_field_but_the_episode_id(core):
         predict_ms=3 / 1e6,
         step_ms=10 / 1e6,
         success_reported=True,  # the core's summary held the env's verdict
+        reset_digest=core.value_digest(np.zeros(1, np.float32)),  # its first observation's
+        trajectory_digest=summaries[0].trajectory_digest,
     )
     assert results[1].index == 0 and results[1].success is None and results[1].truncated
     assert not results[1].success_reported
@@ -78,8 +80,10 @@ def test_from_summary_copies_every_field_but_the_episode_id(core):
         expected = summary.to_dict()
         del expected["episode_id"]
         expected["success_reported"] = summary.success is not None
+        digests = {name: expected.pop(name) for name in ("reset_digest", "trajectory_digest")}
         if expected.pop("error") is not None:  # an optional field: on a line only when set
             expected["error"] = summary.error
+        expected.update(digests)  # the last optional fields
         assert result.to_dict() == expected
         assert list(result.to_dict()) == list(expected)  # the same field order
 

@@ -600,7 +600,11 @@ def test_an_index_repeated_within_a_task_fails_alike_in_both_readers(tmp_path):
     path = tmp_path / "suite.jsonl"
     rlmesh.run_suite(policy, TASKS[:2], results_path=path)
     lines = path.read_text().splitlines(keepends=True)
-    pendulum = next(k for k, line in enumerate(lines) if '"task": "pendulum"}' in line)
+    pendulum = next(
+        k
+        for k, line in enumerate(lines)
+        if line.startswith('{"index"') and '"task": "pendulum"' in line  # an episode's line
+    )
     lines.append(lines[pendulum])  # the same (task, index) again, at the end
     path.write_text("".join(lines))
     message = f"line {len(lines)} repeats episode index 0 of task 'pendulum'"

@@ -1,7 +1,8 @@
 """The pure-Python core: the executable specification of ``rlmesh._core``.
 
 Same classes, same methods, same results as the Rust core (``rust/src/``), file for file:
-``seeding.py`` ~ ``seeding.rs``, ``args.py`` ~ ``args.rs``, ``ledger.py`` ~ ``ledger.rs``,
+``seeding.py`` ~ ``seeding.rs``, ``args.py`` ~ ``args.rs``, ``digests.py`` ~ ``digests.rs`` (each
+episode's determinism evidence), ``ledger.py`` ~ ``ledger.rs``,
 ``assembly.py`` ~ ``assembly.rs``, ``resize.py`` ~ ``resize.rs``, ``rotations.py`` ~
 ``rotations.rs``, ``actions.py`` ~ ``actions.rs``, ``chunks.py`` ~ ``chunks.rs``,
 ``telemetry.py`` ~ ``telemetry.rs``, ``rounds.py`` ~ ``rounds.rs``, and the wire part in its own
@@ -16,6 +17,7 @@ exported here is what the Rust core exports; ``ledger.RouteLedger`` is internal 
 from .actions import ActionApplier
 from .assembly import ObservationAssembler
 from .chunks import ChunkQueues, split_chunk
+from .digests import value_digest
 from .ledger import EpisodeStarts, EpisodeSummary
 from .rounds import RoundRunner
 from .seeding import episode_seed
@@ -49,4 +51,5 @@ __all__ = [
     "WireStream",
     "episode_seed",
     "split_chunk",
+    "value_digest",
 ]

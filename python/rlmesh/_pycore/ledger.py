@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from .args import I64_MAX, check_lanes, count_arg, i64_arg, same_length, u64_arg, vector
+from .digests import hex_digest
 from .seeding import episode_seed
 
 VACANT = "vacant"
@@ -77,7 +78,9 @@ class EpisodeSummary:
     vector); ``success`` is None when the final ``info`` said nothing about success. ``error``
     is None for an episode that ended, or the ``"<Type>: <message>"`` of the env failure it was
     abandoned with (``RoundRunner.abandon``); such an episode holds the steps and reward up to
-    the failing call, and is neither terminated nor truncated.
+    the failing call, and is neither terminated nor truncated. ``reset_digest`` and
+    ``trajectory_digest`` are the episode's digests (``digests``: 16 hex digits), None when its
+    first observation never arrived or the runner keeps no digests.
     """
 
     index: int
@@ -94,6 +97,8 @@ class EpisodeSummary:
     predict_ms: float
     step_ms: float
     error: str | None = None
+    reset_digest: str | None = None
+    trajectory_digest: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a plain dict, in declaration order."""
@@ -118,6 +123,19 @@ class EpisodeStarts:
     trials: np.ndarray
     surplus_lanes: np.ndarray
     surplus_episode_ids: np.ndarray
+
+
+# An episode's (reset, trajectory) digests, as the runner's ``LaneDigests.episode`` gives them.
+Digests = tuple[int | None, int | None]
+
+
+def _digests_of(digests: Sequence[Digests] | None, count: int) -> list[Digests]:
+    """Each of ``count`` lanes' digests: none when ``digests`` is None."""
+    if digests is None:
+        return [(None, None)] * count
+    listed = list(digests)
+    same_length("digests", listed, range(count))
+    return listed
 
 
 def _int64(values: list[int]) -> np.ndarray:
@@ -446,13 +464,16 @@ class RouteLedger:
         success: Sequence[bool | None] | None = None,
         *,
         now_ns: int,
+        digests: Sequence[Digests] | None = None,
     ) -> list[EpisodeSummary]:
         """Close the ended episodes ``episode_ids`` (``[K]``) on ``lanes`` (``[K]``).
 
         ``success`` holds, per lane, what the final ``info`` said (``is_success``, else
-        ``success``, else None); None for all lanes when omitted. A completion for an episode
-        the lane no longer holds, or one reported twice, is ignored and counted in
-        ``ignored_completions``. Each completed lane becomes ``vacant``.
+        ``success``, else None); None for all lanes when omitted. ``digests`` holds, per
+        lane, the episode's ``(reset, trajectory)`` digests (ints or None); none when omitted.
+        A completion for an episode the lane no longer holds, or one reported twice, is
+        ignored and counted in ``ignored_completions``. Each completed lane becomes
+        ``vacant``.
 
         Returns:
             The summaries of the scored episodes completed, in the order given (surplus
@@ -481,12 +502,15 @@ class RouteLedger:
                 )
 
         completed = []
-        for lane, episode_id, outcome in zip(checked, ids, outcomes, strict=True):
+        lane_digests = _digests_of(digests, len(checked))
+        for lane, episode_id, outcome, digest in zip(
+            checked, ids, outcomes, lane_digests, strict=True
+        ):
             if self._state[lane] != ENDED or self._episode_id[lane] != episode_id:
                 self._ignored_completions += 1
                 continue
             if not self._surplus[lane]:
-                summary = self._summarize(lane, outcome, now_ns)
+                summary = self._summarize(lane, outcome, now_ns, digests=digest)
                 self._summaries.append(summary)
                 self._completed += 1
                 completed.append(summary)
@@ -501,14 +525,20 @@ class RouteLedger:
         return completed
 
     def abandon_episodes(
-        self, lanes: Any, errors: Sequence[str | None], *, now_ns: int
+        self,
+        lanes: Any,
+        errors: Sequence[str | None],
+        *,
+        now_ns: int,
+        digests: Sequence[Digests] | None = None,
     ) -> list[EpisodeSummary]:
         """Abandon the running episodes of ``lanes`` (``[K]``), whose env failed.
 
         ``errors[k]`` None gives lane ``lanes[k]``'s slot back: the next ``start_episodes``
         claims it again (returned slots first, lowest first), with its seed and trial. A text
         records the episode as failed with that error: its summary holds the steps and reward
-        recorded so far, its clock ends at ``now_ns``, and it counts as completed. A surplus
+        recorded so far (and ``digests[k]``, the digests of those steps), its clock ends at
+        ``now_ns``, and it counts as completed. A surplus
         episode is abandoned silently. Either way the lane becomes ``vacant`` and the model is
         owed the episode's end if it predicted on it.
 
@@ -538,12 +568,13 @@ class RouteLedger:
                     f"can be abandoned"
                 )
         failed = []
-        for lane, error in zip(checked, errors, strict=True):
+        lane_digests = _digests_of(digests, len(checked))
+        for lane, error, digest in zip(checked, errors, lane_digests, strict=True):
             if not self._surplus[lane]:
                 if error is None:
                     self._returned.append(self._index[lane])
                 else:
-                    summary = self._summarize(lane, None, now_ns, error)
+                    summary = self._summarize(lane, None, now_ns, error, digest)
                     self._summaries.append(summary)
                     self._completed += 1
                     failed.append(summary)
@@ -559,7 +590,12 @@ class RouteLedger:
         return failed
 
     def _summarize(
-        self, lane: int, success: bool | None, now_ns: int, error: str | None = None
+        self,
+        lane: int,
+        success: bool | None,
+        now_ns: int,
+        error: str | None = None,
+        digests: Digests = (None, None),
     ) -> EpisodeSummary:
         steps = self._steps[lane]
         # An episode that failed before its first step has no per-step means: 0.
@@ -579,6 +615,8 @@ class RouteLedger:
             predict_ms=float(self._predict_ns[lane]) / per_step_ms,
             step_ms=float(self._step_ns[lane]) / per_step_ms,
             error=error,
+            reset_digest=None if digests[0] is None else hex_digest(digests[0]),
+            trajectory_digest=None if digests[1] is None else hex_digest(digests[1]),
         )
 
     # ------------------------------------------------------------------ model lifecycle

@@ -29,6 +29,12 @@ per step.
 One clock per lane: an episode's time runs from its ``start`` (just before its reset call) to
 the return of its last ``step``; ``duration_s`` and ``max_episode_seconds`` both read it.
 
+One running digest per lane (``digests.LaneDigests``): the first observation an episode's lane
+is given (``set_observations`` after ``start``, or the one ``observe_rolls`` finds) is its
+reset digest; every action the runner hands out, every observation a step returns and every
+step ``end_round`` records fold into its trajectory digest, which ``finish`` and ``abandon``
+put in the summary. It starts afresh with each episode, whichever path the step took.
+
 Per-lane timings: an episode's ``step_ms`` and ``predict_ms`` are its own, whatever the number
 of lanes. ``run_rounds`` times each lane's env step on its own and charges the lane that time;
 one step or one model call that covers several lanes (``end_round``'s ``step_ns`` over the
@@ -74,6 +80,7 @@ from .actions import ActionApplier
 from .args import i64_arg, vector
 from .assembly import ObservationAssembler
 from .chunks import ChunkQueues, split_chunk
+from .digests import LaneDigests
 from .ledger import OVERFLOWS, RUNNING, EpisodeStarts, EpisodeSummary, RouteLedger
 
 if TYPE_CHECKING:
@@ -146,10 +153,13 @@ class RoundRunner:
             runs an unscored episode).
         max_episode_steps: truncate an episode once it took this many steps.
         max_episode_seconds: truncate an episode once this many seconds passed on its clock.
+        digests: keep each episode's ``reset_digest`` and ``trajectory_digest`` (``digests``).
+            For measuring what they cost only: a run always keeps them.
 
     Raises:
         ValueError: what ``RouteLedger`` refuses, an unknown ``overflow``, or a cap that is
             not a positive number.
+        TypeError: ``digests`` is not a bool.
     """
 
     def __init__(
@@ -167,6 +177,7 @@ class RoundRunner:
         overflow: str = "idle",
         max_episode_steps: int | None = None,
         max_episode_seconds: float | None = None,
+        digests: bool = True,
     ) -> None:
         if overflow not in OVERFLOWS:
             raise ValueError(f"overflow must be 'idle' or 'surplus', got {overflow!r}")
@@ -186,6 +197,8 @@ class RoundRunner:
         self._overflow = overflow
         self._max_steps = _step_cap(max_episode_steps)
         self._max_ns = _time_cap_ns(max_episode_seconds)
+        if not isinstance(digests, bool):
+            raise TypeError(f"digests must be a bool, got {type(digests).__name__}")
         num_lanes = self._ledger.num_lanes
         self._observations: list[Any] = [None] * num_lanes
         # When each lane's episode took its last step: the end of its clock.
@@ -200,6 +213,7 @@ class RoundRunner:
         # is in no other round until its round is resumed.
         self._parked: dict[int, tuple[list[int], list[int], list[int]]] = {}
         self._in_parked_round: set[int] = set()
+        self._digests = LaneDigests(num_lanes, digests)
 
     # ------------------------------------------------------------------ the run
 
@@ -246,12 +260,18 @@ class RoundRunner:
         Raises:
             ValueError: what ``RouteLedger.start_episodes`` refuses.
         """
-        return self._ledger.start_episodes(lanes, now_ns=now_ns, overflow=self._overflow)
+        starts = self._ledger.start_episodes(lanes, now_ns=now_ns, overflow=self._overflow)
+        # Their first observations come with set_observations, after the lanes' resets.
+        self._digests.begin(starts.lanes.tolist() + starts.surplus_lanes.tolist())
+        return starts
 
     def observe_rolls(self, lanes: Any, env_episode_ids: Any, *, now_ns: int) -> EpisodeStarts:
         """Start an episode on each lane an autoresetting vector restarted itself
         (``RouteLedger.observe_rolls``); ``set_observations`` has its first observation."""
-        return self._ledger.observe_rolls(lanes, env_episode_ids, now_ns=now_ns)
+        starts = self._ledger.observe_rolls(lanes, env_episode_ids, now_ns=now_ns)
+        for lane in starts.lanes.tolist() + starts.surplus_lanes.tolist():
+            self._digests.begin_with(lane, self._observations[lane])
+        return starts
 
     def finish(
         self, lanes: Any, successes: Sequence[bool | None]
@@ -288,7 +308,11 @@ class RoundRunner:
         # Each lane at its own clock's end.
         for lane, episode_id, outcome in zip(checked, episode_ids.tolist(), outcomes, strict=True):
             completed += ledger.complete_episodes(
-                [lane], [episode_id], [outcome], now_ns=self._ended_ns[lane]
+                [lane],
+                [episode_id],
+                [outcome],
+                now_ns=self._ended_ns[lane],
+                digests=[self._digests.episode(lane)],
             )
         return completed, episode_ids, self._release(episode_ids)
 
@@ -324,7 +348,12 @@ class RoundRunner:
         ledger = self._ledger
         checked = self._checked(lanes)
         episode_ids = ledger.episode_ids(np.array(checked, dtype=np.int64))
-        failed = ledger.abandon_episodes(np.array(checked, dtype=np.int64), errors, now_ns=now_ns)
+        failed = ledger.abandon_episodes(
+            np.array(checked, dtype=np.int64),
+            errors,
+            now_ns=now_ns,
+            digests=[self._digests.episode(lane) for lane in checked],
+        )
         gone = set(checked)
         kept = [k for k, lane in enumerate(self._running) if lane not in gone]
         if len(kept) < len(self._running):
@@ -357,6 +386,10 @@ class RoundRunner:
             )
         for lane, observation in zip(checked, observations, strict=True):
             self._observations[lane] = observation
+        self._digests.observe(checked, observations, self._running_lane)
+
+    def _running_lane(self, lane: int) -> bool:
+        return self._ledger._state[lane] == RUNNING
 
     def observations(self, lanes: Any) -> list[Any]:
         """The latest raw observation of each of ``lanes`` (None before its first reset)."""
@@ -532,7 +565,9 @@ class RoundRunner:
         predict_array = np.array(predict_lanes, dtype=np.int64)
         running_array = np.array(running, dtype=np.int64)
         if queues is None:
-            return self._applier._apply(output, running, self._row_text(running, 1))
+            actions = self._applier._apply(output, running, self._row_text(running, 1))
+            self._digests.act(running, actions)
+            return actions
         if predict_lanes:
             count = len(predict_lanes)
             kept = min(split_chunk(output, count), queues.execution_horizon)
@@ -541,7 +576,9 @@ class RoundRunner:
             applied = self._applier._apply(flat, repeated, self._row_text(predict_lanes, kept))
             chunks = map_leaves(applied, lambda leaf: leaf.reshape(count, kept, *leaf.shape[1:]))
             queues.push(predict_array, ledger.episode_ids(predict_array), chunks)
-        return queues.pop(running_array, ledger.episode_ids(running_array))
+        actions = queues.pop(running_array, ledger.episode_ids(running_array))
+        self._digests.act(running, actions)
+        return actions
 
     def end_round(
         self, rewards: Any, terminated: Any, truncated: Any, step_ns: int, now_ns: int
@@ -581,7 +618,8 @@ class RoundRunner:
         count = len(running)
         rewards = vector(rewards, "float64", "rewards")
         terminated = vector(terminated, "bool", "terminated")
-        truncated = vector(truncated, "bool", "truncated").copy()
+        env_truncated = vector(truncated, "bool", "truncated")  # the env's, before the caps
+        truncated = env_truncated.copy()
         for name, values in (
             ("rewards", rewards),
             ("terminated", terminated),
@@ -602,6 +640,7 @@ class RoundRunner:
             np.array(self._predict_ns, dtype=np.int64),
         )
         # Set once the ledger took the step: a refused round leaves the runner as it was.
+        self._digests.step(running, rewards, terminated, env_truncated)
         for lane in ended.tolist():
             self._ended_ns[lane] = now_ns
         self._rounds += 1
@@ -714,6 +753,8 @@ class RoundRunner:
             if integers is not None:
                 if self._queues is None and not whole:
                     actions = self._applier._discrete_scalars(integers)
+                    if actions is not None:
+                        self._digests.act_integers(running, integers)
                 output = np.array(integers, dtype=np.int64)
             if whole:
                 stepped = self._step_all(env_steps, self._actions(output), env_name, failures)
@@ -804,6 +845,7 @@ class RoundRunner:
             )
         for lane, observation in zip(stepped, observations, strict=True):
             self._observations[lane] = observation
+        self._digests.observe_steps(stepped, observations)  # the round's running lanes
         lane_ns = shares(now - started, len(stepped)).tolist()
         return (
             batch.rewards,
@@ -853,6 +895,10 @@ class RoundRunner:
             infos.append(info)
         for lane, observation in stepped:
             self._observations[lane] = observation
+        if stepped:
+            lanes = [lane for lane, _ in stepped]
+            observations = [observation for _, observation in stepped]
+            self._digests.observe_steps(lanes, observations)
         return rewards, terminated, truncated, infos, lane_ns, failed, lane_start
 
     def _predict(

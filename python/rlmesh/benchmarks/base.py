@@ -69,9 +69,10 @@ class SuiteInfo:
         task_kwargs: each task's ``env_kwargs`` (one per task, same order as ``tasks``);
             the suite's options are added to them.
         options: the options ``suite(name, **options)`` accepts, with their defaults.
-        served_specs: ready-made ``ModelSpec`` factories by protocol (``"openpi"``): the input
-            a policy served over that protocol conventionally takes on this benchmark, so
-            ``rlmesh eval openpi://HOST:PORT --suite NAME`` needs no user code.
+        served_specs: ready-made ``ModelSpec`` factories by protocol (``"openpi"``,
+            ``"vla-eval"``): the input a policy served over that protocol conventionally
+            takes on this benchmark, so ``rlmesh eval openpi://HOST:PORT --suite NAME``
+            needs no user code.
     """
 
     name: str

@@ -95,7 +95,7 @@ import json
 import os
 import string
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -219,6 +219,47 @@ def openpi_spec() -> ModelSpec:
     )
 
 
+def vlaeval_spec() -> ModelSpec:
+    """The observation vla-eval's LIBERO benchmark sends its model servers, and the action it
+    applies: what ``rlmesh eval vlaeval://HOST:PORT --suite libero_*`` sends and applies.
+
+    Input: ``images``, a dict of ``agentview`` and ``wrist``, the upright cameras at 256x256
+    uint8 (vla-eval renders at 256 and only flips; another ``image_size`` is resized with
+    padding to 256); ``task_description``, the instruction; ``states``, 8 values: the
+    end-effector position, its orientation as the canonical rotation vector (angle in
+    ``[0, pi]``, the quaternion's sign flipped to ``w >= 0`` first: vla-eval's default
+    ``quat_to_axisangle``, not the datasets' ``dataset_axis_angle``) and the two finger joints.
+    vla-eval sends the wrist camera and the state only when asked (``send_wrist_image``,
+    ``send_state``); the spec sends both, which servers that do not read them ignore. Output:
+    7 values per step as ``openpi_spec``'s, the gripper snapped to -1 below 0 and +1 from 0 on,
+    as vla-eval's benchmark does before stepping.
+
+    Source: vla-eval, ``benchmarks/libero/benchmark.py`` (``make_obs``, ``_proprio_state``,
+    ``step``'s gripper) and ``benchmarks/libero/utils.py`` (``preprocess_libero_image``).
+
+    Example:
+        >>> spec = vlaeval_spec().to_dict()["input"]
+        >>> sorted(spec), sorted(spec["images"])
+        (['images', 'states', 'task_description'], ['agentview', 'wrist'])
+    """
+    camera = {"size": 256, "fit": "pad", "resample": "bilinear_aa", "allow_upscale": True}
+    return ModelSpec(
+        input={
+            "images": {
+                "agentview": Image(IMAGE_PRIMARY, **camera),
+                "wrist": Image(IMAGE_WRIST, **camera),
+            },
+            "task_description": Text(INSTRUCTION),
+            "states": Concat(EEF_POS, State(EEF_ROT, encoding="axis_angle"), GRIPPER_POS),
+        },
+        output=Action(
+            Actuator(ACTION_DELTA_POS, dim=3),
+            Actuator(ACTION_DELTA_ROT, dim=3, encoding="axis_angle"),
+            Actuator(ACTION_GRIPPER, dim=1, range=(-1.0, 1.0), binary=True, threshold=0.0),
+        ),
+    )
+
+
 SUITES: dict[str, SuiteInfo] = {
     name: SuiteInfo(
         name=name,
@@ -232,7 +273,7 @@ SUITES: dict[str, SuiteInfo] = {
         source=_SOURCE,
         task_kwargs=tuple({"suite": name, "task": index} for index in range(count)),
         options={"image_size": 256, "cameras": ("agentview", "wrist")},
-        served_specs={"openpi": openpi_spec},
+        served_specs={"openpi": openpi_spec, "vla-eval": vlaeval_spec},
     )
     for name, (count, cap) in _PROTOCOL.items()
 }
@@ -569,12 +610,44 @@ class LiberoEnv(gym.Env[dict[str, Any], np.ndarray]):
         try:
             sim.seed(sim_seed)
             sim.reset()
-            raw = sim.set_init_state(self.init_states[index])
-            for _ in range(self.settle_steps):
+            # Only the last settle step's cameras are read: the others skip rendering, most of
+            # a step's time (the first observation is the library's own, to the byte).
+            idle = self.settle_steps > 0
+            with self._cameras_idle(sim) if idle else contextlib.nullcontext():
+                raw = sim.set_init_state(self.init_states[index])
+                for _ in range(self.settle_steps - 1 if idle else self.settle_steps):
+                    raw, _, _, _ = sim.step(list(SETTLE_ACTION))
+            if idle:  # the last settle step, its cameras rendered: the first observation
                 raw, _, _, _ = sim.step(list(SETTLE_ACTION))
         finally:
             np.random.set_state(saved)
         return self._observation(raw), {"init_state": index, "sim_seed": sim_seed}
+
+    @contextlib.contextmanager
+    def _cameras_idle(self, sim: Any) -> Iterator[None]:
+        """Within the block, the cameras' observables read a blank frame instead of rendering.
+        Their sampling clocks run on untouched, so the first step after the block samples
+        each camera at the substep it would have anyway. An env whose observables are not
+        where robosuite keeps them renders as usual."""
+        observables = getattr(getattr(sim, "env", None), "_observables", None)
+        names = [f"{CAMERAS[camera]}_image" for camera in self.cameras]
+        if not isinstance(observables, Mapping) or not all(n in observables for n in names):
+            yield
+            return
+        blank = np.zeros((self.image_size, self.image_size, 3), np.uint8)
+        sensors = {name: observables[name]._sensor for name in names}
+        for name, sensor in sensors.items():
+
+            def idle(obs_cache: Any) -> np.ndarray:
+                return blank
+
+            idle.__modality__ = sensor.__modality__  # type: ignore[attr-defined]
+            sim.env.modify_observable(name, "sensor", idle)
+        try:
+            yield
+        finally:
+            for name, sensor in sensors.items():
+                observables[name]._sensor = sensor  # set back without another render
 
     def step(self, action: np.ndarray) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
         if self._sim is None:

@@ -10,6 +10,12 @@ Commands:
   alone, and with ``--html`` a self-contained HTML report of it (``rlmesh.report.html``);
 - ``rlmesh compare A B``: policy B against policy A on the same seeded episodes, pair by pair
   (``rlmesh.report.compare``); exit 2 when the runs cannot be paired;
+- ``rlmesh verify A B``: do the episodes two results files share have equal digests (the same
+  episodes)? Exit 0 if so, 1 if not (naming the first that differs), 2 if they cannot be
+  verified (``rlmesh.report.verify``);
+- ``rlmesh ab A B --env ID --episodes MAX --out-dir DIR``: which of two policies is better?
+  Both play the same seeded episodes in blocks until an anytime-valid paired test decides at
+  ``--alpha``, or the cap (``rlmesh.ab``); ``DIR`` holds ``a.jsonl`` and ``b.jsonl``;
 - ``rlmesh describe --env ID_OR_FACTORY [--tags FILE] --model POLICY``: the plan that pairs
   the policy's spec with the env (its tags, from FILE or the env's metadata) and its
   advisories, without running an episode;
@@ -28,7 +34,8 @@ A ``POLICY`` that is an address (``tcp://host:port``, ``host:port``, ``unix:///p
 served model.
 
 The package: ``main`` (the parser, its option groups and the dispatch), one module per command
-(``evaluate`` with ``--suite``, ``demo``, ``report``, ``compare``, ``describe``, ``serve``),
+(``evaluate`` with ``--suite``, ``demo``, ``report``, ``compare``, ``verify``, ``ab``,
+``describe``, ``serve``),
 ``progress`` (the live display), ``argtypes`` (the options' types), ``inputs`` (env ids, seeds
 and tags files) and ``exits`` (exit codes). Loading a ``POLICY`` and the built-in policies live
 in ``rlmesh.policies``, below the CLI; they are re-exported here, where they were first

@@ -98,3 +98,14 @@ def json_object(text: str) -> dict[str, Any]:
             f"must be a JSON object such as '{{\"g\": 9.81}}', got {text!r}"
         )
     return value
+
+
+def view(text: str) -> str:
+    """``--view``: a live view, as ``rlmesh.run(view=...)`` takes it (``rlmesh.view.spec``)."""
+    from ..view.spec import ViewError, parse_view
+
+    try:
+        parse_view(text)
+    except ViewError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text

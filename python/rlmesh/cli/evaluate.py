@@ -36,11 +36,22 @@ from ..policies import load_policy, policy_identity
 from ..results import LOCK_SUFFIX, SUITE_KEY, dumps, read_results, read_run, read_suite
 from ..settings import check_video_settings
 from ..stats import format_suite_summary, format_summary
+from ..stats.stopping import Precision
 from ..success import rule_for
+from ..view import ViewError
 from .exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, UsageError, print_error
 from .inputs import check_env, is_served, read_seeds, ready_made_spec, served_policy
 from .progress import EpisodeSink, Progress, SuiteEpisodeSink, Throughput
 from .report import suite_file_summary
+from .sandbox_args import (
+    check_sandbox_arguments,
+    env_sandboxed,
+    policy_sandboxed,
+    run_overrides,
+    sandboxed_env,
+    sandboxed_policy,
+    sandboxed_tasks,
+)
 
 # eval's options a suite sets per task, in each [[task]] table instead.
 PER_TASK_OPTIONS = (
@@ -59,7 +70,14 @@ def eval_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if args.resume and args.out is None:
         raise UsageError("rlmesh eval: error: --resume needs --out FILE to resume")
     cluster = _cluster_arguments(args)
+    check_sandbox_arguments(args, served_policy=is_served(args.policy))
+    until = _until(args)
     if args.suite is not None:
+        if until:
+            raise UsageError(
+                "rlmesh eval: error: --until-precision and --until-reward-precision stop one "
+                "env's run: pass --env ID, not --suite"
+            )
         return _eval_suite(args, argv, cluster)
     for given, option in ((args.tasks, "--tasks"), (args.suite_options, "--suite-options")):
         if given is not None:
@@ -70,14 +88,25 @@ def eval_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         raise UsageError(
             "rlmesh eval: error: the following arguments are required: --env (or --suite NAME|FILE)"
         )
-    check_env(args.env)
+    if not env_sandboxed(args):  # a sandboxed env's packages are in its sandbox only
+        check_env(args.env)
     _check_video_options(args)
     seeds = read_seeds(args.seeds) if args.seeds is not None else None
     episodes = args.episodes or (len(seeds) if seeds is not None else 100)
     base_seed = 0 if args.seed is None else args.seed
     core = args.core or core_name()
 
+    sandboxed = None
+    if env_sandboxed(args):  # started first: a random policy takes its action space
+        try:
+            sandboxed = sandboxed_env(args, args.env, args.env_kwargs)
+        except RlmeshError as exc:
+            print_error(exc)
+            return EXIT_FAILED
+
     def action_space() -> gym.Space:
+        if sandboxed is not None:
+            return sandboxed.single_action_space
         env = gym.make(args.env, **args.env_kwargs)
         try:
             return env.action_space
@@ -91,6 +120,13 @@ def eval_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
             print_error(exc)
             return EXIT_FAILED
         policy_name, policy_sha256 = args.policy, None
+    elif policy_sandboxed(args):
+        try:
+            policy = sandboxed_policy(args)
+        except RlmeshError as exc:
+            print_error(exc)
+            return EXIT_FAILED
+        policy_name, policy_sha256 = policy_identity(args.policy)
     else:
         try:
             policy = load_policy(args.policy, action_space)
@@ -100,11 +136,17 @@ def eval_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
             raise UsageError(f"--env-kwargs for {args.env}: {exc}") from None
         policy_name, policy_sha256 = policy_identity(args.policy)
     progress = Progress(
-        episodes, enabled=not args.no_progress and not args.json and sys.stderr.isatty()
+        episodes,
+        enabled=not args.no_progress
+        and not args.json
+        and sys.stderr.isatty()
+        and not _view_in_terminal(args),
     )
     # One env per lane; a partial of gym.make pickles, so worker processes can build them too.
     env = (
-        args.env
+        sandboxed
+        if sandboxed is not None
+        else args.env
         if not args.env_kwargs
         else functools.partial(gym.make, args.env, **args.env_kwargs)
     )
@@ -112,8 +154,9 @@ def eval_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         args,
         progress,
         run,
-        # A cluster's workers load the policy by its name, as this process did.
-        policy if not cluster else args.policy,
+        # A cluster's workers load the policy by its name, as this process did; a served
+        # policy's client travels to them, and each dials the server itself.
+        policy if not cluster or is_served(args.policy) else args.policy,
         env,
         seeds=seeds,
         episodes=episodes,
@@ -123,7 +166,7 @@ def eval_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         hooks=[EpisodeSink(progress), Throughput(progress)],
         core=core,
         # From the id: with --env-kwargs the env is a factory, whose spec comes late.
-        success=rule_for(args.success_reward, args.env),
+        success=rule_for(args.success_reward, args.env if sandboxed is None else sandboxed),
         # The results file's header records these too, and a resume must match them.
         run_info={
             "env": args.env,
@@ -131,14 +174,15 @@ def eval_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
             "policy_sha256": policy_sha256,
             "env_kwargs": args.env_kwargs,
         },
-        **_shared_arguments(args, argv),
+        **{**_shared_arguments(args, argv), **run_overrides(args)},
         **cluster,
+        **until,
     )
     if status == EXIT_INTERRUPTED:
         _interrupted(args, argv)
         return status
     report = getattr(result, "cluster", None)
-    if args.out is not None:
+    if args.out is not None:  # every episode the file holds (and how a stopped run stopped)
         _, result, _ = read_run(args.out)
     elif result is None:
         return status
@@ -166,9 +210,12 @@ def _eval_suite(args: argparse.Namespace, argv: Sequence[str], cluster: dict[str
         raise UsageError(f"--tasks {args.tasks}: {exc} (in {args.suite})") from None
     for task in chosen:
         try:
-            check_env(task.env)
+            if not env_sandboxed(args):  # a sandboxed env's packages are in its sandbox only
+                check_env(task.env)
         except UsageError as exc:
             raise UsageError(f"--suite {args.suite}, task {task.name!r}: {exc}") from None
+    if env_sandboxed(args):  # each task's run starts its env's sandbox
+        suite = sandboxed_tasks(args, suite)
     if is_served(args.policy):
         try:
             policy = served_policy(
@@ -178,26 +225,36 @@ def _eval_suite(args: argparse.Namespace, argv: Sequence[str], cluster: dict[str
             print_error(exc)
             return EXIT_FAILED
         policy_name, policy_sha256 = args.policy, None
+    elif policy_sandboxed(args):
+        try:
+            policy = sandboxed_policy(args)
+        except RlmeshError as exc:
+            print_error(exc)
+            return EXIT_FAILED
+        policy_name, policy_sha256 = policy_identity(args.policy)
     else:
         # No one action space: a random policy takes each task's from its run.
         policy = load_policy(args.policy, lambda: None)
         policy_name, policy_sha256 = policy_identity(args.policy)
     progress = Progress(
         sum(task.episodes for task in chosen),
-        enabled=not args.no_progress and not args.json and sys.stderr.isatty(),
+        enabled=not args.no_progress
+        and not args.json
+        and sys.stderr.isatty()
+        and not _view_in_terminal(args),
     )
     status, result = _evaluated(
         args,
         progress,
         run_suite,
-        policy if not cluster else args.policy,
+        policy if not cluster or is_served(args.policy) else args.policy,
         suite,
         only=[task.name for task in chosen],
         hooks=[SuiteEpisodeSink(progress), Throughput(progress)],
         core=args.core or core_name(),
         success=args.success_reward,
         run_info={"policy": policy_name, "policy_sha256": policy_sha256},
-        **_shared_arguments(args, argv),
+        **{**_shared_arguments(args, argv), **run_overrides(args)},
         **cluster,
     )
     if status == EXIT_INTERRUPTED:
@@ -274,9 +331,40 @@ def _shared_arguments(args: argparse.Namespace, argv: Sequence[str]) -> dict[str
         "record_video": args.record_video,
         "video_dir": args.video_dir,
         "video_key": args.video_key,
+        "view": args.view,
         # Recorded in the header's auditable record, not checked on resume.
         "provenance": {"policy": args.policy, "command": ["rlmesh", *argv]},
     }
+
+
+def _until(args: argparse.Namespace) -> dict[str, Any]:
+    """``run``'s ``until=`` from ``--until-precision E`` or ``--until-reward-precision E
+    [--reward-bounds LO HI]`` (none without them); a ``UsageError`` naming the option for a
+    precision ``rlmesh.Precision`` refuses. (``rlmesh demo`` has none of these options.)"""
+    success = getattr(args, "until_precision", None)
+    reward = getattr(args, "until_reward_precision", None)
+    bounds = getattr(args, "reward_bounds", None)
+    if bounds is not None and reward is None:
+        raise UsageError(
+            "rlmesh eval: error: --reward-bounds bounds the return for --until-reward-precision "
+            "E: pass that too"
+        )
+    if success is not None and reward is not None:
+        raise UsageError(
+            "rlmesh eval: error: --until-precision (the success rate) and "
+            "--until-reward-precision (the mean return): pass one of them"
+        )
+    if success is None and reward is None:
+        return {}
+    option = "--until-precision" if success is not None else "--until-reward-precision"
+    try:
+        if success is not None:
+            return {"until": Precision(success=success)}
+        # An id's env declares no bounds before it is made: the command line needs them.
+        precision = Precision(reward=reward, reward_bounds=bounds and tuple(bounds))
+        return {"until": precision.bounded()}
+    except ValueError as exc:
+        raise UsageError(f"rlmesh eval: error: {option}: {exc}") from None
 
 
 def _cluster_arguments(args: argparse.Namespace) -> dict[str, Any]:
@@ -353,6 +441,8 @@ def _evaluated(
         return EXIT_OK, _interruptible(evaluate, *a, **kw)
     except ResultsFileError as exc:
         raise UsageError(str(exc)) from None
+    except ViewError as exc:  # the page's port is in use: nothing ran
+        raise UsageError(f"rlmesh {args.command}: error: --view {args.view}: {exc}") from None
     except ModelDefinitionError as exc:  # not a model: nothing ran
         raise UsageError(f"policy {args.policy!r}: {exc}") from None
     except OSError as exc:
@@ -411,3 +501,8 @@ def _interrupted(args: argparse.Namespace, argv: Sequence[str]) -> None:
         f"{args.out}. Resume with: rlmesh {shlex.join(again)}",
         file=sys.stderr,
     )
+
+
+def _view_in_terminal(args: argparse.Namespace) -> bool:
+    """``--view`` shows its live table in the terminal (in place of the progress bar)."""
+    return (getattr(args, "view", None) or "").startswith(("terminal", "both"))

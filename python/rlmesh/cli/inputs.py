@@ -1,8 +1,9 @@
 """What the user names on the command line, checked and read before anything runs: an env id
 (``check_env``), an env id or factory (``load_env``), a seeds file (``read_seeds``), a tags
 file (``read_tags``) and a served policy's address (``served_policy``, with the spec a built-in
-suite ships for it: ``ready_made_spec``). Each refuses bad input with a one-line
-``UsageError``.
+suite ships for it: ``ready_made_spec``), or the comma-separated addresses of several replicas
+of one served model (``openpi://a:8000,openpi://b:8000``: ``replicas``). Each refuses bad
+input with a one-line ``UsageError``.
 
 Example:
     >>> check_env("CartPole-v1")  # a registered id: nothing to say
@@ -107,8 +108,48 @@ def read_tags(path: str) -> Any:
 
 
 def is_served(policy: str) -> bool:
-    """Whether ``POLICY`` names a served model (an address) rather than code to load."""
-    return is_address(policy) or is_openpi_address(policy) or is_vlaeval_address(policy)
+    """Whether ``POLICY`` names a served model (an address, or the comma-separated addresses
+    of its replicas) rather than code to load."""
+    first = policy.split(",", 1)[0].strip()
+    return is_address(first) or is_openpi_address(first) or is_vlaeval_address(first)
+
+
+def replicas(policy: str) -> list[str]:
+    """The addresses in ``POLICY``: one, or several replicas of one served model separated by
+    commas, each speaking the first one's protocol.
+
+    Example:
+        >>> replicas("openpi://a:8000, openpi://b:8000")
+        ['openpi://a:8000', 'openpi://b:8000']
+        >>> replicas("openpi://a:8000,b:8000")
+        Traceback (most recent call last):
+        ...
+        rlmesh.policies.UsageError: policy 'openpi://a:8000,b:8000': replica 'b:8000' does ...
+    """
+    addresses = [each.strip() for each in policy.split(",")]
+    if not all(addresses):
+        raise UsageError(
+            f"policy {policy!r}: an empty address; expected addresses separated by single commas"
+        )
+    speaks = _protocol(addresses[0])
+    for address in addresses[1:]:
+        if _protocol(address) != speaks:
+            raise UsageError(
+                f"policy {policy!r}: replica {address!r} does not speak {speaks[1]} as "
+                f"{addresses[0]!r} does; give every replica as {speaks[2]}"
+            )
+    return addresses
+
+
+def _protocol(address: str) -> tuple[str, str, str]:
+    """The protocol ``address`` speaks: its key, its name in errors, its address form."""
+    if is_openpi_address(address):
+        return "openpi", "openpi's protocol", "openpi://host:port"
+    if is_vlaeval_address(address):
+        return "vlaeval", "vla-eval's protocol", "vlaeval://host:port"
+    if is_address(address):
+        return "rlmesh", "rlmesh-wire-v1", "tcp://host:port, host:port or unix:///path"
+    return "none", "any protocol", "an address"
 
 
 def ready_made_spec(suite: str | None, policy: str) -> Any:
@@ -120,7 +161,10 @@ def ready_made_spec(suite: str | None, policy: str) -> Any:
     facts = benchmarks.SUITES.get(suite) if suite is not None else None
     if facts is None or os.path.exists(suite):
         return None
-    protocol = "openpi" if is_openpi_address(policy) else None
+    first = policy.split(",", 1)[0].strip()  # replicas share one protocol
+    protocol = (
+        "openpi" if is_openpi_address(first) else "vla-eval" if is_vlaeval_address(first) else None
+    )
     factory = facts.served_specs.get(protocol) if protocol else None
     return None if factory is None else factory()
 
@@ -129,37 +173,45 @@ def served_policy(address: str, token: str | None, spec: Any = None) -> Any:
     """``rlmesh.RemoteModel(address)`` (needs the remote extra), or for ``openpi://host:port``
     ``rlmesh.remote.OpenPIModel(address, api_key=token, spec=spec)`` and for
     ``vlaeval://host:port`` ``rlmesh.remote.VlaEvalModel(address, api_key=token, spec=spec)``
-    (both need the openpi extra)."""
+    (both need the openpi extra). Comma-separated addresses are replicas of one model: the
+    first is ``address``, the others go to ``replicas=``, all with the one ``token``."""
     from ..remote import require_grpc, require_openpi, require_vlaeval
+
+    policy = address
+    address, *others = replicas(policy)
+    more = others or None
 
     if is_vlaeval_address(address):  # vla-eval's protocol: --policy-token as a Bearer token
         try:
             require_vlaeval("remote.VlaEvalModel")
         except ImportError as exc:
-            raise UsageError(f"policy {address!r} is a vla-eval model server: {exc}") from None
+            raise UsageError(f"policy {policy!r} is a vla-eval model server: {exc}") from None
         from ..remote.vlaeval.client import VlaEvalModel
 
         try:
-            return VlaEvalModel(address, api_key=token, spec=spec)
+            return VlaEvalModel(address, api_key=token, spec=spec, replicas=more)
         except ValueError as exc:
-            raise UsageError(f"policy {address!r}: {exc}") from None
+            raise UsageError(f"policy {policy!r}: {exc}") from None
 
     if is_openpi_address(address):
         try:
             require_openpi("remote.OpenPIModel")
         except ImportError as exc:
-            raise UsageError(f"policy {address!r} is an openpi policy server: {exc}") from None
+            raise UsageError(f"policy {policy!r} is an openpi policy server: {exc}") from None
         from ..remote.openpi.client import OpenPIModel
 
         try:
-            return OpenPIModel(address, api_key=token, spec=spec)
+            return OpenPIModel(address, api_key=token, spec=spec, replicas=more)
         except ValueError as exc:
-            raise UsageError(f"policy {address!r}: {exc}") from None
+            raise UsageError(f"policy {policy!r}: {exc}") from None
 
     try:
         require_grpc("RemoteModel")
     except ImportError as exc:
-        raise UsageError(f"policy {address!r} is a served model: {exc}") from None
+        raise UsageError(f"policy {policy!r} is a served model: {exc}") from None
     from ..remote.model_client import RemoteModel
 
-    return RemoteModel(address, token=token)
+    try:
+        return RemoteModel(address, token=token, replicas=more)
+    except ValueError as exc:
+        raise UsageError(f"policy {policy!r}: {exc}") from None

@@ -3,7 +3,7 @@
 The options of ``eval`` (and ``demo``) are shown in groups that mirror the parts of a run's
 settings: what to evaluate, episodes and seeds, limits, parallelism, placement, failures,
 output and video. Each command's work is in its own module (``evaluate``, ``demo``,
-``report``, ``compare``, ``describe``, ``serve``).
+``report``, ``compare``, ``verify``, ``describe``, ``serve``).
 
 Example:
     >>> main(["eval", "random", "--env", "CartPole-v1", "--pipeline"])  # a one-line error
@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 from ..policies import BUILTIN_POLICIES, current_directory_on_path
 from ..settings import ON_ERRORS, RAY_MODES
 from ..version import __version__
+from .ab import ab_command, add_ab_parser
 from .argtypes import (
     confidence,
     json_object,
@@ -30,6 +31,7 @@ from .argtypes import (
     positive_seconds,
     reward_threshold,
     seed,
+    view,
 )
 from .benchmarks import benchmarks_command
 from .compare import compare_command
@@ -38,7 +40,10 @@ from .describe import describe_command
 from .evaluate import eval_command
 from .exits import EXIT_BROKEN_PIPE, EXIT_USAGE, UsageError
 from .report import report_command
+from .sandbox_args import add_sandbox_arguments
 from .serve import serve_command
+from .verify import add_verify_parser, verify_command
+from .watch import add_watch_parser, watch_command
 
 _FORMATTER = argparse.RawDescriptionHelpFormatter
 
@@ -88,12 +93,18 @@ def _main(argv: list[str]) -> int:
                 return demo_command(args, argv)
             if args.command == "report":
                 return report_command(args)
+            if args.command == "watch":
+                return watch_command(args)
             if args.command == "compare":
                 return compare_command(args)
+            if args.command == "verify":
+                return verify_command(args)
             if args.command == "describe":
                 return describe_command(args)
             if args.command == "serve":
                 return serve_command(args)
+            if args.command == "ab":
+                return ab_command(args)
             if args.command == "benchmarks":
                 return benchmarks_command(args)
             build_parser().print_help()
@@ -135,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(commands)
     _add_report(commands)
     _add_compare(commands)
+    add_watch_parser(commands)
+    add_verify_parser(commands)
+    add_ab_parser(commands)
     _add_describe(commands)
     _add_serve(commands)
     _add_benchmarks(commands)
@@ -155,7 +169,9 @@ def _add_eval(commands: Any) -> None:
         metavar="POLICY",
         help="package.module:Name, path/to/file.py:Name (a Model subclass, a Model instance or "
         f"a callable), a built-in: {', '.join(BUILTIN_POLICIES)}, or the address of a served "
-        "model (tcp://host:port, host:port, unix:///path)",
+        "model (tcp://host:port, host:port, unix:///path, openpi://host:port, "
+        "vlaeval://host:port); several replicas of one served model as comma-separated "
+        "addresses (openpi://a:8000,openpi://b:8000)",
     )
     what = evaluate.add_argument_group("policy and env")
     what.add_argument(
@@ -202,6 +218,27 @@ def _add_eval(commands: Any) -> None:
         metavar="R",
         help="an episode whose env reports no is_success/success succeeds iff its reward >= R "
         "(default: the env spec's reward_threshold, else success is n/a)",
+    )
+    episodes.add_argument(
+        "--until-precision",
+        type=float,
+        metavar="E",
+        help="stop at the first n where the success rate's anytime-valid 95%% confidence "
+        "sequence over episodes 0..n-1 is within +/-E (e.g. 0.05); --episodes is the cap",
+    )
+    episodes.add_argument(
+        "--until-reward-precision",
+        type=float,
+        metavar="E",
+        help="the same on the mean return, within +/-E in the return's units (needs "
+        "--reward-bounds)",
+    )
+    episodes.add_argument(
+        "--reward-bounds",
+        type=float,
+        nargs=2,
+        metavar=("LO", "HI"),
+        help="with --until-reward-precision: what an episode's return can be, e.g. 0 500",
     )
     limits = evaluate.add_argument_group("limits")
     limits.add_argument(
@@ -269,6 +306,7 @@ def _add_eval(commands: Any) -> None:
         help="with --record-video: take the frames from this image key of the observation "
         "('observation': the whole observation) instead of render() in rgb_array mode",
     )
+    add_sandbox_arguments(evaluate)
     _add_core(evaluate)
 
 
@@ -350,6 +388,14 @@ def _add_output(parser: argparse.ArgumentParser) -> Any:
     group = parser.add_argument_group("output")
     group.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     group.add_argument("--no-progress", action="store_true", help="no progress bar")
+    group.add_argument(
+        "--view",
+        type=view,
+        metavar="KIND",
+        help="watch the run live: http (a page on 127.0.0.1, any free port; its address is "
+        "printed), http:PORT, http:HOST:PORT, terminal (a live table instead of the progress "
+        "bar) or both",
+    )
     return group
 
 

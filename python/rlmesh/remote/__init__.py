@@ -16,6 +16,11 @@ The ends: ``env_server`` (``serve_env``) and ``model_server`` (``serve_model``) 
 of lanes, ``rlmesh.lanes.remote.RemoteEnv`` (also importable from ``env_client``). No client
 imports a server module: what both need is in ``protocol``.
 
+``replicas``: several servers of one model. Every served-model client (``RemoteModel``,
+``OpenPIModel``, ``VlaEvalModel``) takes ``replicas=[address, ...]`` and hands its calls to a
+``ReplicaSet``, which sends each episode to one server, and a lost server's episodes, their
+earlier requests replayed first, to the others (``ReplicaLostError``: a loss).
+
 Needs the ``remote`` extra: ``pip install "rlmesh[remote]"``.
 
 ``openpi/`` speaks openpi's WebSocket policy protocol instead; its client,

@@ -12,6 +12,15 @@ It plugs into the run through the model-handler seam like any model: a ``Model``
 batched corners call the server (``predict_batch``, and ``predict_chunk_batch`` for chunked
 runs), told the run's spaces by ``on_route``.
 
+With ``replicas`` (more servers of the same model, for a model served on several GPUs) it
+holds a channel and a Join stream per server, and each round's rows go, by episode, to the
+server chosen at the episode's first predict (``rlmesh.remote.replicas``): one
+``PredictRequest`` per server, sent to all before any answer is read. A server lost (it
+cannot be reached, its stream breaks, it answers ``MODEL_ERROR_CODE_CLOSED``) has its
+episodes moved to the others, which are first sent each moved episode's earlier rows again
+(one-row predicts, answers dropped), so a server's per-episode contexts are rebuilt exactly.
+Every server must send the same ``ModelSpec``.
+
 Example:
     >>> import rlmesh
     >>> server = rlmesh.serve_model(lambda obs: int(obs[2] > 0))
@@ -25,10 +34,12 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import itertools
 import json
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -39,6 +50,7 @@ from ..contexts import PredictContext
 from ..errors import ModelOutputError, RemoteError, SpecError
 from ..model import Model, Route
 from ..utils import map_leaves
+from .address import parse_address
 from .codec import WORKFLOW_EDITION, SpaceCodec, meta_map, space_spec
 from .connection import (
     DEFAULT_MAX_MESSAGE_MB,
@@ -51,14 +63,29 @@ from .connection import (
     wire_transport,
 )
 from .protocol import MODEL_SPEC_KEY
+from .replicas import (
+    Groups,
+    ReplicaLostError,
+    ReplicaSet,
+    joined_rows,
+    replica_addresses,
+    take_rows,
+)
 from .wire.core.v1 import env_contract_pb2
 from .wire.model.v1 import interaction_pb2, service_pb2
 
 COMPONENT = "rlmesh-driver"
 CLOSE_WAIT_S = 5.0
+"""How long ``close`` waits for the server to answer ``Close`` before it hangs up."""
 HANDSHAKE = "/rlmesh.model.v1.ModelService/Handshake"
 JOIN = "/rlmesh.model.v1.ModelService/Join"
-"""How long ``close`` waits for the server to answer ``Close`` before it hangs up."""
+# The failures that lose a server rather than refuse a request: it cannot be reached or went
+# away (a killed server's stream ends UNAVAILABLE on both transports; a server shutting down
+# cancels it), or it answers that it is closing. UNKNOWN and INTERNAL are left out: they are
+# what a server that failed on the request answers, and another replica would fail alike.
+LOST_CODES = frozenset(
+    {"UNAVAILABLE", "CANCELLED", "DEADLINE_EXCEEDED", "ABORTED", "MODEL_ERROR_CODE_CLOSED"}
+)
 
 
 class RemoteModel(Model):
@@ -67,19 +94,26 @@ class RemoteModel(Model):
 
     Args:
         address: ``tcp://host:port``, ``host:port`` or ``unix:///path``.
-        token: the server's bearer token, if it needs one.
+        token: the server's bearer token, if it needs one (every replica's).
         connect_timeout: seconds to wait for the server to answer at construction.
         max_message_mb: the largest message sent or taken.
         core: whose transport carries the calls, ``"rust"`` or ``"python"`` (grpcio);
             default the active core.
+        replicas: more servers of the same model (addresses as ``address``): the episodes
+            are spread over all of them, and one lost moves its episodes to the others
+            (``rlmesh.remote.replicas``).
 
     Attributes:
         spec: the served model's ``ModelSpec`` from the handshake (None: the raw observation).
         address: the server's address.
+        addresses: every server's, ``address`` first, then the replicas'.
+        server_info: the first server's handshake (its ``PeerInfo``).
 
     Raises:
         RemoteError: no server answered, the handshake was refused, or the token was wrong
-            (code ``UNAUTHENTICATED``).
+            (code ``UNAUTHENTICATED``); with replicas, a server that cannot be reached is lost
+            and only the loss of every one raises, naming each; replicas whose specs differ.
+        ValueError: an address of none of the forms above, or one given twice.
 
     Example:
         >>> import rlmesh
@@ -100,6 +134,7 @@ class RemoteModel(Model):
         connect_timeout: float = 10.0,
         max_message_mb: float = DEFAULT_MAX_MESSAGE_MB,
         core: str | None = None,
+        replicas: Sequence[str] | None = None,
     ) -> None:
         super().__init__()
         self._core = core
@@ -108,37 +143,86 @@ class RemoteModel(Model):
         self._connect_timeout = connect_timeout
         self._max_message_mb = max_message_mb
         self._metadata = token_metadata(token)
-        self._channel, parsed = open_channel(
-            address, connect_timeout=connect_timeout, max_message_mb=max_message_mb, core=core
-        )
-        self.address = str(parsed)
+        self.addresses = [str(parse_address(each)) for each in replica_addresses(address, replicas)]
+        self.address = self.addresses[0]
+        self._servers = [_Server(each) for each in self.addresses]
+        self._replicas = ReplicaSet(self.addresses)
+        self._spec_json: str | None = None
+        self._spec_from: str | None = None  # the server whose spec the others must match
         try:
-            self.server_info = self._handshake()
+            infos = self._replicas.each(self._dial)
         except BaseException:
-            self._channel.close()
+            self._hang_up()
             raise
-        spec_json = self.server_info.peer_info.extra.get(MODEL_SPEC_KEY)
-        self.spec = None if spec_json is None else _spec_from_json(spec_json, self.address)
-        self._stream: _JoinStream | None = None
+        self.server_info = next(iter(infos.values()))
+        spec_json = self._spec_json
+        self.spec = None if spec_json is None else _spec_from_json(spec_json, self._spec_from)
         self._route: _WireRoute | None = None
 
-    def _handshake(self) -> Any:
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Channels do not travel: a copy (a cluster's worker) dials every replica anew.
+        arguments = {
+            "token": self._token,
+            "connect_timeout": self._connect_timeout,
+            "max_message_mb": self._max_message_mb,
+            "core": self._core,
+            "replicas": self.addresses[1:] or None,
+        }
+        return (functools.partial(type(self), **arguments), (self.address,))
+
+    def _dial(self, replica: int) -> Any:
+        """Open server ``replica``'s channel if none is open, and handshake; its PeerInfo."""
+        server = self._servers[replica]
+        if server.channel is None:
+            try:
+                server.channel, _ = open_channel(
+                    server.address,
+                    connect_timeout=self._connect_timeout,
+                    max_message_mb=self._max_message_mb,
+                    core=self._core,
+                )
+            except RemoteError as err:
+                raise _classified(err) from None
+        try:
+            info = self._handshake(server)
+            self._check_spec(server, info.peer_info.extra.get(MODEL_SPEC_KEY))
+        except BaseException:
+            server.hang_up()
+            raise
+        return info
+
+    def _handshake(self, server: _Server) -> Any:
         request = service_pb2.HandshakeRequest(base=handshake_request(COMPONENT))
         try:
-            raw = self._channel.unary(
+            raw = server.channel.unary(
                 HANDSHAKE,
                 request.SerializeToString(),
                 metadata=self._metadata,
                 timeout=self._connect_timeout,
             )
         except self._status_error as err:
-            raise remote_failure(err, self.address, "the model handshake") from None
+            raise _classified(remote_failure(err, server.address, "the model handshake")) from None
         response = service_pb2.HandshakeResponse.FromString(raw)
-        check_handshake(response.base, self.address)
+        check_handshake(response.base, server.address)
         return response.base
 
+    def _check_spec(self, server: _Server, spec_json: str | None) -> None:
+        """The first server's spec is the model's; every other must send the same."""
+        if self._spec_from is None:
+            self._spec_json, self._spec_from = spec_json, server.address
+            return
+        if spec_json != self._spec_json:
+            raise RemoteError(
+                f"the model at {server.address} has another ModelSpec ({MODEL_SPEC_KEY}) than "
+                f"the model at {self._spec_from}: replicas must serve one model, the same spec "
+                f"({spec_json or 'none'} against {self._spec_json or 'none'})",
+                address=server.address,
+            )
+
     def __repr__(self) -> str:
-        return f"RemoteModel({self.address!r})"
+        if len(self.addresses) == 1:
+            return f"RemoteModel({self.address!r})"
+        return f"RemoteModel({self.address!r}, replicas={self.addresses[1:]!r})"
 
     # ------------------------------------------------------------------ the run's lifecycle
 
@@ -148,23 +232,21 @@ class RemoteModel(Model):
         self._route = _WireRoute(route, self.spec, self.address)
 
     def load(self) -> None:
-        """Open the Join stream and resolve this run's ``env_id`` on it."""
+        """Open each server's Join stream and resolve this run's ``env_id`` on it."""
         route = self._needs_route("load")
-        if self._stream is None or self._stream.broken is not None:
-            if self._channel is None:
-                self._channel, _ = open_channel(
-                    self.address,
-                    connect_timeout=self._connect_timeout,
-                    max_message_mb=self._max_message_mb,
-                    core=self._core,
-                )
-                self._handshake()
-            self._stream = _JoinStream(
-                self._channel.stream(JOIN, metadata=self._metadata),
-                self.address,
+        self._replicas.each(lambda replica: self._join(replica, route))
+
+    def _join(self, replica: int, route: _WireRoute) -> None:
+        server = self._servers[replica]
+        if server.stream is None or server.stream.broken is not None:
+            if server.channel is None:
+                self._dial(replica)
+            server.stream = _JoinStream(
+                server.channel.stream(JOIN, metadata=self._metadata),
+                server.address,
                 self._status_error,
             )
-        self._stream.ask(
+        server.stream.ask(
             "resolve_adapter",
             interaction_pb2.JoinRequest(
                 resolve_adapter=interaction_pb2.ResolveAdapterRequest(
@@ -188,32 +270,40 @@ class RemoteModel(Model):
         return map_leaves(frames[0], lambda *steps: np.stack(steps, axis=1), *frames[1:])
 
     def on_episode_end(self, episode_id: int) -> None:
-        """Tell the server the episode ended (``ResetAdapter``), without waiting."""
-        route, stream = self._route, self._stream
-        if route is None or stream is None:
+        """Tell the episode's server the episode ended (``ResetAdapter``), without waiting."""
+        route = self._route
+        if route is None:
             return
+        replica = self._replicas.end(episode_id)
         wire_id = route.episodes.pop(episode_id, None)
-        if wire_id is None:
+        if wire_id is None or replica is None:
             return
-        stream.send(
-            interaction_pb2.JoinRequest(
-                reset_adapter=interaction_pb2.ResetAdapterRequest(
-                    context=route.context(), episode_ids=[wire_id]
+        stream = self._servers[replica].stream
+        if stream is None:
+            return
+        try:
+            stream.send(
+                interaction_pb2.JoinRequest(
+                    reset_adapter=interaction_pb2.ResetAdapterRequest(
+                        context=route.context(), episode_ids=[wire_id]
+                    )
                 )
             )
-        )
+        except ReplicaLostError as err:
+            self._replicas.lose(replica, err)
 
     def close(self) -> None:
-        """``Close`` the stream (waiting at most ``CLOSE_WAIT_S`` for the answer), then the
-        channel. Closing again does nothing; a later run opens a new stream."""
-        stream, self._stream = self._stream, None
-        if stream is not None:
-            stream.close(CLOSE_WAIT_S)
-        if self._channel is not None:
-            self._channel.close()
-            self._channel = None
+        """``Close`` each stream (waiting at most ``CLOSE_WAIT_S`` for the answer), then the
+        channels. Closing again does nothing; a later run opens new streams, to every
+        server, those lost included."""
+        self._hang_up()
         if self._route is not None:
             self._route.episodes.clear()
+        self._replicas.reset()
+
+    def _hang_up(self) -> None:
+        for server in self._servers:
+            server.hang_up()
 
     # ------------------------------------------------------------------ predictions
 
@@ -228,8 +318,7 @@ class RemoteModel(Model):
 
     def _predict(self, obs: Any, contexts: list[PredictContext]) -> list[Any]:
         route = self._needs_route("predict")
-        stream = self._stream
-        if stream is None:
+        if all(server.stream is None for server in self._servers):
             raise RemoteError(
                 f"RemoteModel({self.address!r}): predict before load() (or after close())",
                 address=self.address,
@@ -244,26 +333,95 @@ class RemoteModel(Model):
             if context["episode_seed"] is not None:
                 info.seed = int(context["episode_seed"])
             infos.append(info)
-        request = interaction_pb2.JoinRequest(
-            predict=interaction_pb2.PredictRequest(
-                context=route.context(),
-                observation=route.payload.encode(obs, rows),
-                episode_info=infos,
-            )
+
+        def send(groups: Groups, replays: dict[int, list[Any]]) -> dict[int, Any]:
+            return self._send(route, obs, rows, infos, groups, replays)
+
+        # A row kept for a replay is a one-row payload of its own (a copy).
+        answers = self._replicas.ask(
+            [context["episode_id"] for context in contexts],
+            send,
+            keep=lambda row: take_rows(obs, [row]),
         )
-        answer = stream.ask("predict", request).predict
+        horizon = min(len(frames) for frames, _ in answers)
+        return [
+            joined_rows([(frames[step], position) for frames, position in answers])
+            for step in range(horizon)
+        ]
+
+    def _send(
+        self,
+        route: _WireRoute,
+        obs: Any,
+        rows: int,
+        infos: list[Any],
+        groups: Groups,
+        replays: dict[int, list[Any]],
+    ) -> dict[int, Any]:
+        """Each server's part of a round: its replays and its one predict sent to every server
+        first, then each server's answers read; by server, its rows' answers (``(frames,
+        position)``: the part's decoded frames and the row's place in them) or the error."""
+        outcomes: dict[int, Any] = {}
+        sent: dict[int, tuple[_JoinStream, list[str], str]] = {}
+        for replica, group in groups.items():
+            stream = self._servers[replica].stream
+            try:
+                assert stream is not None, "every live server has a stream from load()"
+                replayed = [
+                    stream.send(route.predict(earlier, 1, [infos[row]]))
+                    for row in group
+                    for earlier in replays.get(row, ())
+                ]
+                part = obs if len(group) == rows else take_rows(obs, group)
+                request = route.predict(part, len(group), [infos[row] for row in group])
+                sent[replica] = (stream, replayed, stream.send(request))
+            except Exception as err:  # the part's outcome: a loss, or the call's failure
+                outcomes[replica] = err
+        for replica, (stream, replayed, request_id) in sent.items():
+            group = groups[replica]
+            try:
+                for earlier_id in replayed:
+                    stream.answer(earlier_id, "a replayed predict")
+                answer = stream.answer(request_id, "predict").predict
+                frames = self._decoded(route, answer, len(group), stream.address)
+            except Exception as err:
+                outcomes[replica] = err
+                continue
+            outcomes[replica] = [(frames, position) for position in range(len(group))]
+        return outcomes
+
+    @staticmethod
+    def _decoded(route: _WireRoute, answer: Any, rows: int, address: str) -> list[Any]:
         if not answer.actions:
             raise ModelOutputError(
-                f"the model at {self.address} answered a predict of {rows} rows with no action "
+                f"the model at {address} answered a predict of {rows} rows with no action "
                 f"frame: expected actions[0] (one row per episode)"
             )
         try:
             return [route.actions.decode(frame, rows) for frame in answer.actions]
         except ValueError as err:
             raise ModelOutputError(
-                f"the model at {self.address} answered actions that do not match the action "
+                f"the model at {address} answered actions that do not match the action "
                 f"space {route.actions.space}: {err}"
             ) from None
+
+
+class _Server:
+    """One server of the model: its address, channel and Join stream."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.channel: Any = None
+        self.stream: _JoinStream | None = None
+
+    def hang_up(self) -> None:
+        """Close the stream (``Close`` first, bounded) and the channel."""
+        stream, self.stream = self.stream, None
+        if stream is not None:
+            stream.close(CLOSE_WAIT_S)
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
 
 
 class _WireRoute:
@@ -292,6 +450,16 @@ class _WireRoute:
             session_id=self.session_id,
             env_id=self.env_id,
             request_id=f"{self.env_id}:{next(self._requests)}",
+        )
+
+    def predict(self, payload: Any, rows: int, infos: list[Any]) -> interaction_pb2.JoinRequest:
+        """The predict of ``rows`` rows of ``payload``, row ``i`` of episode ``infos[i]``."""
+        return interaction_pb2.JoinRequest(
+            predict=interaction_pb2.PredictRequest(
+                context=self.context(),
+                observation=self.payload.encode(payload, rows),
+                episode_info=infos,
+            )
         )
 
 
@@ -397,23 +565,29 @@ class _JoinStream:
         try:
             self._call.send(request.SerializeToString())
         except self._status_error as err:
-            self.broken = remote_failure(err, self.address, "the model stream")
+            self.broken = _classified(remote_failure(err, self.address, "the model stream"))
             raise self.broken from None
         return request.request_id
 
     def ask(self, doing: str, request: Any, timeout: float | None = None) -> Any:
-        """Send ``request`` and wait for its answer (``TimeoutError`` past ``timeout`` s); an
-        in-band ``ModelError`` is raised as a ``RemoteError`` with the error's code."""
+        """Send ``request`` and wait for its answer (``answer``)."""
+        return self.answer(self.send(request), doing, timeout)
+
+    def answer(self, request_id: str, doing: str, timeout: float | None = None) -> Any:
+        """Wait for the answer to the request ``request_id`` (``TimeoutError`` past
+        ``timeout`` s); an in-band ``ModelError`` is raised as a ``RemoteError`` with the
+        error's code (a ``ReplicaLostError`` for a server that is closing)."""
         with self._reading:
-            request_id = self.send(request)
             response = self._answer_to(request_id, timeout)
         if response.WhichOneof("kind") == "error":
             error = response.error
             code = interaction_pb2.ModelErrorCode.Name(error.code)
-            raise RemoteError(
-                f"the model at {self.address} refused {doing} with {code}: {error.message}",
-                address=self.address,
-                code=code,
+            raise _classified(
+                RemoteError(
+                    f"the model at {self.address} refused {doing} with {code}: {error.message}",
+                    address=self.address,
+                    code=code,
+                )
             )
         return response
 
@@ -425,10 +599,10 @@ class _JoinStream:
                 raw = self._call.receive(wait)
             except self._status_error as err:
                 doing = "closing the model stream" if self._closing else "the model stream"
-                self.broken = remote_failure(err, self.address, doing)
+                self.broken = _classified(remote_failure(err, self.address, doing))
                 raise self.broken from None
             if raw is None:
-                self.broken = RemoteError(
+                self.broken = ReplicaLostError(
                     f"the model at {self.address} ended the Join stream", address=self.address
                 )
                 raise self.broken
@@ -453,6 +627,12 @@ class _JoinStream:
                     )
         finally:
             self._call.cancel()
+
+
+def _classified(error: RemoteError) -> RemoteError:
+    """``error`` as a ``ReplicaLostError`` when it loses the server (``LOST_CODES``), else as
+    it is."""
+    return ReplicaLostError.from_error(error) if error.code in LOST_CODES else error
 
 
 __all__ = ["RemoteModel"]

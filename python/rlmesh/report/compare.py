@@ -12,7 +12,10 @@ episode whose seeds differ (the message names the first such (task, index) and b
 an unseeded episode, a suite against a run that is not one, and episodes present in one run
 only (it names how many and the first few), unless ``intersection=True``, which compares the
 episodes both runs hold and counts the rest. A pair where either episode ended with an env
-failure (its ``error``) is left out of every figure and counted.
+failure (its ``error``) is left out of every figure and counted. A pair whose reset digests
+differ (``EpisodeResult.reset_digest``) did not start from the same state although its seeds
+agree (an env that ignores its seed, another env version): it is flagged and counted
+(``reset_differences``), since the comparison is then not paired there.
 
 Every difference is b - a: positive means b did better. Per task (in a suite) and overall:
 
@@ -67,6 +70,7 @@ from ..stats import (
     paired_rate_difference_ci,
     stratified_bootstrap_mean_ci,
 )
+from .verify import format_reset_differences, reset_differences
 
 # A run to compare: a results file's path, or a RunResult.
 Run = Union[str, "os.PathLike[str]", RunResult]
@@ -102,6 +106,7 @@ class _Episode:
     reward: float
     success: bool | None
     error: str | None
+    reset_digest: str | None = None
 
 
 @dataclass(frozen=True)
@@ -136,9 +141,11 @@ def compare(
     Returns:
         A JSON-ready dict: ``a`` and ``b`` (their source, episodes and env errors),
         ``confidence``, ``resamples``, ``seed``, ``methods``, ``pairs``, ``only_in_a``,
-        ``only_in_b``, ``excluded_for_errors``, ``tasks`` (one row per task, in name
-        order; empty outside a suite) and ``overall`` (a row). A figure that does not exist
-        is None.
+        ``only_in_b``, ``excluded_for_errors``, ``reset_differences`` (``pairs``: how many
+        compared pairs started from different states by their reset digests, of ``compared``,
+        the pairs with digests on both sides; ``first``: the first few), ``tasks`` (one row
+        per task, in name order; empty outside a suite) and ``overall`` (a row). A figure
+        that does not exist is None.
 
     Raises:
         RunsNotPairedError: the runs cannot be paired (the message says why and where).
@@ -184,6 +191,10 @@ def compare(
             "b": sum(1 for key in erred if run_b.episodes[key].error),
             "first": [_key_json(key) for key in erred[:LISTED]],
         },
+        "reset_differences": reset_differences(
+            (key, run_a.episodes[key].reset_digest, run_b.episodes[key].reset_digest)
+            for key in paired
+        ),
         "tasks": tasks,
         "overall": overall,
     }
@@ -224,6 +235,7 @@ def _episodes(episodes: Sequence[EpisodeResult]) -> list[_Episode]:
             reward=episode.reward,
             success=episode.success,
             error=episode.error,
+            reset_digest=episode.reset_digest,
         )
         for episode in episodes
     ]
@@ -567,6 +579,8 @@ def format_comparison(comparison: dict[str, Any]) -> str:
             f"; {excluded['pairs']} pairs left out for env errors "
             f"(a {excluded['a']}, b {excluded['b']})"
         )
+    if comparison["reset_differences"]["pairs"]:
+        counts += "\n" + format_reset_differences(comparison["reset_differences"])
     methods = comparison["methods"]
     notes = [
         f"return: {methods['return']}, {comparison['resamples']} resamples, seed "

@@ -41,6 +41,7 @@ from dataclasses import MISSING, asdict, fields
 from typing import Any
 
 from ..errors import ResultsFileError
+from ..stats.stopping import RunStop
 from .records import (
     TELEMETRY_COLUMNS,
     TELEMETRY_TEXT_COLUMNS,
@@ -99,6 +100,8 @@ def run_line(result: RunResult, elapsed_s: float | None, task: str | None) -> di
         "elapsed_s": elapsed_s,
         "telemetry": telemetry_to_json(result.telemetry),
         "success_rule": result.success_rule.to_json(),
+        # How a run with until= stopped: `rlmesh report` says so from the file alone.
+        **({} if result.stop is None else {"stop": result.stop.to_dict()}),
     }
 
 
@@ -247,6 +250,7 @@ def file_fields(header: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str,
             rule = SuccessRule.from_json(resolved[-1])
     elapsed = [run["elapsed_s"] for run in runs if run.get("elapsed_s") is not None]
     requested = header.get("episodes")
+    stops = [RunStop.from_dict(run["stop"]) for run in runs if isinstance(run.get("stop"), dict)]
     return {
         "base_seed": header.get("seed"),
         "wasted_steps": sum(run.get("wasted_steps", 0) for run in runs),
@@ -260,4 +264,5 @@ def file_fields(header: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str,
         "success_rule": rule,
         "episodes_requested": requested if isinstance(requested, int) else None,
         "elapsed_s": math.fsum(elapsed) if elapsed else None,
+        "stop": stops[-1] if stops else None,
     }

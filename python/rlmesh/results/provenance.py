@@ -14,6 +14,15 @@ A record (``collect_provenance``) is a JSON-ready dict:
 - ``simulator``: what the env's class says of its simulator stack through a static
   ``simulator_stack()`` (the built-in benchmarks: the distribution and its version, mujoco's
   version, ``MUJOCO_GL``), since scores move between simulator stacks; else None;
+- ``env_packages``: ``{name: version}`` of the env's distribution and of every package it
+  requires that is installed (its simulator, renderer and numerics), or None;
+- ``graphics``: the GL backend and renderer variables (``MUJOCO_GL`` and
+  ``PYOPENGL_PLATFORM`` always, None when unset; the others of ``GRAPHICS_VARIABLES`` when
+  set), since egl, osmesa and glfw render, and so score, differently;
+- ``cpu``: ``{"model", "logical_cores"}`` (``/proc/cpuinfo``'s model name, else what
+  ``platform`` says); ``gpus``: ``[{"name", "driver"}]`` of the GPUs ``nvidia-smi`` lists,
+  empty where there is none (or no ``nvidia-smi``, or it fails or takes longer than
+  ``GPU_QUERY_TIMEOUT_S``);
 - ``policy``: the policy's spec string (the CLI's ``POLICY`` argument; from Python, the model's
   ``module:qualname``); ``command``: the command line as a list (the CLI's; None from Python);
 - ``host``, ``platform``, ``started`` (UTC, ISO 8601);
@@ -34,6 +43,8 @@ import importlib.util
 import inspect
 import os
 import platform
+import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -44,6 +55,23 @@ from typing import Any
 
 PROVENANCE_KEY = "provenance"
 GIT_TIMEOUT_S = 5.0
+GPU_QUERY_TIMEOUT_S = 5.0
+# The GL backend and renderer variables a record holds: the first two always, the others
+# when set (EGL's device and vendor, Mesa's software renderer and its driver, GLVND's vendor).
+GRAPHICS_VARIABLES = (
+    "MUJOCO_GL",
+    "PYOPENGL_PLATFORM",
+    "MUJOCO_EGL_DEVICE_ID",
+    "EGL_DEVICE_ID",
+    "EGL_PLATFORM",
+    "__EGL_VENDOR_LIBRARY_FILENAMES",
+    "__GLX_VENDOR_LIBRARY_NAME",
+    "LIBGL_ALWAYS_SOFTWARE",
+    "GALLIUM_DRIVER",
+    "MESA_LOADER_DRIVER_OVERRIDE",
+    "CUDA_VISIBLE_DEVICES",
+)
+ALWAYS_RECORDED = 2  # GRAPHICS_VARIABLES[:2] are recorded even when unset
 # What a caller may state itself, because it knows better than the model object: the CLI's
 # spec string and its command line.
 CALLER_FIELDS = ("policy", "command")
@@ -112,6 +140,10 @@ def collect_provenance(
         "gymnasium": gymnasium.__version__,
         "env_package": env_package(env),
         "simulator": env_simulator(env),
+        "env_packages": env_packages(env),
+        "graphics": graphics_variables(),
+        "cpu": cpu_model(),
+        "gpus": list(gpu_models()),
         "policy": policy if policy is not None else policy_name(model),
         "command": None if command is None else list(command),
         "host": socket.gethostname(),
@@ -192,6 +224,125 @@ def env_package(env: Any) -> dict[str, str] | None:
         except importlib.metadata.PackageNotFoundError:
             continue
     return None
+
+
+def env_packages(env: Any) -> dict[str, str] | None:
+    """``{name: version}`` of ``env``'s distribution (``env_package``) and of the simulator
+    distribution its class reports (``env_simulator``), each with the installed packages its
+    metadata requires (requirements of an extra left out); None when nothing says where the
+    env came from.
+
+    Example:
+        >>> packages = env_packages("CartPole-v1")
+        >>> packages["gymnasium"] == env_package("CartPole-v1")["version"], "numpy" in packages
+        (True, True)
+    """
+    names = [package["name"]] if (package := env_package(env)) is not None else []
+    simulator = env_simulator(env) or {}
+    if isinstance(simulator.get("distribution"), str):
+        names.append(simulator["distribution"])
+    packages: dict[str, str] = {}
+    for name in names:
+        try:
+            packages[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        packages.update(_requirements(name))
+    return packages or None
+
+
+@functools.lru_cache(maxsize=32)
+def _requirements(name: str) -> dict[str, str]:
+    """The installed versions of what distribution ``name`` requires, by name."""
+    try:
+        required = importlib.metadata.requires(name) or []
+    except importlib.metadata.PackageNotFoundError:
+        return {}
+    versions = {}
+    for requirement in required:
+        if re.search(r"\bextra\s*==", requirement):
+            continue  # only with an extra the run may not have installed
+        match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", requirement)
+        if match is None:
+            continue
+        try:
+            versions[match.group(1)] = importlib.metadata.version(match.group(1))
+        except importlib.metadata.PackageNotFoundError:  # a marker left it out here
+            continue
+    return dict(sorted(versions.items()))
+
+
+def graphics_variables() -> dict[str, str | None]:
+    """The GL backend and renderer variables of this process (``GRAPHICS_VARIABLES``):
+    ``MUJOCO_GL`` and ``PYOPENGL_PLATFORM`` always (None when unset), the others when set.
+
+    Example:
+        >>> sorted(graphics_variables())[:2]
+        ['MUJOCO_GL', 'PYOPENGL_PLATFORM']
+    """
+    return {
+        name: os.environ.get(name)
+        for k, name in enumerate(GRAPHICS_VARIABLES)
+        if k < ALWAYS_RECORDED or name in os.environ
+    }
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_model() -> dict[str, Any]:
+    """``{"model", "logical_cores"}`` of this machine: the model name ``/proc/cpuinfo``
+    gives (Linux), else ``platform.processor()`` or the machine type; never raises.
+
+    Example:
+        >>> sorted(cpu_model())
+        ['logical_cores', 'model']
+    """
+    model = None
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            for line in info:
+                key, _, value = line.partition(":")
+                # x86's "model name"; ARM's "Model" or "Hardware" where the kernel says.
+                if key.strip() in ("model name", "Model", "Hardware") and value.strip():
+                    model = value.strip()
+                    break
+    except OSError:
+        pass
+    if model is None:
+        model = platform.processor() or platform.machine() or None
+    return {"model": model, "logical_cores": os.cpu_count()}
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_models() -> tuple[dict[str, str], ...]:
+    """``({"name", "driver"}, ...)`` of the GPUs ``nvidia-smi`` lists; empty where there is
+    none, no ``nvidia-smi``, or it fails or takes longer than ``GPU_QUERY_TIMEOUT_S``.
+
+    Example:
+        >>> all(sorted(gpu) == ["driver", "name"] for gpu in gpu_models())
+        True
+    """
+    command = shutil.which("nvidia-smi")
+    if command is None:
+        return ()
+    try:
+        done = subprocess.run(
+            [command, "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=GPU_QUERY_TIMEOUT_S,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    if done.returncode != 0:
+        return ()
+    gpus = []
+    for line in done.stdout.splitlines():
+        name, _, driver = line.rpartition(",")
+        if name.strip():
+            gpus.append({"name": name.strip(), "driver": driver.strip()})
+    return tuple(gpus)
 
 
 def env_simulator(env: Any) -> dict[str, Any] | None:
@@ -335,6 +486,10 @@ _ROWS = (
     ("gymnasium", "gymnasium"),
     ("env_package", "env package"),
     ("simulator", "simulator"),
+    ("env_packages", "env packages"),
+    ("graphics", "graphics"),
+    ("cpu", "cpu"),
+    ("gpus", "gpus"),
     ("policy", "policy"),
     ("git", "policy git"),
     ("command", "command"),
@@ -372,6 +527,17 @@ def provenance_rows(record: dict[str, Any]) -> list[tuple[str, str]]:
                 if name not in ("distribution", "version")
             ]
             text = ", ".join(named)
+        elif key == "env_packages":  # "gymnasium 1.4.0, numpy 2.4.6"
+            text = ", ".join(f"{name} {version}" for name, version in value.items()) or "-"
+        elif key == "graphics":  # "MUJOCO_GL=egl, PYOPENGL_PLATFORM=-" (unset)
+            text = ", ".join(
+                f"{name}={'-' if part is None else part}" for name, part in value.items()
+            )
+        elif key == "cpu":
+            text = f"{value.get('model')} ({value.get('logical_cores')} logical cores)"
+        elif key == "gpus":
+            text = ", ".join(f"{gpu.get('name')} (driver {gpu.get('driver')})" for gpu in value)
+            text = text or "-"
         elif key == "git":
             dirty = " (dirty)" if value.get("dirty") else ""
             text = f"{value.get('commit')}{dirty} in {value.get('root')}"

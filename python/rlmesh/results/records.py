@@ -62,6 +62,13 @@ class EpisodeResult:
     reward, length and success statistics. ``video`` is the recorded episode's mp4
     (``record_video``), relative to the results file's directory; None for an episode not
     recorded.
+
+    ``reset_digest`` and ``trajectory_digest`` are the determinism evidence of the episode
+    (16 hex digits each, computed by the core: ``rlmesh._pycore.digests``): a hash of its first
+    observation, and a rolling hash of every step's action, observation, reward and flags.
+    Two runs played episode k alike when both are equal; ``rlmesh verify`` compares them.
+    None in files written before they existed, and for an episode whose first observation
+    never arrived (its reset failed).
     """
 
     index: int
@@ -80,6 +87,8 @@ class EpisodeResult:
     task: str | None = None
     error: str | None = None
     video: str | None = None
+    reset_digest: str | None = None
+    trajectory_digest: str | None = None
 
     @classmethod
     def from_summary(cls, summary: Any, rule: SuccessRule | None = None) -> EpisodeResult:
@@ -111,6 +120,8 @@ class EpisodeResult:
             success_reported=success is not None,
             task=None,
             error=summary.error,
+            reset_digest=summary.reset_digest,
+            trajectory_digest=summary.trajectory_digest,
         )
         if success is None and rule is not None and summary.error is None:
             episode.__dict__["success"] = rule.verdict(episode)
@@ -220,7 +231,9 @@ class RunResult:
     ``core`` is the core that ran it (``"rust"`` / ``"python"``), ``success_rule`` the rule
     its episodes were judged by (``rlmesh.success``), ``episodes_requested`` how many episodes
     the run was asked for (more than ``num_episodes`` for a run that stopped early), and
-    ``elapsed_s`` its wall time. The driver sets all four.
+    ``elapsed_s`` its wall time. The driver sets all four. ``stop`` is how a run with
+    ``until=`` ended (``rlmesh.stats.stopping.RunStop``: its confidence sequence, n, and why
+    it stopped), None for any other run.
 
     Example:
         >>> episode = EpisodeResult(0, 5, 0, 0, 12, 12.0, True, False, None, 0.2, 0.1, 0.2)
@@ -240,6 +253,9 @@ class RunResult:
     success_rule: SuccessRule = field(default_factory=lambda: SuccessRule(NONE))
     episodes_requested: int | None = None
     elapsed_s: float | None = None
+    # How a run with until= ended: an rlmesh.stats.stopping.RunStop (stats builds on these
+    # records, so it is not imported here); None for a run without a stopping rule.
+    stop: Any = None
 
     def __post_init__(self) -> None:
         # A frozen dataclass sets its own fields only through object.__setattr__.
@@ -346,6 +362,7 @@ RUN_FIELDS = (
     "success_rule",
     "episodes_requested",
     "elapsed_s",
+    "stop",
 )
 
 
@@ -379,6 +396,7 @@ class RunColumns:
     success_rule: SuccessRule = field(default_factory=lambda: SuccessRule(NONE))
     episodes_requested: int | None = None
     elapsed_s: float | None = None
+    stop: Any = None
     failed: np.ndarray | None = None
     task: np.ndarray | None = None
 

@@ -28,6 +28,7 @@ from .intervals import (
     stratified_bootstrap_mean_ci,
     wilson_interval,
 )
+from .stopping import SUCCESS, UNFINISHED
 
 
 def _number(value: float | None) -> float | None:
@@ -66,6 +67,10 @@ def summarize(
     ``failed_indices``, and are left out of every reward, length and success figure, which
     describe the ``episodes - failed`` episodes that ran to their end.
 
+    A run with ``until=`` (``RunResult.stop``) is complete when it stopped (on precision, or
+    at its cap), and its summary has ``"stop"``: the ``RunStop`` as a dict, with the
+    anytime-valid confidence sequence (``lower``, ``upper``) the run stopped on.
+
     Example:
         >>> from rlmesh.results import EpisodeResult
         >>> episodes = [EpisodeResult(k, k, k, 0, 10 + k, float(k), True, False, k % 2 == 0,
@@ -94,10 +99,14 @@ def summarize(
     success_lo, success_hi = wilson_interval(successes, judged_count)
     requested = run.episodes_requested
     elapsed = run.elapsed_s if elapsed_s is None else elapsed_s
+    stop = getattr(result, "stop", None)  # a RunResult's, or a file's columns'
+    complete = None if requested is None else n >= requested
+    if stop is not None:
+        complete = stop.reason != UNFINISHED
     return {
         "episodes": n,
         "episodes_requested": requested,
-        "complete": None if requested is None else n >= requested,
+        "complete": complete,
         "failed": n - finished,
         "failed_indices": run.index[failed].tolist(),
         "total_steps": total_steps,
@@ -119,6 +128,7 @@ def summarize(
         "base_seed": run.base_seed,
         "core": core or run.core or "unknown",
         "elapsed_s": _number(elapsed),
+        **({} if stop is None else {"stop": stop.to_dict()}),
     }
 
 
@@ -139,6 +149,9 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     episodes = str(summary["episodes"])
     if summary.get("complete") is False:
         episodes = f"{summary['episodes']} of {summary['episodes_requested']}, incomplete"
+    stop = summary.get("stop")
+    if stop is not None:
+        episodes = f"{summary['episodes']} of at most {stop['cap']}, stopped: {stop['reason']}"
     success = (
         "n/a"
         if summary["success_rate"] is None
@@ -155,6 +168,7 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
         ),
         ("IQM reward", _fmt(summary["iqm_reward"])),
         ("success rate", success),
+        *_stop_rows(stop),
         ("success rule", summary["success_rule"]),
         (
             "episode length mean / min / max",
@@ -174,6 +188,35 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
         ("base seed", str(summary["base_seed"])),
         ("core", str(summary["core"])),
     ]
+
+
+def _stop_rows(stop: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """A stopped run's rows: the confidence sequence it stopped on, and the episodes the stop
+    left out."""
+    if stop is None:
+        return []
+    rule = stop["rule"]
+    success = SUCCESS in rule
+    level = f"{round((1 - rule['alpha']) * 100, 6):g}%"
+    spec = ".1%" if success else ".3f"
+    target = rule["success"] if success else rule["reward"]
+    interval = _interval([stop["lower"], stop["upper"]], spec)
+    rows = [
+        (
+            f"{'success rate' if success else 'mean reward'} {level} confidence sequence",
+            f"{interval}  anytime-valid, target +/-{format(target, spec if success else 'g')}, "
+            f"over {stop['observations']} episodes",
+        )
+    ]
+    if stop["cancelled"] or stop["discarded"]:
+        rows.append(
+            (
+                "episodes past the stop",
+                f"{len(stop['cancelled'])} cancelled while running, "
+                f"{len(stop['discarded'])} finished and left out",
+            )
+        )
+    return rows
 
 
 LISTED_FAILURES = 20

@@ -28,6 +28,12 @@ answers as a local model's would for its computation: ``rlmesh.remote.websocket.
 each reads the server's metadata frame first (kept as ``metadata``), and ``close`` closes
 them all and ends the thread.
 
+Several servers of the model (``replicas``, for a model served on several GPUs): each
+episode's messages go to one server, chosen at its first, and a lost server's episodes move to
+the others, their earlier messages sent again first (``rlmesh.remote.replicas``), so the
+per-episode results do not depend on the number of servers. ``max_connections`` bounds each
+server's connections.
+
 Where the peers' own description says nothing: keepalive pings are off (the reference server
 blocks its event loop while it infers, so a long inference would fail a ping), and no
 compression is offered; every wait is bounded by ``timeout_s`` instead.
@@ -37,11 +43,14 @@ Example:
     >>> model, model.metadata  # nothing is dialled before the first prediction
     (OpenPIModel('openpi://127.0.0.1:8000'), None)
     >>> model.close()
+    >>> OpenPIModel("openpi://127.0.0.1:8000", replicas=["openpi://127.0.0.1:8001"]).addresses
+    ['openpi://127.0.0.1:8000', 'openpi://127.0.0.1:8001']
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -51,6 +60,7 @@ from ...adapters import ModelSpec
 from ...contexts import PredictContext
 from ...errors import RemoteError
 from ..address import parse_openpi_address
+from ..replicas import replica_addresses
 from ..websocket.client import (
     DEFAULT_TIMEOUT_S,
     INTERNAL_ERROR,
@@ -62,6 +72,7 @@ from ..websocket.client import (
     all_done,
     episode_ids,
     lanes,
+    rows_of,
 )
 from .codec import OpenPIWireError, packb, unpackb
 
@@ -77,24 +88,30 @@ class OpenPIModel(SocketModel):
             the instruction as ``prompt``) and of its actions; None sends the env's
             observation as it is.
         api_key: sent as ``Authorization: Api-Key <key>`` when set.
-        max_connections: the most connections in use at once; default no bound: one per
-            running episode, so one per lane.
+        max_connections: the most connections in use at once, per server; default no bound:
+            one per running episode, so one per lane.
         timeout_s: the bound on every wait: connecting, the metadata frame, each answer.
+        replicas: more servers of the same policy (addresses as ``address``): the episodes
+            are spread over all of them, and one lost moves its episodes to the others
+            (``rlmesh.remote.replicas``).
 
     Attributes:
         address: the server's address, ``openpi://host:port``.
+        addresses: every server's, ``address`` first, then the replicas'.
         metadata: the server's metadata frame (a dict), once a connection has opened; None
             before.
 
     Raises:
-        ValueError: an address of none of the forms above, or a bad ``max_connections`` or
-            ``timeout_s``.
-        TypeError: ``spec`` is not a ``ModelSpec``.
+        ValueError: an address of none of the forms above (or given twice), or a bad
+            ``max_connections`` or ``timeout_s``.
+        TypeError: ``spec`` is not a ``ModelSpec``, or ``replicas`` not a list of addresses.
 
     Predictions raise ``RemoteError`` (naming the address) when the server cannot be reached,
     refuses the connection (a wrong key), answers with an error (a text frame, or close code
     1011: the server's text is in the message) or not within ``timeout_s``; and
     ``ModelOutputError`` for an answer without an ``(H, ...)`` chunk under ``"actions"``.
+    With replicas, a server that cannot be reached, drops the connection or sends nothing
+    within ``timeout_s`` is lost instead, and only the loss of every one fails a prediction.
     """
 
     protocol = "openpi"
@@ -107,10 +124,13 @@ class OpenPIModel(SocketModel):
         api_key: str | None = None,
         max_connections: int | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        replicas: Sequence[str] | None = None,
     ) -> None:
         headers = {} if api_key is None else {"Authorization": f"Api-Key {api_key}"}
-        parsed = parse_openpi_address(address)
-        super().__init__(parsed, spec=spec, headers=headers, timeout_s=timeout_s)
+        parsed = [parse_openpi_address(each) for each in replica_addresses(address, replicas)]
+        super().__init__(
+            parsed[0], spec=spec, headers=headers, timeout_s=timeout_s, replicas=parsed[1:]
+        )
         if max_connections is not None and (
             isinstance(max_connections, bool)
             or not isinstance(max_connections, int)
@@ -135,18 +155,31 @@ class OpenPIModel(SocketModel):
         """Chunks ``[N, H, ...]``: each lane's payload sent as one message, concurrently over
         the connections, each answer's ``actions`` a lane's chunk (cut to the shortest H).
 
-        ``context`` (the driver's, one per row) binds each row's episode to a connection;
-        without it, row ``i`` goes over connection ``i % C``."""
+        ``context`` (the driver's, one per row) binds each row's episode to a connection (and,
+        with replicas, to a server); without it, row ``i`` goes over connection ``i % C``."""
         messages = [packb(lane) for lane in lanes(obs)]
         episodes = episode_ids(context)
-        answers = self._ask(
-            len(messages), lambda pool: pool.ask_all(messages, episodes, self.max_connections)
-        )
+
+        async def asking(pool: _Pool, rows: list[int], replays: list[list[bytes]]) -> list[Any]:
+            return await pool.ask_all(
+                [messages[row] for row in rows],
+                rows_of(episodes, rows),
+                self.max_connections,
+                replays,
+            )
+
+        # A packed message is bytes of its own: kept as it is for a replay.
+        answers = self._ask(episodes, len(messages), asking, keep=messages.__getitem__)
         return self._chunks(answers)
 
-    def _new_pool(self) -> _Pool:
+    def _new_pool(self, replica: int) -> _Pool:
         return _Pool(
-            self.protocol, self.address, self._url, self._headers, self.timeout_s, self._keep_info
+            self.protocol,
+            self.addresses[replica],
+            self._urls[replica],
+            self._headers,
+            self.timeout_s,
+            self._keep_info,
         )
 
 
@@ -189,31 +222,46 @@ class _Pool(SlotPool):
                 await self.discard(held.connection)
 
     async def ask_all(
-        self, messages: list[bytes], episodes: list[Any] | None, cap: int | None
+        self,
+        messages: list[bytes],
+        episodes: list[Any] | None,
+        cap: int | None,
+        replays: list[list[bytes]] | None = None,
     ) -> list[Any]:
         """Each message's answer, in order: message ``i`` over its episode's slot (``bind``),
         or without episodes over slot ``i % C`` (C: ``cap``, default one per message); each
-        slot's messages in order, the slots concurrently."""
+        slot's messages in order, the slots concurrently. ``replays[i]``: the messages sent
+        before message ``i`` on its slot, their answers dropped (an episode moved here from a
+        lost server)."""
         if episodes is None:
             connections = min(len(messages), cap or len(messages))
             slots = [row % connections for row in range(len(messages))]
         else:
             slots = self.bind(episodes, cap)
         answers: list[Any] = [None] * len(messages)
-        rows_of: dict[int, list[int]] = {}
+        slot_rows: dict[int, list[int]] = {}
         for row, slot in enumerate(slots):
-            rows_of.setdefault(slot, []).append(row)
+            slot_rows.setdefault(slot, []).append(row)
         await all_done(
-            self._ask_rows(slot, rows, messages, answers) for slot, rows in sorted(rows_of.items())
+            self._ask_rows(slot, rows, messages, answers, replays)
+            for slot, rows in sorted(slot_rows.items())
         )
         return answers
 
     async def _ask_rows(
-        self, slot: int, rows: list[int], messages: list[bytes], answers: list[Any]
+        self,
+        slot: int,
+        rows: list[int],
+        messages: list[bytes],
+        answers: list[Any],
+        replays: list[list[bytes]] | None,
     ) -> None:
         async with self.using(slot) as held:
             assert held is not None  # dialled
             for row in rows:
+                for earlier in replays[row] if replays else ():
+                    await self.send(held.connection, earlier)
+                    await self._answer(held.connection, "answer to a replayed request")
                 await self.send(held.connection, messages[row])
                 answers[row] = await self._answer(held.connection, "answer to a request")
 

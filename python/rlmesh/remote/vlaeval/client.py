@@ -25,6 +25,12 @@ concurrently over their connections. The connections live on an event loop of th
 own, on a thread of its own (``rlmesh.remote.websocket.client``); ``close`` closes them all
 and ends the thread.
 
+Several servers of the model (``replicas``, for a model served on several GPUs): each
+episode goes to one server, chosen at its first observation, and a lost server's episodes move
+to the others, which are sent ``episode_start`` and the episode's earlier observations again
+first (``rlmesh.remote.replicas``), so the per-episode results do not depend on the number of
+servers, a server that keeps per-episode state included.
+
 Where the peer departs from its own description: its RFC says an action is matched to its
 observation by ``seq``, but its ``Connection`` takes whatever message comes next and only logs
 a mismatch, and an ``error`` answering an ``episode_start`` (its server sends one when the
@@ -39,11 +45,14 @@ Example:
     >>> model, model.server_info  # nothing is dialled before the first prediction
     (VlaEvalModel('vlaeval://127.0.0.1:8000'), None)
     >>> model.close()
+    >>> VlaEvalModel("vlaeval://127.0.0.1:8000", replicas=["vlaeval://127.0.0.1:8001"])
+    VlaEvalModel('vlaeval://127.0.0.1:8000', replicas=['vlaeval://127.0.0.1:8001'])
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -54,6 +63,7 @@ from ...contexts import PredictContext
 from ...errors import RemoteError
 from ...version import __version__
 from ..address import parse_vlaeval_address
+from ..replicas import replica_addresses
 from ..websocket.client import (
     DEFAULT_TIMEOUT_S,
     OBSERVATION_KEY,
@@ -63,6 +73,8 @@ from ..websocket.client import (
     all_done,
     episode_ids,
     lanes,
+    owned,
+    rows_of,
 )
 from .codec import (
     IMAGE_FORMATS,
@@ -89,21 +101,27 @@ class VlaEvalModel(SocketModel):
         timeout_s: the bound on every wait: connecting, the ``hello`` answer, each action.
         image_format: ``"png"`` (vla-eval's default) or ``"raw"``: how ``(H, W, 3|4)`` uint8
             images travel.
+        replicas: more servers of the same model (addresses as ``address``): the episodes are
+            spread over all of them, and one lost moves its episodes to the others
+            (``rlmesh.remote.replicas``).
 
     Attributes:
         address: the server's address, ``vlaeval://host:port``.
+        addresses: every server's, ``address`` first, then the replicas'.
         server_info: the server's ``hello`` payload (its versions, ``capabilities``, and
             what else it declares), once a connection has opened; None before.
 
     Raises:
-        ValueError: an address of none of the forms above, or a bad ``timeout_s`` or
-            ``image_format``.
-        TypeError: ``spec`` is not a ``ModelSpec``.
+        ValueError: an address of none of the forms above (or given twice), or a bad
+            ``timeout_s`` or ``image_format``.
+        TypeError: ``spec`` is not a ``ModelSpec``, or ``replicas`` not a list of addresses.
 
     Predictions raise ``RemoteError`` (naming the address) when the server cannot be reached,
     refuses the connection (a wrong key), answers with an ``error`` (its text is in the
     message), out of step, or not within ``timeout_s``; and ``ModelOutputError`` for an
-    answer without ``"actions"``.
+    answer without ``"actions"``. With replicas, a server that cannot be reached, drops the
+    connection or sends nothing within ``timeout_s`` is lost instead, and only the loss of
+    every one fails a prediction.
     """
 
     protocol = "vla-eval"
@@ -118,10 +136,13 @@ class VlaEvalModel(SocketModel):
         api_key: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         image_format: str = "png",
+        replicas: Sequence[str] | None = None,
     ) -> None:
         headers = {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
-        parsed = parse_vlaeval_address(address)
-        super().__init__(parsed, spec=spec, headers=headers, timeout_s=timeout_s)
+        parsed = [parse_vlaeval_address(each) for each in replica_addresses(address, replicas)]
+        super().__init__(
+            parsed[0], spec=spec, headers=headers, timeout_s=timeout_s, replicas=parsed[1:]
+        )
         if image_format not in IMAGE_FORMATS:
             raise ValueError(f"image_format must be 'png' or 'raw', got {image_format!r}")
         self.image_format = image_format
@@ -141,23 +162,36 @@ class VlaEvalModel(SocketModel):
         over the lanes' connections, each answer's ``actions`` a lane's chunk (cut to the
         shortest H).
 
-        ``context`` (the driver's, one per row) binds each row's episode to a connection and
-        gives its seed; without it, row ``i`` goes over connection ``i``, outside any
-        episode."""
+        ``context`` (the driver's, one per row) binds each row's episode to a connection (and,
+        with replicas, to a server) and gives its seed; without it, row ``i`` goes over
+        connection ``i``, outside any episode."""
         observations = lanes(obs)
         episodes = episode_ids(context)
         seeds = None if context is None else [each.get("episode_seed") for each in context]
         horizon = execution_horizon or 1
+
+        async def asking(
+            pool: _Pool, rows: list[int], replays: list[list[dict[str, Any]]]
+        ) -> list[Any]:
+            return await pool.ask_all(
+                [observations[row] for row in rows],
+                rows_of(episodes, rows),
+                rows_of(seeds, rows),
+                horizon,
+                replays,
+            )
+
+        # An observation's arrays may be views of the driver's buffers: kept as copies.
         answers = self._ask(
-            len(observations), lambda pool: pool.ask_all(observations, episodes, seeds, horizon)
+            episodes, len(observations), asking, keep=lambda row: owned(observations[row])
         )
         return self._chunks(answers)
 
-    def _new_pool(self) -> _Pool:
+    def _new_pool(self, replica: int) -> _Pool:
         return _Pool(
             self.protocol,
-            self.address,
-            self._url,
+            self.addresses[replica],
+            self._urls[replica],
             self._headers,
             self.timeout_s,
             self._keep_info,
@@ -212,9 +246,13 @@ class _Pool(SlotPool):
         episodes: list[Any] | None,
         seeds: list[Any] | None,
         horizon: int,
+        replays: list[list[dict[str, Any]]] | None = None,
     ) -> list[Any]:
         """Each observation's answer, in order, each over its episode's slot (``bind``), or
-        without episodes observation ``i`` over slot ``i``; the slots concurrently."""
+        without episodes observation ``i`` over slot ``i``; the slots concurrently.
+        ``replays[i]``: the observations sent before observation ``i`` (after its
+        ``episode_start``), their actions dropped (an episode moved here from a lost
+        server)."""
         slots = list(range(len(observations))) if episodes is None else self.bind(episodes)
         answers: list[Any] = [None] * len(observations)
         await all_done(
@@ -226,6 +264,7 @@ class _Pool(SlotPool):
                 horizon,
                 answers,
                 row,
+                replays[row] if replays else (),
             )
             for row, slot in enumerate(slots)
         )
@@ -240,6 +279,7 @@ class _Pool(SlotPool):
         horizon: int,
         answers: list[Any],
         row: int,
+        replay: Sequence[dict[str, Any]],
     ) -> None:
         async with self.using(slot) as session:
             assert isinstance(session, _Session)  # dialled
@@ -247,6 +287,9 @@ class _Pool(SlotPool):
                 session.episode = episode
                 start = {"task": {}, "episode_id": episode, "execution_horizon": horizon}
                 await self._send(session, "episode_start", {**start, "seed": seed})
+            for earlier in replay:
+                seq = await self._send(session, "observation", earlier)
+                await self._receive(session, seq, "action")
             seq = await self._send(session, "observation", observation)
             answers[row] = await self._receive(session, seq, "action")
 

@@ -7,12 +7,16 @@
   event loop of the model's own, on a thread of its own (``Runtime``), started at the first
   prediction and ended by ``close``; the server's handshake kept (``_info``); the answers'
   chunks stacked into the ``[N, H, ...]`` batch the driver replays; no connection travels
-  with a pickled copy (a cluster's worker dials anew).
-- ``SlotPool``: the connections, by slot, used only on that loop: one caller at a time per
-  slot (the protocols are lockstep), a slot dialled on first use, and a connection that
-  failed or was abandoned mid-request closed and its slot emptied. Every wait is bounded by
-  ``timeout_s``; keepalive pings are off (a server inferring may not answer them) and no
-  compression is offered. Errors are ``RemoteError``s naming the protocol and the address.
+  with a pickled copy (a cluster's worker dials anew). With ``replicas``, one pool per server,
+  every call's rows spread over them by ``rlmesh.remote.replicas.ReplicaSet`` (``_ask``),
+  which also moves a lost server's episodes to the others.
+- ``SlotPool``: one server's connections, by slot, used only on that loop: one caller at a
+  time per slot (the protocols are lockstep), a slot dialled on first use, and a connection
+  that failed or was abandoned mid-request closed and its slot emptied. Every wait is bounded
+  by ``timeout_s``; keepalive pings are off (a server inferring may not answer them) and no
+  compression is offered. Errors are ``RemoteError``s naming the protocol and the address;
+  those that lose the server (it cannot be reached, drops the connection, closes it going
+  away, or sends nothing within ``timeout_s``) are ``ReplicaLostError``.
 
 Example:
     >>> import numpy as np
@@ -30,7 +34,7 @@ import contextlib
 import inspect
 import math
 import threading
-from collections.abc import AsyncIterator, Coroutine, Iterable
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -43,6 +47,7 @@ from ...errors import ModelOutputError, RemoteError
 from ...model import Model
 from ...utils import map_leaves
 from ..address import Address
+from ..replicas import Groups, ReplicaLostError, ReplicaSet
 
 OBSERVATION_KEY = "observation"
 """The key a payload that is not a dict travels under."""
@@ -50,6 +55,11 @@ DEFAULT_TIMEOUT_S = 60.0
 CLOSE_WAIT_S = 5.0
 """The longest ``close`` waits for a connection's closing handshake, or the loop's end."""
 INTERNAL_ERROR = 1011
+# Close codes of a server that is going, not of a request it refused: going away (a server
+# shutting down), abnormal closure, service restart, try again later.
+LOST_CLOSE_CODES = frozenset({1001, 1006, 1012, 1013})
+# HTTP answers to the upgrade from a proxy or balancer whose server is gone.
+LOST_HTTP_STATUSES = frozenset({502, 503, 504})
 # websockets >= 15 dials through the environment's HTTP proxy by default; a policy server is
 # dialled directly (older versions never use a proxy and take no such argument).
 NO_PROXY = {"proxy": None} if "proxy" in inspect.signature(connect).parameters else {}
@@ -68,6 +78,23 @@ def lanes(obs: Any) -> list[dict[str, Any]]:
 def episode_ids(context: list[PredictContext] | None) -> list[Any] | None:
     """The rows' episode ids from the driver's ``context`` (None without one)."""
     return None if context is None else [each["episode_id"] for each in context]
+
+
+def owned(tree: Any) -> Any:
+    """``tree`` with each array leaf copied: a request kept for a replay must not change when
+    the driver reuses its buffers."""
+    return map_leaves(tree, lambda leaf: leaf.copy() if isinstance(leaf, np.ndarray) else leaf)
+
+
+def rows_of(values: list[Any] | None, rows: list[int]) -> list[Any] | None:
+    """``values`` at ``rows`` (None stays None)."""
+    return None if values is None else [values[row] for row in rows]
+
+
+Asking = Callable[["SlotPool", list[int], list[list[Any]]], Coroutine[Any, Any, list[Any]]]
+"""A protocol's part of a call: ``asking(pool, rows, replays)`` answers ``rows`` (indices into
+the call's rows) over one server's ``pool``, in order, each after its ``replays`` (the
+episode's earlier requests, answers dropped)."""
 
 
 class SocketModel(Model):
@@ -93,10 +120,15 @@ class SocketModel(Model):
         spec: ModelSpec | None,
         headers: dict[str, str],
         timeout_s: float,
+        replicas: Sequence[Address] = (),
     ) -> None:
         super().__init__()
         self.address = str(address)
-        self._url = f"ws://{address.host}:{address.port}"
+        servers = [address, *replicas]
+        self.addresses = [str(server) for server in servers]
+        """Every server of the model, the primary (``address``) first."""
+        self._urls = [f"ws://{server.host}:{server.port}" for server in servers]
+        self._replicas = ReplicaSet(self.addresses)
         if spec is not None and not isinstance(spec, ModelSpec):
             raise TypeError(
                 f"{type(self).__name__}: spec must be a rlmesh.adapters.ModelSpec, got {spec!r}"
@@ -112,12 +144,16 @@ class SocketModel(Model):
         self._runtime_lock = threading.Lock()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.address!r})"
+        if len(self.addresses) == 1:
+            return f"{type(self).__name__}({self.address!r})"
+        return f"{type(self).__name__}({self.address!r}, replicas={self.addresses[1:]!r})"
 
     def __getstate__(self) -> dict[str, Any]:
-        # Connections and their thread do not travel: a copy (a cluster's worker) dials anew.
+        # Connections and their thread do not travel: a copy (a cluster's worker) dials anew,
+        # every replica alive.
         state = self.__dict__.copy()
         state["_runtime"] = None
+        state["_replicas"] = ReplicaSet(self.addresses)
         state.pop("_runtime_lock")
         return state
 
@@ -128,42 +164,71 @@ class SocketModel(Model):
     def on_episode_end(self, episode_id: int) -> None:
         """End the episode on its connection, without waiting: close the connection or tell
         the server, as the protocol has it."""
+        replica = self._replicas.end(episode_id)
         runtime = self._runtime
-        if runtime is not None:
-            runtime.post(runtime.pool.end_episode(episode_id))
+        if runtime is not None and replica is not None:
+            runtime.post(runtime.pools[replica].end_episode(episode_id))
 
     def connect(self) -> dict[str, Any]:
-        """Open one connection now (rather than at the first prediction) and return the
-        server's handshake: a check that the server answers and takes the key."""
+        """Open one connection to each server now (rather than at the first prediction) and
+        return the first one's handshake: a check that the servers answer and take the key.
+
+        Raises:
+            RemoteError: a server refused the connection or failed; with replicas, one that
+                cannot be reached is lost, and every one lost fails it, naming each.
+        """
         runtime = self._running()
-        return runtime.call(runtime.pool.warm_up(), 2 * self.timeout_s + CLOSE_WAIT_S)
+        bound = 2 * self.timeout_s + CLOSE_WAIT_S
+        infos = self._replicas.each(
+            lambda replica: runtime.call(runtime.pools[replica].warm_up(), bound)
+        )
+        return next(iter(infos.values()))
 
     def close(self) -> None:
         """Close every connection and end the model's thread; a later prediction opens new
-        ones. Closing again does nothing."""
+        ones (to every replica, those lost included). Closing again does nothing."""
         with self._runtime_lock:
             runtime, self._runtime = self._runtime, None
         if runtime is not None:
             runtime.stop()
+        self._replicas.reset()
 
     # ------------------------------------------------------------------ for the protocols
 
-    def _new_pool(self) -> SlotPool:
+    def _new_pool(self, replica: int) -> SlotPool:
+        """The pool of server ``replica`` (``addresses[replica]``, ``_urls[replica]``)."""
         raise NotImplementedError
 
     def _running(self) -> Runtime:
         with self._runtime_lock:
             if self._runtime is None:
-                self._runtime = Runtime(self._new_pool())
+                self._runtime = Runtime(
+                    [self._new_pool(replica) for replica in range(len(self.addresses))]
+                )
             return self._runtime
 
-    def _ask(self, rows: int, asking: Any) -> list[Any]:
-        """``asking(pool)``'s answers, run on the model's loop. Every wait inside is bounded;
-        this one, covering a dial, a handshake and one answer per row at worst, only ends a
-        call whose loop is stuck."""
+    def _ask(
+        self,
+        episodes: list[Any] | None,
+        rows: int,
+        asking: Asking,
+        keep: Callable[[int], Any] | None = None,
+    ) -> list[Any]:
+        """The answers of a call of ``rows`` rows (of ``episodes``, or of none), each replica's
+        part asked by ``asking`` on its pool, the parts at once, on the model's loop; a lost
+        replica's part asked again of the others (``ReplicaSet.ask``; ``keep(row)``: what a
+        row's request is kept as for a replay). Every wait inside is bounded; this one,
+        covering a dial, a handshake and one answer per message at worst, only ends a call
+        whose loop is stuck."""
         runtime = self._running()
-        bound = self.timeout_s * (3 + rows) + CLOSE_WAIT_S
-        return runtime.call(asking(runtime.pool), bound)
+
+        def send(groups: Groups, replays: dict[int, list[Any]]) -> dict[int, Any]:
+            messages = rows + sum(len(each) for each in replays.values())
+            bound = self.timeout_s * (3 + messages) + CLOSE_WAIT_S
+            return runtime.call(_parts(runtime.pools, groups, replays, asking), bound)
+
+        keys = episodes if episodes is not None else [None] * rows
+        return self._replicas.ask(keys, send, keep)
 
     def _keep_info(self, info: Any) -> None:
         if self._info is None:
@@ -206,15 +271,30 @@ class SocketModel(Model):
             ) from None
 
 
-class Runtime:
-    """The model's event loop, on a daemon thread of its own, and the connections on it."""
+async def _parts(
+    pools: list[SlotPool], groups: Groups, replays: dict[int, list[Any]], asking: Asking
+) -> dict[int, Any]:
+    """Each replica's part of a call, at once: its rows' answers, or what ended it (a lost
+    replica does not cancel the others, whose connections hold their episodes)."""
+    parts = [
+        asking(pools[replica], rows, [replays.get(row, []) for row in rows])
+        for replica, rows in groups.items()
+    ]
+    outcomes = await asyncio.gather(*parts, return_exceptions=True)
+    return dict(zip(groups, outcomes, strict=True))
 
-    def __init__(self, pool: SlotPool) -> None:
-        self.pool = pool
+
+class Runtime:
+    """The model's event loop, on a daemon thread of its own, and the connections on it: one
+    pool per server."""
+
+    def __init__(self, pools: list[SlotPool]) -> None:
+        self.pools = pools
         self.loop = asyncio.new_event_loop()
+        self._where = ", ".join(pool.address for pool in pools)
         self._thread = threading.Thread(
             target=self.loop.run_forever,
-            name=f"rlmesh-{pool.protocol} {pool.address}",
+            name=f"rlmesh-{pools[0].protocol} {self._where}",
             daemon=True,
         )
         self._thread.start()
@@ -226,9 +306,9 @@ class Runtime:
             return future.result(bound)
         except concurrent.futures.TimeoutError:
             raise RemoteError(
-                f"the {self.pool.protocol} server at {self.pool.address} did not answer "
+                f"the {self.pools[0].protocol} server at {self._where} did not answer "
                 f"within {bound:g} s",
-                address=self.pool.address,
+                address=self._where,
             ) from None
         finally:
             future.cancel()  # an interrupted or timed-out call stops using its connections
@@ -264,7 +344,7 @@ class Runtime:
         posted = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
         if posted:
             await asyncio.wait(posted, timeout=CLOSE_WAIT_S)
-        await self.pool.close()
+        await asyncio.gather(*(pool.close() for pool in self.pools), return_exceptions=True)
 
 
 class Slot:
@@ -342,7 +422,7 @@ class SlotPool:
         try:
             return await asyncio.wait_for(connection.recv(), self._timeout_s)
         except asyncio.TimeoutError:
-            raise RemoteError(
+            raise ReplicaLostError(
                 f"the {self.protocol} server at {self.address} sent no {what} within "
                 f"{self._timeout_s:g} s (timeout_s)",
                 address=self.address,
@@ -353,13 +433,14 @@ class SlotPool:
     def closed_error(self, exc: websockets.ConnectionClosed) -> RemoteError:
         received = exc.rcvd
         if received is None:
-            return RemoteError(
+            return ReplicaLostError(
                 f"the {self.protocol} server at {self.address} dropped the connection",
                 address=self.address,
             )
         reason = f": {received.reason}" if received.reason else ""
         what = "failed" if received.code == INTERNAL_ERROR else "closed the connection"
-        return RemoteError(
+        kind = ReplicaLostError if received.code in LOST_CLOSE_CODES else RemoteError
+        return kind(
             f"the {self.protocol} server at {self.address} {what} (close code "
             f"{received.code}{reason})",
             address=self.address,
@@ -411,7 +492,8 @@ class SlotPool:
         except websockets.InvalidStatus as exc:
             response = exc.response
             body = response.body.decode("utf-8", "replace").strip() if response.body else ""
-            raise RemoteError(
+            kind = ReplicaLostError if response.status_code in LOST_HTTP_STATUSES else RemoteError
+            raise kind(
                 f"the {self.protocol} server at {self.address} refused the connection with "
                 f"HTTP {response.status_code}{': ' + body if body else ''}"
                 f"{' (is the api_key right?)' if response.status_code in (401, 403) else ''}",
@@ -419,7 +501,7 @@ class SlotPool:
                 code=str(response.status_code),
             ) from None
         except (OSError, TimeoutError, websockets.InvalidHandshake) as exc:
-            raise RemoteError(
+            raise ReplicaLostError(
                 f"could not reach the {self.protocol} server at {self.address}: "
                 f"{type(exc).__name__}: {exc}",
                 address=self.address,
@@ -447,6 +529,7 @@ __all__ = [
     "DEFAULT_TIMEOUT_S",
     "NO_PROXY",
     "OBSERVATION_KEY",
+    "Asking",
     "Runtime",
     "Slot",
     "SlotPool",
@@ -454,4 +537,6 @@ __all__ = [
     "all_done",
     "episode_ids",
     "lanes",
+    "owned",
+    "rows_of",
 ]
