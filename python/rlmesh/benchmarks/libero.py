@@ -636,14 +636,14 @@ class LiberoEnv(gym.Env[dict[str, Any], np.ndarray]):
             return
         blank = np.zeros((self.image_size, self.image_size, 3), np.uint8)
         sensors = {name: observables[name]._sensor for name in names}
-        for name, sensor in sensors.items():
-
-            def idle(obs_cache: Any) -> np.ndarray:
-                return blank
-
-            idle.__modality__ = sensor.__modality__  # type: ignore[attr-defined]
-            sim.env.modify_observable(name, "sensor", idle)
         try:
+            for name, sensor in sensors.items():
+
+                def idle(obs_cache: Any) -> np.ndarray:
+                    return blank
+
+                idle.__modality__ = sensor.__modality__  # type: ignore[attr-defined]
+                sim.env.modify_observable(name, "sensor", idle)
             yield
         finally:
             for name, sensor in sensors.items():

@@ -162,9 +162,8 @@ def ready_made_spec(suite: str | None, policy: str) -> Any:
     if facts is None or os.path.exists(suite):
         return None
     first = policy.split(",", 1)[0].strip()  # replicas share one protocol
-    protocol = (
-        "openpi" if is_openpi_address(first) else "vla-eval" if is_vlaeval_address(first) else None
-    )
+    # served_specs are keyed by the protocol's own name.
+    protocol = {"openpi": "openpi", "vlaeval": "vla-eval"}.get(_protocol(first)[0])
     factory = facts.served_specs.get(protocol) if protocol else None
     return None if factory is None else factory()
 
