@@ -23,7 +23,7 @@ from helpers import CORES, comparable
 from rlmesh import adapters
 from rlmesh.errors import SpecError
 
-pytest.importorskip("gym_aloha")
+pytest.importorskip("gym_aloha", reason="the aloha extra (gym-aloha) is not installed")
 
 from rlmesh.benchmarks import aloha
 

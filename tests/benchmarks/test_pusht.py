@@ -17,7 +17,7 @@ from helpers import CORES, comparable
 from rlmesh import adapters
 from rlmesh.errors import SpecError
 
-pytest.importorskip("gym_pusht")
+pytest.importorskip("gym_pusht", reason="the pusht extra (gym-pusht) is not installed")
 
 from rlmesh.benchmarks import pusht
 

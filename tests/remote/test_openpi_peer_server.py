@@ -30,7 +30,7 @@ import rlmesh
 from helpers import CORES, comparable
 from servers import OPENPI_CLIENT_REQUIREMENTS, cached_venv, served
 
-pytest.importorskip("websockets")
+pytest.importorskip("websockets", reason="the openpi extra (websockets) is not installed")
 from rlmesh.errors import RemoteError
 from rlmesh.remote.openpi.client import OBSERVATION_KEY, OpenPIModel
 from rlmesh.remote.openpi.codec import packb, unpackb

@@ -29,7 +29,7 @@ from rlmesh.policies import load_object
 from rlmesh.remote.replicas import ReplicaLostError
 from servers import read_address, rlmesh_cli, stop
 
-pytest.importorskip("websockets")
+pytest.importorskip("websockets", reason="the openpi extra (websockets) is not installed")
 from rlmesh.remote.openpi.client import OpenPIModel
 from rlmesh.remote.vlaeval.client import VlaEvalModel
 

@@ -164,7 +164,9 @@ def test_every_row_filter_decodes_as_pillow_decodes_it(channels):
 
 
 def test_pillows_own_pngs_decode_without_pillow():
-    image_module = pytest.importorskip("PIL.Image")
+    image_module = pytest.importorskip(
+        "PIL.Image", reason="Pillow (the test extra) is not installed"
+    )
     rng = np.random.default_rng(3)
     smooth = np.kron(rng.integers(0, 256, (12, 12, 3)), np.ones((8, 8, 1)))
     image = np.clip(smooth + rng.normal(0, 8, smooth.shape), 0, 255).astype(np.uint8)

@@ -71,7 +71,7 @@ def test_the_cpu_model_is_the_one_proc_cpuinfo_names():
 
 
 def test_the_simulator_distribution_s_packages_are_recorded():
-    pytest.importorskip("gym_pusht")
+    pytest.importorskip("gym_pusht", reason="the pusht extra (gym-pusht) is not installed")
     packages = env_packages("rlmesh.benchmarks:rlmesh/PushT-v0")
     assert packages["gym-pusht"] == importlib.metadata.version("gym-pusht")
     assert packages["pymunk"] == importlib.metadata.version("pymunk")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("grpc")
+pytest.importorskip("grpc", reason="the remote extra (grpcio) is not installed")
 
 # Built once and reused by every later run, as tests/servers.py keeps the peers' venvs.
 VENVS = Path(

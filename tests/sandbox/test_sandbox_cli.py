@@ -86,7 +86,9 @@ def test_sandbox_with_env_kwargs_plays_the_local_runs_episodes():
 
 @needs_bwrap
 def test_a_sandboxed_built_in_suite_brings_its_own_packages():
-    pytest.importorskip("gym_pusht")  # the local run compared with
+    pytest.importorskip(
+        "gym_pusht", reason="the pusht extra (gym-pusht) is not installed"
+    )  # the local run compared with
     from rlmesh import benchmarks
 
     tasks = benchmarks.suite("pusht", episodes=2, max_episode_steps=15)

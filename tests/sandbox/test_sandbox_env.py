@@ -70,7 +70,9 @@ def test_an_envs_keyword_arguments_reach_it_in_the_sandbox():
 
 
 def test_a_built_in_benchmark_env_runs_from_its_own_packages():
-    pytest.importorskip("gym_pusht")  # the local run this one is compared with
+    pytest.importorskip(
+        "gym_pusht", reason="the pusht extra (gym-pusht) is not installed"
+    )  # the local run this one is compared with
     from rlmesh import benchmarks
     from rlmesh.sandbox import extra_requirements
 
