@@ -82,6 +82,7 @@ from test_bench_driver import (
     run_sixteen_lanes,
     sync_vector_loop,
 )
+from test_bench_ensembles import EnsembleStep
 from test_bench_ledger import EPISODE_STEPS, LANE_COUNTS, LedgerStepLoop
 from test_bench_process_lanes import (
     CARTPOLE_LANES,
@@ -390,6 +391,11 @@ def core_rows(settings: Settings) -> list[Row]:
     row(
         "chunk split + queue, N=256 H=8",
         {"python": ChunkRound(python).round, "rust": ChunkRound(rust).round},
+        5.0,
+    )
+    row(
+        "temporal ensemble step, N=16 H=50 A=14",
+        {"python": EnsembleStep(python).step, "rust": EnsembleStep(rust).step},
         5.0,
     )
     return rows

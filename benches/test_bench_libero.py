@@ -23,6 +23,8 @@ each reset once, before its samples are taken).
   starts the next episode on a lane as soon as its episode ends, and a lane with no episode
   left costs nothing; a batch waits for its longest episode. Here rlmesh also runs with
   ``pipeline=True`` (each worker's group steps on its own).
+- rlmesh with one worker process per lane (``workers=8``) against the same vector loop: like
+  for like, since the vector runs one process per env.
 - One lane: ``rlmesh.run`` against the raw loop on the same env: rlmesh's own cost per step.
 - The time split of one step (physics, rendering, robosuite's and LIBERO's Python, the env
   wrapper) and of a reset (the build, the first reset, later resets with their 10 settle
@@ -35,13 +37,13 @@ one process per lane, needs about 15 GB. ``LiberoLab.only`` keeps one group of s
 time (waiting for the memory when other processes hold it).
 
 Run: ``python benches/test_bench_libero.py [--quick] [--json out.json]`` for every row: each
-repeat builds each group of sides anew (workers=2 and the ceiling; the vector; this process's
-lanes) and takes one sample of each of its sides, and each figure is the median of its
-samples (about an hour and a half on 2 vCPUs; ``--quick`` runs the smoke sizes). ``pytest
-benches/test_bench_libero.py --benchmark-enable`` times each side once at full size; without
-``--benchmark-enable`` (the default) each runs once on 2 lanes with a 3-step cap, as a smoke
-test (8 envs built in all, one side's at a time), and the file skips when LIBERO is not
-installed or its simulator cannot be built with the installed mujoco.
+repeat builds each group of sides anew (workers=2 and the ceiling; the vector; a worker a
+lane; this process's lanes) and takes one sample of each of its sides, and each figure is the
+median of its samples (about an hour and a half on 2 vCPUs; ``--quick`` runs the smoke
+sizes). ``pytest benches/test_bench_libero.py --benchmark-enable`` times each side once at
+full size; without ``--benchmark-enable`` (the default) each runs once on 2 lanes with a 3-step
+cap, as a smoke test (10 envs built in all, one side's at a time), and the file skips when
+LIBERO is not installed or its simulator cannot be built with the installed mujoco.
 """
 
 from __future__ import annotations
@@ -241,6 +243,8 @@ WORKERS, IN_PROCESS, VECTOR, CEILING = (
     "ceiling",
 )
 PIPELINED = "rlmesh workers=2 pipeline"  # on the workers' envs
+# One worker process per lane, as the vector has one process per env: like for like with it.
+PER_LANE = "rlmesh workers=lanes"
 KINDS = ("even", "uneven")
 FIRST_ENV_GB, MORE_ENV_GB = 1.8, 0.8  # a process's first LIBERO env, and each one more
 MEMORY_MARGIN_GB, MEMORY_WAIT_S = 1.5, 1200.0
@@ -249,7 +253,7 @@ MEMORY_MARGIN_GB, MEMORY_WAIT_S = 1.5, 1200.0
 def memory_gb(side: str, lanes: int) -> float:
     """About the memory ``side``'s envs of ``lanes`` lanes take (measured: the anonymous RSS
     of a process after the reset of its first env, then of each one more)."""
-    processes = {IN_PROCESS: 1, WORKERS: 2, VECTOR: lanes, CEILING: 2}[side]
+    processes = {IN_PROCESS: 1, WORKERS: 2, PER_LANE: lanes, VECTOR: lanes, CEILING: 2}[side]
     envs = 2 if side == CEILING else lanes
     return processes * FIRST_ENV_GB + (envs - processes) * MORE_ENV_GB
 
@@ -313,8 +317,9 @@ class LiberoLab:
             built = KeptInProcessLanes(self.envs)
             warm(built)
             return built
-        if side == WORKERS:
-            built = KeptProcessLanes(self.factory, num_envs=lanes, workers=2)
+        if side in (WORKERS, PER_LANE):
+            workers = 2 if side == WORKERS else lanes
+            built = KeptProcessLanes(self.factory, num_envs=lanes, workers=workers)
             stack.callback(built.shutdown)
             warm(built)
             return built
@@ -460,6 +465,10 @@ def test_libero_worker_lanes_pipelined(benchmark, lab):
     assert _measure(benchmark, lab, PIPELINED, "uneven").surplus_steps == 0
 
 
+def test_libero_one_worker_per_lane(benchmark, lab):
+    assert _measure(benchmark, lab, PER_LANE, "even").surplus_steps == 0
+
+
 @pytest.mark.parametrize("kind", ["even", "uneven"])
 def test_libero_async_vector_loop(benchmark, lab, kind):
     assert _measure(benchmark, lab, VECTOR, kind).surplus_steps >= 0
@@ -479,6 +488,7 @@ GROUPS = {
     "workers": ((WORKERS, CEILING), ((WORKERS, "even"), (CEILING, "even"), (WORKERS, "uneven"),
                                      (PIPELINED, "uneven"), (CEILING, "uneven"))),
     "vector": ((VECTOR,), ((VECTOR, "even"), (VECTOR, "uneven"))),
+    "per-lane": ((PER_LANE,), ((PER_LANE, "even"), (PER_LANE, "uneven"))),
     "in-process": ((IN_PROCESS,), ((IN_PROCESS, "even"),)),
 }  # fmt: skip
 
@@ -510,6 +520,12 @@ def lane_rows(samples: dict[tuple[str, str], list[Sample]], settings: Settings) 
         )
         ours, ceiling = rate.get((WORKERS, kind)), rate.get((CEILING, kind))
         lengths = "every side's episode lengths as drawn" if same else "episode lengths DIFFER"
+        if (PER_LANE, kind) in rate and (VECTOR, kind) in rate:
+            rows.append(Row(section, f"{kind}: workers={settings.lanes} (a process a lane) vs "
+                            f"LeRobot's AsyncVectorEnv batches", VECTOR, rate[(VECTOR, kind)],
+                            PER_LANE, rate[(PER_LANE, kind)], target=1.0,
+                            note=f"{spread((PER_LANE, kind), (VECTOR, kind))}; like for like: "
+                            f"both run one process per lane"))  # fmt: skip
         if ours is None:
             continue
         if ceiling is not None:

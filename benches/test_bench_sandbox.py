@@ -10,6 +10,14 @@
   it: about 10 to 25 ms a run. ``extra_info``: the served
   side's median and ``ratio`` = served median / sandboxed median (the sandboxed side's
   throughput as a fraction of the served one's). Target: ratio >= 0.9.
+- Stepping alone: the same CartPole at 16 lanes, ``STEPPING_EPISODES`` episodes (several
+  seconds a run), each side's server started once before the rounds and kept: a
+  ``SandboxEnv`` (sandboxed) and a ``RemoteEnv`` of ``rlmesh serve env`` on this interpreter
+  over a unix socket (served), each run on its open session, whose close the run skips. So a
+  round times the episodes' resets and steps only, no start or stop; the sides alternate,
+  served first, within each round. ``extra_info``: the served median, ``ratio`` as above,
+  and ``lane_steps``. This separates the per-step cost (this row) from the per-run cost
+  (start, first session, stop: the rows above less this one's share). Target: ratio >= 0.9.
 - Start-up: a ``SandboxEnv`` whose environment is cached (its server started, health-checked
   and its session open: the rounds), against the first build of that environment in an empty
   cache (timed once, in ``extra_info["first_build_s"]``; ``uv``'s own download cache is warm
@@ -99,6 +107,63 @@ def test_cartpole_sixteen_lanes(benchmark, sandbox):
     benchmark.group = "CartPole 16 lanes: SandboxEnv (served: extra_info)"
     result = _bench_against_served(benchmark, REMOTE_LANES, sandbox, run_lanes)
     assert result.num_episodes == REMOTE_EPISODES
+
+
+STEPPING_EPISODES = 320  # 16 lanes: up to 160,000 lane-steps, about 5 s a run
+STEPPING_ROUNDS = 5
+
+
+class KeptOpen:
+    """Lanes whose ``close`` leaves them open: a run on them ends without stopping the
+    server, so the next round steps the same server and session (read through otherwise)."""
+
+    def __init__(self, lanes):
+        self._lanes = lanes
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["_lanes"], name)
+
+    def close(self):
+        pass
+
+
+def run_stepping(lanes):
+    import rlmesh
+
+    return rlmesh.run(batched_model(), KeptOpen(lanes), episodes=STEPPING_EPISODES)
+
+
+def test_cartpole_sixteen_lanes_stepping_alone(benchmark):
+    from rlmesh.lanes.remote import RemoteEnv
+
+    benchmark.group = "CartPole 16 lanes, stepping alone: SandboxEnv (served: extra_info)"
+    served_s: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="rlmesh-bench-") as directory:
+        argv = [sys.executable, "-m", "rlmesh", "serve", "env", "CartPole-v1"]
+        argv += ["--num-envs", str(REMOTE_LANES), "--address", f"unix://{directory}/env.sock"]
+        with served(argv) as address:
+            remote = RemoteEnv(address)
+            sandboxed = SandboxEnv("CartPole-v1", num_envs=REMOTE_LANES)
+            try:
+                run_stepping(remote)  # both sides' first run (warm-up), not timed
+                run_stepping(sandboxed)
+
+                def setup():
+                    started = time.perf_counter()
+                    run_stepping(remote)
+                    served_s.append(time.perf_counter() - started)
+                    return (sandboxed,), {}
+
+                result = benchmark.pedantic(run_stepping, setup=setup, rounds=STEPPING_ROUNDS)
+            finally:
+                sandboxed.close()
+                remote.close()
+    assert result.num_episodes == STEPPING_EPISODES
+    benchmark.extra_info["lane_steps"] = result.total_steps
+    if benchmark.stats is not None:  # measured (--benchmark-enable)
+        served_median = statistics.median(served_s)
+        benchmark.extra_info["served_median_s"] = round(served_median, 4)
+        benchmark.extra_info["ratio"] = round(served_median / benchmark.stats.stats.median, 3)
 
 
 def start_and_close(**options):

@@ -20,9 +20,15 @@ one run (its lanes are built, reset and drawn once before: pygame makes an env's
 surfaces at its first ``render()``), and the frames waiting to be encoded (at most one a
 lane).
 
+Following a results file (``rlmesh watch FILE``): a file of 5,000 episodes another writer
+appends to, one episode at a time; one follower poll after each (``ResultsFollower.poll``,
+which reads what the file gained: ``read_appended``) against parsing the whole file
+(``parse_file``, what each poll read before: the lower bound of such a poll), in seconds.
+
 Run: ``pytest benches/test_bench_view.py --benchmark-enable`` (pytest-benchmark's medians per
 side and core), or ``python benches/test_bench_view.py [PAIRS]`` for the side-by-side medians
-and their ratios on each core (default 7 rounds of the three sides).
+and their ratios on each core (default 7 rounds of the three sides), ``python
+benches/test_bench_view.py watch [ROUNDS]`` for the follower's (default 50 polls a side).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import os
 import socket
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -44,7 +51,9 @@ import rlmesh
 from cartpole import ENV_ID, policy
 from rlmesh.core import CORE_NAMES
 from rlmesh.lanes import make_lanes
-from rlmesh.view import LiveView
+from rlmesh.results import EpisodeResult, ResultsFile
+from rlmesh.results.reader import parse_file
+from rlmesh.view import LiveState, LiveView, ResultsFollower
 
 LANES = 8
 EPISODES = 256  # 128,000 lane-steps a run: seconds, so the view takes and serves its frames
@@ -211,7 +220,106 @@ def side_by_side(rounds: int, episodes: int = EPISODES) -> dict[str, Any]:
     return figures
 
 
+# ---------------------------------------------------------------- following a results file
+
+WATCHED_EPISODES = 5_000
+SMOKE_WATCHED_EPISODES = 200
+READS = ("read_appended", "parse_file")
+
+
+def _episode(index: int) -> EpisodeResult:
+    steps = 100 + index % 400
+    won = index % 3 == 0
+    return EpisodeResult(index, 1000 + index, index % 8, 0, steps, steps - 0.5, won, not won, won,
+                         steps * 0.004, 0.31, 0.17)  # fmt: skip
+
+
+class GrowingFile:
+    """A results file of ``episodes`` episodes, its writer kept open to append one more
+    (``append``), and a follower that has read it all."""
+
+    def __init__(self, folder: str, episodes: int) -> None:
+        self.path = os.path.join(folder, "r.jsonl")
+        header = {"env": "CartPole-v1", "episodes": 10 * episodes, "seed": 0}
+        self.out = ResultsFile.open(self.path, header, resume=False)
+        for index in range(episodes):
+            self.out.append(_episode(index))
+        self.next = episodes
+        self.follower = ResultsFollower(self.path, LiveState())
+        assert self.follower.poll() == episodes
+        # The first read of the whole file may hold the next back (PARSE_SHARE): wait it out.
+        self.append()
+        deadline = time.monotonic() + 30
+        while self.follower.poll() != 1:
+            assert time.monotonic() < deadline, "the follower read nothing new"
+            time.sleep(0.01)
+
+    def append(self) -> None:
+        self.out.append(_episode(self.next))
+        self.next += 1
+
+    def close(self) -> None:
+        self.out.close()
+
+
+def read_after_one_episode(growing: GrowingFile, read: str) -> int:
+    """What one side does once the file gained an episode: the episodes it then holds."""
+    if read == "read_appended":
+        return growing.follower.poll()
+    return len(parse_file(growing.path).episodes)
+
+
+@pytest.mark.parametrize("read", READS)
+def test_watch_poll_after_one_episode(benchmark, tmp_path, read):
+    episodes = SMOKE_WATCHED_EPISODES if benchmark.disabled else WATCHED_EPISODES
+    benchmark.group = f"watch: a poll after one appended episode, {episodes:,} episodes"
+    growing = GrowingFile(str(tmp_path), episodes)
+    try:
+        counts = []
+        benchmark.pedantic(
+            lambda: counts.append(read_after_one_episode(growing, read)),
+            setup=growing.append,
+            rounds=50,
+        )
+        if read == "read_appended":  # each poll read the one new episode
+            assert counts == [1] * len(counts)
+            assert growing.follower.state.snapshot()["done"] == growing.next
+        else:  # each parse the whole file
+            assert counts == list(range(growing.next - len(counts) + 1, growing.next + 1))
+    finally:
+        growing.close()
+
+
+def watch_side_by_side(rounds: int, episodes: int = WATCHED_EPISODES) -> dict[str, Any]:
+    """``rounds`` reads of each side after one appended episode, interleaved: medians in
+    seconds and the ratio."""
+    times: dict[str, list[float]] = {read: [] for read in READS}
+    with tempfile.TemporaryDirectory() as folder:
+        growing = GrowingFile(folder, episodes)
+        try:
+            for turn in range(rounds):
+                for read in READS[turn % 2 :] + READS[: turn % 2]:
+                    growing.append()
+                    if read == "parse_file":  # the follower reads that episode untimed
+                        growing.follower.poll()
+                    started = time.perf_counter()
+                    read_after_one_episode(growing, read)
+                    times[read].append(time.perf_counter() - started)
+        finally:
+            growing.close()
+    row: dict[str, Any] = {f"{read}_median_s": statistics.median(times[read]) for read in READS}
+    row["parse_file_over_read_appended"] = (
+        row["parse_file_median_s"] / row["read_appended_median_s"]
+    )
+    row["episodes"] = episodes
+    return row
+
+
 def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "watch":
+        row = watch_side_by_side(int(sys.argv[2]) if len(sys.argv) > 2 else 50)
+        print(json.dumps(row, indent=2))
+        return 0
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 7
     figures = side_by_side(rounds)
     print(json.dumps(figures, indent=2))

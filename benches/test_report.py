@@ -27,12 +27,12 @@ def test_quick_report_runs_and_writes_every_row(tmp_path, capsys):
     assert report.main(["--quick", "--json", str(out)]) == 0
     written = json.loads(out.read_text())
     rows = written["rows"]
-    # 10 core, 2 adapters, 5 end to end, 3 chunked, 8 process lanes (the same work over bare
-    # pipes, and it and Hopper's lanes in independent processes, among them), 2 group pipelining,
-    # 2 summary budget, 1 suite summary, 1 HTML report budget, 2 videos, 3 scale-out (Ray:
-    # the test extra), 2 served env, a served env in worker processes and the transport's
-    # echo, 1 served model
-    assert len(rows) == 44
+    # 11 core (the temporal ensemble's step among them), 2 adapters, 5 end to end, 3 chunked,
+    # 8 process lanes (the same work over bare pipes, and it and Hopper's lanes in independent
+    # processes, among them), 2 group pipelining, 2 summary budget, 1 suite summary, 1 HTML
+    # report budget, 2 videos, 3 scale-out (Ray: the test extra), 2 served env, a served env
+    # in worker processes and the transport's echo, 1 served model
+    assert len(rows) == 45
     assert any(row["workload"].startswith("the same work over bare pipes") for row in rows)
     ceilings = [row for row in rows if row["workload"].startswith("the machine's ceiling")]
     assert len(ceilings) == 2

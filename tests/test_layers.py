@@ -40,8 +40,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # Results: records, the file, success rules, provenance; statistics over them; reports.
     ("rlmesh.results", "rlmesh.success", "rlmesh.provenance", "rlmesh.stats"),
     ("rlmesh.report",),
-    # The run's parts: telemetry, hooks, the model and its handler.
-    ("rlmesh.telemetry", "rlmesh.hooks", "rlmesh.model"),
+    # The run's parts: telemetry, hooks, the model and its handler, and the framework models
+    # (rlmesh.torch, rlmesh.jax: the model's tensor bridges).
+    ("rlmesh.telemetry", "rlmesh.hooks", "rlmesh.model", "rlmesh.torch", "rlmesh.jax"),
     # The wire's shared parts: codec, protocol, connections, hosting.
     ("rlmesh.remote",),
     # What holds envs.

@@ -26,7 +26,7 @@ from .errors import (
     StatefulModelError,
 )
 from .hooks import RunHooks, RuntimeHooks, StepEvent
-from .model import Model
+from .model import Model, TemporalEnsemble
 from .results import (
     EpisodeResult,
     ResultsFile,
@@ -79,6 +79,7 @@ __all__ = [
     "SuiteResult",
     "Task",
     "TelemetryRow",
+    "TemporalEnsemble",
     "Text",
     "__version__",
     "ab",

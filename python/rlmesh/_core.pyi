@@ -108,6 +108,19 @@ class ChunkQueues:
     def lanes_needing_predict(self, lanes: npt.ArrayLike | None = None) -> Int64Array: ...
     def queued(self, lanes: npt.ArrayLike | None = None) -> Int64Array: ...
 
+class TemporalEnsembles:
+    """Per-lane, per-episode buffers of predicted chunks, each step's action their
+    ``exp(-m * i)``-weighted average (``i = 0`` the oldest). See
+    ``rlmesh/_pycore/ensembles.py`` for every rule; both cores agree to the bit."""
+
+    def __init__(self, num_lanes: int, m: float) -> None: ...
+    @property
+    def m(self) -> float: ...
+    def push(self, lanes: npt.ArrayLike, episode_ids: npt.ArrayLike, chunks: Any) -> None: ...
+    def pop(self, lanes: npt.ArrayLike, episode_ids: npt.ArrayLike) -> Any: ...
+    def drop(self, episode_id: int) -> int: ...
+    def held(self, lanes: npt.ArrayLike | None = None) -> Int64Array: ...
+
 class ActionApplier:
     """Checks the model's batched action and converts it into the action space.
 
@@ -152,9 +165,9 @@ class RoundRunner:
 
     It builds and owns the run's ledger (internal: slots, seeds, ids, each lane's steps and
     clock), ``ObservationAssembler``, ``ActionApplier`` and (with an ``execution_horizon``)
-    ``ChunkQueues``. Each lane's step count and clock live
-    in its ledger: from ``start`` (just before the reset) to the return of the episode's last
-    step; ``duration_s`` and ``max_episode_seconds`` both read it. See
+    ``ChunkQueues`` or (with an ``ensemble`` rate) ``TemporalEnsembles``. Each lane's step
+    count and clock live in its ledger: from ``start`` (just before the reset) to the return
+    of the episode's last step; ``duration_s`` and ``max_episode_seconds`` both read it. See
     ``rlmesh/_pycore/rounds.py`` for the full contract.
     """
 
@@ -166,6 +179,7 @@ class RoundRunner:
         action_plan: Sequence[Any],
         *,
         execution_horizon: int | None = None,
+        ensemble: float | None = None,
         seeds: Sequence[int] | None = None,
         base_seed: int | None = 0,
         trial_index_base: int | None = 0,

@@ -3,17 +3,28 @@
 Both policies play the same episode indices with the same base seed (episode k is seeded by
 its index, so A's episode k and B's are the same episode), in interleaved blocks: A plays
 indices ``n..n+block-1``, then B plays them, and the anytime-valid paired test
-(``rlmesh.stats.sequential.paired_test``) is computed afresh on the pairs ``0..n+block-1``. The
+(``rlmesh.stats.sequential.paired_test``) is computed afresh on every pair so far. The
 comparison stops at the first block after which the test's p-value is at most ``alpha``, or
 at the cap. Because the test is an e-process, looking after every block keeps the chance of
 deciding between two equal policies at or below ``alpha``.
 
+On a suite (``tasks=``), a block holds the same indices ``n..n+block-1`` of every task (each
+task's seeds are its own, as in ``rlmesh.run_suite``), and the test runs on the pairs of all
+tasks pooled into one sequence, in an order fixed before any episode is played: block by
+block, within a block task by task in suite order, within a task by index. Each pooled
+observation is a paired difference bounded in [-1, 1], so the e-process keeps its guarantee:
+if, pair by pair, A's and B's outcomes have the same mean, the comparison decides with
+probability at most ``alpha``. A decision is about the pooled mean difference, in which every
+task weighs the same while each has indices left under its cap (``min(episodes, its own
+episodes)``); a task at its cap drops out of the later blocks.
+
 What is compared: success (0/1) when both runs judge success (a success rule or an env that
-reports it), else the return rescaled from the declared ``reward_bounds=(lo, hi)``.
+reports it), else the return rescaled from the declared ``reward_bounds=(lo, hi)`` (on a
+suite, bounds that hold every task's return).
 
 Each policy's episodes go to its own ordinary results file (``a.jsonl``, ``b.jsonl`` in
-``out_dir``), grown block by block as one run resumed with ``indices=``; ``rlmesh compare``
-reads the two.
+``out_dir``; a suite's results file on a suite), grown block by block as one run resumed with
+``indices=``; ``rlmesh compare`` reads the two.
 
 Example:
     >>> import rlmesh
@@ -28,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import math
 import tempfile
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -35,8 +47,9 @@ from typing import Any
 import numpy as np
 
 from .api import run
-from .results import RunResult
+from .results import EpisodeResult, RunResult
 from .stats.sequential import check_alpha, paired_test, rescale
+from .suites import SuiteResult, Task, checked_suite, run_suite
 
 MEASURES = ("success", "reward")
 FILE_NAMES = ("a.jsonl", "b.jsonl")
@@ -44,20 +57,27 @@ DEFAULT_BLOCK = 10
 # run() arguments ab() sets itself for each block: passing them would break the pairing.
 OWN_ARGUMENTS = ("indices", "results_path", "resume", "until", "episodes", "seeds")
 
+# One side's run: of one env, or of a suite's tasks.
+Run = RunResult | SuiteResult
+# Where a pair is: (task name, None outside a suite; episode index).
+Key = tuple[str | None, int]
+
 
 @dataclass(frozen=True)
 class ABResult:
     """What ``rlmesh.ab`` found.
 
     ``decision``: ``"A"`` or ``"B"`` (the better policy, at level ``alpha``), or None (the
-    cap came first). ``episodes``: the pairs played (each policy played indices
-    ``0..episodes-1``); ``decided_at``: the first pair count at which the p-value reached
-    ``alpha`` (at most ``episodes``; None without a decision). ``measure``: ``"success"`` or
-    ``"reward"``. ``difference``: mean A minus mean B over the pairs (a success rate's
-    difference, or the return's in its own units); ``lower`` / ``upper``: its anytime-valid
-    confidence sequence at ``1 - alpha``, after the last pair. ``p_value``: the anytime-valid
-    p-value of "no difference"; ``e_value``: the e-process's value. ``a`` / ``b``: the two
-    runs; ``paths``: their results files (None without ``out_dir``).
+    cap came first). ``episodes``: the pairs played (on one env, each policy played indices
+    ``0..episodes-1``; on a suite, the pairs of every task together); ``decided_at``: the
+    first pair count at which the p-value reached ``alpha`` (at most ``episodes``; None
+    without a decision). ``measure``: ``"success"`` or ``"reward"``. ``difference``: mean A
+    minus mean B over the pairs (a success rate's difference, or the return's in its own
+    units); ``lower`` / ``upper``: its anytime-valid confidence sequence at ``1 - alpha``,
+    after the last pair. ``p_value``: the anytime-valid p-value of "no difference";
+    ``e_value``: the e-process's value. ``cap``: the most pairs. ``a`` / ``b``: the two runs
+    (a ``SuiteResult`` each on a suite); ``paths``: their results files (None without
+    ``out_dir``); ``tasks``: the suite's tasks compared on, in order (None on one env).
     """
 
     decision: str | None
@@ -71,9 +91,10 @@ class ABResult:
     e_value: float
     alpha: float
     cap: int
-    a: RunResult
-    b: RunResult
+    a: Run
+    b: Run
     paths: tuple[Path, Path] | None = None
+    tasks: tuple[str, ...] | None = None
 
     def summary(self) -> dict[str, Any]:
         """The result as a JSON-ready dict (the runs' files, not their episodes).
@@ -95,6 +116,7 @@ class ABResult:
             "p_value": self.p_value,
             "e_value": self.e_value,
             "alpha": self.alpha,
+            "tasks": None if self.tasks is None else list(self.tasks),
             "a": {"mean": _mean(self.a, self.measure), "file": _path(self.paths, 0)},
             "b": {"mean": _mean(self.b, self.measure), "file": _path(self.paths, 1)},
         }
@@ -120,9 +142,13 @@ class ABResult:
         def number(value: float) -> str:
             return f"{value:+.1%}" if self.measure == "success" else f"{value:+.3f}"
 
-        lines = [
-            verdict,
-            f"pairs: {self.episodes} (cap {self.cap})",
+        lines = [verdict, f"pairs: {self.episodes} (cap {self.cap})"]
+        if self.tasks is not None:
+            lines.append(
+                f"tasks: {len(self.tasks)} ({', '.join(self.tasks)}), pooled: each block plays "
+                "the same indices of every task"
+            )
+        lines += [
             f"{self.measure} a-b: {number(self.difference)} "
             f"[{number(self.lower)}, {number(self.upper)}] "
             f"({1 - self.alpha:.0%} confidence sequence, valid at every n)",
@@ -137,15 +163,18 @@ class ABResult:
 def ab(
     model_a: Any,
     model_b: Any,
-    env: Any,
+    env: Any = None,
     *,
     episodes: int,
+    tasks: Any = None,
+    only: Sequence[str] | None = None,
     alpha: float = 0.05,
     block: int = DEFAULT_BLOCK,
     measure: str | None = None,
     reward_bounds: tuple[float, float] | None = None,
     out_dir: str | Path | None = None,
-    seed: int = 0,
+    resume: bool = False,
+    seed: int | None = None,
     run_info_a: dict[str, Any] | None = None,
     run_info_b: dict[str, Any] | None = None,
     **run_arguments: Any,
@@ -154,34 +183,53 @@ def ab(
 
     Args:
         model_a, model_b: the two policies (anything ``rlmesh.run`` takes as a model).
-        env: the env (anything ``rlmesh.run`` takes; a new env per block: an id or factory).
-        episodes: the cap: the most pairs played.
+        env: the env (anything ``rlmesh.run`` takes; a new env per block: an id or factory);
+            or None with ``tasks``.
+        episodes: the cap: the most pairs played; on a suite, the most indices of each task
+            (a task also stops at its own ``episodes``).
+        tasks: compare on a suite instead of one env: a list of ``rlmesh.Task`` or the path of
+            a suite's TOML file (``rlmesh.load_suite``; ``rlmesh.benchmarks.suite(NAME)``
+            gives a built-in one). Its pairs are pooled (the module docstring says how).
+        only: with ``tasks``, the names of the tasks to compare on (default all).
         alpha: the test's level: two equal policies are told apart with probability at most
             ``alpha``, however many blocks are looked at.
-        block: indices each policy plays between two looks at the test.
+        block: indices each policy plays (of every task, on a suite) between two looks.
         measure: ``"success"`` or ``"reward"``; default success when both runs judge it,
             else the return (which needs ``reward_bounds``).
         reward_bounds: ``(lo, hi)``, what an episode's return can be (CartPole-v1: (0, 500)).
         out_dir: the directory for ``a.jsonl`` and ``b.jsonl`` (new files); default a
             temporary one, removed after.
-        seed: the base seed both runs share.
+        resume: continue the comparison whose files ``out_dir`` holds (one that was
+            interrupted, or stopped at a smaller cap): the blocks are replayed in the same
+            order, each file's episodes read back instead of played again, and the test
+            goes on from where they end. Each file's header must match this comparison's.
+        seed: the base seed both runs share (default 0); not with ``tasks``, whose tasks
+            set their own.
         run_info_a, run_info_b: extra header fields for each file (e.g. the policy's name).
         **run_arguments: the rest of ``rlmesh.run``'s (``num_envs``, ``core``, ``success``,
-            ``max_episode_steps``, ...), given to both runs.
+            ``max_episode_steps``, ...), given to both runs (on a suite, not those its tasks
+            set: ``rlmesh.suites.PER_TASK_ARGUMENTS``).
 
     Returns:
         The ``ABResult``.
 
     Raises:
-        ValueError: a bad argument, neither success nor ``reward_bounds`` to compare on, or a
-            return outside the bounds (naming the episode).
-        FileExistsError: ``out_dir`` already holds an ``a.jsonl`` or ``b.jsonl``.
+        ValueError: a bad argument, neither or both of ``env`` and ``tasks``, neither success
+            nor ``reward_bounds`` to compare on, or a return outside the bounds (naming the
+            episode).
+        FileExistsError: ``out_dir`` already holds an ``a.jsonl`` or ``b.jsonl`` (without
+            ``resume``).
 
     Example:
         >>> from rlmesh.policies import CartPoleHeuristic
         >>> same = ab(CartPoleHeuristic(), CartPoleHeuristic(), "CartPole-v1", episodes=20)
         >>> same.decision, same.episodes
         (None, 20)
+        >>> suite = [Task("short", "CartPole-v1", max_episode_steps=60),
+        ...          Task("long", "CartPole-v1", seed=1)]
+        >>> pooled = ab(CartPoleHeuristic(), lambda obs: 0, tasks=suite, episodes=20, success=50)
+        >>> pooled.decision, pooled.tasks, pooled.episodes
+        ('A', ('short', 'long'), 20)
     """
     alpha = check_alpha(alpha)
     episodes, block = _count("episodes", episodes), _count("block", block)
@@ -196,6 +244,9 @@ def ab(
             f"rlmesh.ab sets {', '.join(given)} itself (the same indices for both, block by "
             "block, to a cap of episodes=): leave them out"
         )
+    where = _where(env, tasks, only, seed, episodes)
+    if resume and out_dir is None:
+        raise ValueError("resume=True continues the files in out_dir: pass out_dir= too")
     with contextlib.ExitStack() as stack:
         if out_dir is None:  # the runs still need files to grow block by block
             directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rlmesh-ab-")))
@@ -203,19 +254,19 @@ def ab(
             directory = Path(out_dir)
             directory.mkdir(parents=True, exist_ok=True)
             for name in FILE_NAMES:
-                if (directory / name).exists():
+                if not resume and (directory / name).exists():
                     raise FileExistsError(
                         f"{directory / name} already exists: rlmesh.ab writes new files; pass "
-                        "an empty (or new) out_dir"
+                        "an empty (or new) out_dir, or resume=True (--resume) to continue them"
                     )
-        plan = _Plan(cap=episodes, alpha=alpha, block=block, measure=measure, bounds=bounds)
+        plan = _Plan(alpha=alpha, block=block, measure=measure, bounds=bounds)
         result = _compare(
             (model_a, model_b),
-            env,
+            where,
             plan,
             paths=(directory / FILE_NAMES[0], directory / FILE_NAMES[1]),
             run_infos=(run_info_a, run_info_b),
-            arguments={"seed": seed, **run_arguments},
+            arguments=run_arguments,
         )
         return result if out_dir is not None else replace(result, paths=None)
 
@@ -228,18 +279,112 @@ _NO_BOUNDS = (
 
 @dataclass(frozen=True)
 class _Plan:
-    """What decides the comparison: the cap, the level, the block, what is compared."""
+    """What decides the comparison: the level, the block, what is compared."""
 
-    cap: int
     alpha: float
     block: int
     measure: str | None
     bounds: tuple[float, float] | None
 
 
+@dataclass(frozen=True)
+class _Where:
+    """Where the pairs are played: one env (``tasks`` None; its one cap under key None) or a
+    suite (``suite`` every task, ``caps`` those compared on, in suite order)."""
+
+    env: Any
+    seed: int | None
+    suite: list[Task] | None
+    caps: dict[str | None, int]
+
+    @property
+    def tasks(self) -> tuple[str, ...] | None:
+        return None if self.suite is None else tuple(name for name in self.caps if name)
+
+
+def _where(env: Any, tasks: Any, only: Sequence[str] | None, seed: Any, cap: int) -> _Where:
+    """The env or suite the comparison plays on, checked, with each task's cap."""
+    if (env is None) == (tasks is None):
+        raise ValueError(
+            "rlmesh.ab compares on one env (env=, e.g. 'CartPole-v1') or on a suite's tasks "
+            f"(tasks=, a list of rlmesh.Task or a suite's TOML file): got "
+            f"{'neither' if env is None else 'both'}"
+        )
+    if tasks is None:
+        if only is not None:
+            raise ValueError("only= names tasks of a suite: pass tasks= too, or leave it out")
+        return _Where(env=env, seed=0 if seed is None else seed, suite=None, caps={None: cap})
+    if seed is not None:
+        raise ValueError(
+            f"seed={seed!r}: on a suite each task sets its own seed (rlmesh.Task(seed=...), or "
+            "seed in a [[task]] table): leave seed out"
+        )
+    suite, chosen = checked_suite(tasks, only)
+    return _Where(
+        env=None, seed=None, suite=suite, caps={t.name: min(cap, t.episodes) for t in chosen}
+    )
+
+
+def _blocks(caps: dict[str | None, int], block: int) -> Iterator[list[tuple[str | None, range]]]:
+    """The blocks, in play order: each the indices ``n..n+block-1`` of every task (clipped to
+    its cap; a task past its cap sits the block out). Fixed before any episode is played."""
+    start = 0
+    while start < max(caps.values()):
+        yield [
+            (name, range(start, min(start + block, cap)))
+            for name, cap in caps.items()
+            if cap > start
+        ]
+        start += block
+
+
+def _play(
+    model: Any,
+    where: _Where,
+    block: list[tuple[str | None, range]],
+    path: Path,
+    info: dict[str, Any] | None,
+    arguments: dict[str, Any],
+) -> dict[str | None, RunResult]:
+    """One policy's part of a block, appended to its results file: each task's run so far."""
+    extra = {} if info is None else {"run_info": info}
+    if where.suite is None:
+        ((_, indices),) = block
+        result = run(
+            model,
+            where.env,
+            episodes=where.caps[None],
+            seed=where.seed,
+            indices=indices,
+            results_path=path,
+            resume=True,  # the first block starts the file; the rest continue it
+            **extra,
+            **arguments,
+        )
+        return {None: result}
+    # Tasks with the same indices in this block (all but those near their caps) run as one.
+    groups: dict[range, list[str]] = {}
+    for name, indices in block:
+        groups.setdefault(indices, []).append(name)  # type: ignore[arg-type]
+    runs: dict[str | None, RunResult] = {}
+    for indices, names in groups.items():
+        suite = run_suite(
+            model,
+            where.suite,
+            only=names,
+            indices=indices,
+            results_path=path,
+            resume=True,
+            **extra,
+            **arguments,
+        )
+        runs.update((name, suite[name]) for name in names)
+    return runs
+
+
 def _compare(
     models: tuple[Any, Any],
-    env: Any,
+    where: _Where,
     plan: _Plan,
     *,
     paths: tuple[Path, Path],
@@ -247,51 +392,50 @@ def _compare(
     arguments: dict[str, Any],
 ) -> ABResult:
     """Play blocks, A then B, until the paired test decides or the cap is reached."""
-    cap, alpha, bounds, measure = plan.cap, plan.alpha, plan.bounds, plan.measure
-    played = 0
-    while True:
-        indices = range(played, min(played + plan.block, cap))
-        runs = [
-            run(
-                model,
-                env,
-                episodes=cap,
-                indices=indices,
-                results_path=path,
-                resume=True,  # the first block starts the file; the rest continue it
-                **({} if info is None else {"run_info": info}),
-                **arguments,
-            )
-            for model, path, info in zip(models, paths, run_infos, strict=True)
-        ]
-        played = indices.stop
+    alpha, bounds, measure = plan.alpha, plan.bounds, plan.measure
+    runs: tuple[dict[str | None, RunResult], dict[str | None, RunResult]] = ({}, {})
+    order: list[Key] = []  # the pooled pairs, in the order the test takes them
+    for block in _blocks(where.caps, plan.block):
+        for model, path, info, side in zip(models, paths, run_infos, runs, strict=True):
+            side.update(_play(model, where, block, path, info, arguments))
+        order += [(name, k) for name, indices in block for k in indices]
         if measure is None:
-            measure = _measure(runs, bounds)
+            measure = _measure([r for side in runs for r in side.values()], bounds)
         x = [
-            _values(result, name, measure, bounds, played)
-            for result, name in zip(runs, "AB", strict=True)
+            _values(side, name, measure, bounds, order)
+            for side, name in zip(runs, "AB", strict=True)
         ]
         test = paired_test(x[0], x[1], alpha=alpha)
-        decided_at, side = test.decision(alpha)
-        if decided_at is not None or played >= cap:
+        decided_at, side_won = test.decision(alpha)
+        if decided_at is not None:
             break
     scale = 1.0 if measure == "success" else bounds[1] - bounds[0]  # type: ignore[index]
+    a, b = (_joined(side, where) for side in runs)
     return ABResult(
-        decision=None if decided_at is None else ("A" if side > 0 else "B"),
-        episodes=played,
+        decision=None if decided_at is None else ("A" if side_won > 0 else "B"),
+        episodes=len(order),
         decided_at=decided_at,
-        measure=measure,
+        measure=measure,  # type: ignore[arg-type]
         difference=float(np.mean(x[0] - x[1])) * scale,
         lower=float(test.lower[-1]) * scale,  # type: ignore[index]
         upper=float(test.upper[-1]) * scale,  # type: ignore[index]
         p_value=float(test.p_value[-1]),
         e_value=float(test.e_value[-1]),
         alpha=alpha,
-        cap=cap,
-        a=runs[0],
-        b=runs[1],
+        cap=sum(where.caps.values()),
+        a=a,
+        b=b,
         paths=paths,
+        tasks=where.tasks,
     )
+
+
+def _joined(runs: dict[str | None, RunResult], where: _Where) -> Run:
+    """One side's runs as what ``rlmesh.run`` or ``rlmesh.run_suite`` returns."""
+    if where.suite is None:
+        return runs[None]
+    chosen = tuple(task for task in where.suite if task.name in where.caps)
+    return SuiteResult(chosen, {name: runs[name] for name in where.caps if name is not None})
 
 
 def _measure(runs: list[RunResult], bounds: tuple[float, float] | None) -> str:
@@ -308,36 +452,51 @@ def _measure(runs: list[RunResult], bounds: tuple[float, float] | None) -> str:
 
 
 def _values(
-    result: RunResult, name: str, measure: str, bounds: tuple[float, float] | None, played: int
+    runs: dict[str | None, RunResult],
+    name: str,
+    measure: str,
+    bounds: tuple[float, float] | None,
+    order: list[Key],
 ) -> np.ndarray:
-    """Policy ``name``'s measure on indices ``0..played-1``, in [0, 1]."""
-    by_index = {e.index: e for e in result.episodes}
-    values = np.empty(played)
-    for k in range(played):
-        episode = by_index.get(k)
+    """Policy ``name``'s measure on the pairs ``order`` lists, in that order, in [0, 1]."""
+    by_key = {
+        (task, episode.index): episode
+        for task, result in runs.items()
+        for episode in result.episodes
+    }
+    values = np.empty(len(order))
+    for position, (task, k) in enumerate(order):
+        where = f"policy {name}'s episode {k}" + ("" if task is None else f" of task {task!r}")
+        episode = by_key.get((task, k))
         if episode is None:
-            raise RuntimeError(f"rlmesh.ab: policy {name}'s run has no episode {k}")
-        if episode.error is not None:
-            raise ValueError(
-                f"rlmesh.ab: policy {name}'s episode {k} failed ({episode.error}): a failed "
-                "episode has no success or return to compare (leave on_error at 'raise')"
-            )
-        if measure == "success":
-            if episode.success is None:
-                raise ValueError(
-                    f"rlmesh.ab: policy {name}'s episode {k} has no success judged: pass "
-                    "success=R (a return threshold), or measure='reward' with reward_bounds"
-                )
-            values[k] = float(episode.success)
-        else:
-            low, high = bounds  # type: ignore[misc]
-            if not low <= episode.reward <= high:
-                raise ValueError(
-                    f"rlmesh.ab: policy {name}'s episode {k} returned {episode.reward}, outside "
-                    f"reward_bounds ({low:g}, {high:g}); declare bounds that hold every return"
-                )
-            values[k] = float(rescale(episode.reward, low, high))
+            raise RuntimeError(f"rlmesh.ab: {where} is missing from its run")
+        values[position] = _value(episode, where, measure, bounds)
     return values
+
+
+def _value(
+    episode: EpisodeResult, where: str, measure: str, bounds: tuple[float, float] | None
+) -> float:
+    """One episode's measure in [0, 1]; ``where`` names it in errors."""
+    if episode.error is not None:
+        raise ValueError(
+            f"rlmesh.ab: {where} failed ({episode.error}): a failed episode has no success or "
+            "return to compare (leave on_error at 'raise')"
+        )
+    if measure == "success":
+        if episode.success is None:
+            raise ValueError(
+                f"rlmesh.ab: {where} has no success judged: pass success=R (a return "
+                "threshold), or measure='reward' with reward_bounds"
+            )
+        return float(episode.success)
+    low, high = bounds  # type: ignore[misc]
+    if not low <= episode.reward <= high:
+        raise ValueError(
+            f"rlmesh.ab: {where} returned {episode.reward}, outside reward_bounds "
+            f"({low:g}, {high:g}); declare bounds that hold every return"
+        )
+    return float(rescale(episode.reward, low, high))
 
 
 def _count(name: str, value: Any) -> int:
@@ -356,7 +515,10 @@ def _bounds(bounds: Any) -> tuple[float, float]:
     return low, high
 
 
-def _mean(result: RunResult, measure: str) -> float | None:
+def _mean(result: Run, measure: str) -> float | None:
+    """The run's mean measure over its episodes (every task's pooled, on a suite)."""
+    if isinstance(result, SuiteResult):
+        result = RunResult([e for run in result.runs.values() for e in run.episodes], base_seed=0)
     return result.success_rate if measure == "success" else result.mean_reward
 
 

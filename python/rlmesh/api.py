@@ -78,6 +78,12 @@ async def arun(model: Any, env: Any, *, hooks: Any = None, **arguments: Any) -> 
             ``episode_seed(seed, trial_index_base + k)``.
         num_envs: lanes to build from an id or a factory (default 1).
         execution_horizon: actions replayed per chunk (needs a chunk corner).
+        ensemble: a ``rlmesh.TemporalEnsemble(m=0.01)`` executes chunks by temporal
+            ensembling instead: the chunk corner is called at every step of every running
+            lane (with ``execution_horizon=None``: its whole chunk), and each lane executes
+            the ``exp(-m * i)``-weighted average of its episode's chunks covering the step
+            (``rlmesh.model.ensemble``). Needs float (Box) actions and
+            ``execution_horizon=1``; recorded in the results file's header.
         max_episode_steps, max_episode_seconds: truncate an episode at this many steps or
             seconds of wall clock.
         hooks: ``RunHooks``, ``RuntimeHooks`` or a list of them.

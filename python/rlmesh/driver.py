@@ -203,7 +203,9 @@ class EvaluationRun:
         settings = self.settings
         self.hooks = HookDispatcher(self.hooks_argument)
         self.handler = handler = ModelHandler(
-            self.model, execution_horizon=settings.execution_horizon
+            self.model,
+            execution_horizon=settings.execution_horizon,
+            ensemble=settings.ensemble is not None,
         )
         self.lanes = lanes = make_lanes(
             self.env,
@@ -257,6 +259,8 @@ class EvaluationRun:
             lanes.single_action_space,
             env_tags=settings.env_tags or env_tags_of(lanes.metadata),
         )
+        if settings.ensemble is not None:
+            settings.ensemble.check_actions(plan, lanes.name)
         handler.fit_route(
             lanes.name, lanes.single_observation_space, lanes.single_action_space, plan
         )
@@ -265,7 +269,12 @@ class EvaluationRun:
             settings.episodes.count,
             plan.observation,
             plan.action,
-            execution_horizon=settings.execution_horizon if handler.chunked else None,
+            execution_horizon=(
+                settings.execution_horizon
+                if handler.chunked and settings.ensemble is None
+                else None
+            ),
+            ensemble=None if settings.ensemble is None else settings.ensemble.m,
             seeds=settings.episodes.seeds,
             base_seed=settings.episodes.base_seed,
             trial_index_base=settings.episodes.trial_index_base,

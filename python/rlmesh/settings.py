@@ -39,6 +39,7 @@ import numpy as np
 
 from .adapters import checked_env_tags
 from .core import core_name
+from .model.ensemble import TemporalEnsemble
 from .provenance import PROVENANCE_KEY, check_provenance, collect_provenance
 from .results import ResultsFile
 from .stats.stopping import Precision
@@ -327,8 +328,10 @@ def check_cluster_settings(
 class RunSettings:
     """One run's checked settings, in parts (the module docstring names each), and what
     belongs to no part: the actions replayed per chunk, the env's role tags, the success
-    rule as given, the telemetry window, whether to close an env passed in, the core, and
-    the stopping rule (``until``: a ``rlmesh.Precision``, or None to play every episode)."""
+    rule as given, the telemetry window, whether to close an env passed in, the core, the
+    stopping rule (``until``: a ``rlmesh.Precision``, or None to play every episode), and how
+    chunks are executed (``ensemble``: a ``rlmesh.TemporalEnsemble``, or None to replay
+    ``execution_horizon`` actions of each)."""
 
     episodes: EpisodeSettings
     limits: LimitSettings = LimitSettings()
@@ -344,6 +347,7 @@ class RunSettings:
     close_env: bool = False
     core: str | None = None
     until: Precision | None = None
+    ensemble: TemporalEnsemble | None = None
 
     def for_window(self, indices: list[int] | None = None) -> RunSettings:
         """The settings of one window of a cluster run, run on a Ray worker: the same
@@ -391,6 +395,7 @@ class RunSettings:
             # Only when set, so a file without a stopping rule reads as before; a resumption
             # must stop on the same rule.
             **({} if self.until is None else {"until": self.until.to_json()}),
+            **({} if self.ensemble is None else {"ensemble": self.ensemble.to_json()}),
             **(self.output.run_info or {}),
         }
         stated = self.output.provenance or {}
@@ -452,6 +457,7 @@ def run_settings(
     on_error: str = "raise",
     view: str | None = None,
     until: Precision | None = None,
+    ensemble: TemporalEnsemble | None = None,
 ) -> RunSettings:
     """``rlmesh.run``'s keyword arguments (documented there) checked into a ``RunSettings``;
     ValueError or TypeError naming the argument, what it was and what was expected.
@@ -549,6 +555,7 @@ def run_settings(
         pipeline=pipeline,
     )
     execution_horizon = positive_int("execution_horizon", execution_horizon)
+    _check_ensemble(ensemble, execution_horizon)
     limits = LimitSettings(
         max_episode_steps=(
             None
@@ -600,7 +607,25 @@ def run_settings(
         close_env=bool(close_env),
         core=core,
         until=until,
+        ensemble=ensemble,
     )
+
+
+def _check_ensemble(ensemble: Any, execution_horizon: int) -> None:
+    """Refuse an ``ensemble=`` that is not a ``TemporalEnsemble``, or that goes with a replay
+    of several actions per chunk."""
+    if ensemble is None:
+        return
+    if not isinstance(ensemble, TemporalEnsemble):
+        raise ValueError(
+            f"ensemble must be rlmesh.TemporalEnsemble(m=...) or None, got {ensemble!r}"
+        )
+    if execution_horizon > 1:
+        raise ValueError(
+            f"ensemble= executes one averaged action per step, and "
+            f"execution_horizon={execution_horizon} replays several actions of one chunk: "
+            f"pass one of them"
+        )
 
 
 def _check_until(until: Any, *, cluster: str | None, indices: Sequence[int] | None) -> None:

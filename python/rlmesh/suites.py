@@ -81,7 +81,6 @@ PER_TASK_ARGUMENTS = frozenset(
         "max_episode_steps",
         "max_episode_seconds",
         "trial_index_base",
-        "indices",
     }
 )
 
@@ -185,19 +184,22 @@ class Task:
     def settings(self, shared: RunSettings) -> RunSettings:
         """The task's run: ``shared`` (the suite's settings, the same for every task) with the
         task's own part set: its episodes and seeds, its caps (``run_arguments``), and its
-        success rule (``success_reward``, else the shared one).
+        success rule (``success_reward``, else the shared one). The shared ``indices`` (which
+        of the task's episodes to play; None: all) stay.
 
         Example:
             >>> from rlmesh.settings import run_settings
             >>> task = Task("short", "CartPole-v1", episodes=3, seed=7, max_episode_steps=9)
-            >>> settings = task.settings(run_settings(num_envs=2))
-            >>> settings.episodes.count, settings.limits.max_episode_steps
-            (3, 9)
+            >>> settings = task.settings(run_settings(num_envs=2, indices=[1, 2]))
+            >>> settings.episodes.count, settings.episodes.indices
+            (3, [1, 2])
+            >>> settings.limits.max_episode_steps
+            9
         """
         own = run_settings(**self.run_arguments())
         return replace(
             shared,
-            episodes=own.episodes,
+            episodes=replace(own.episodes, indices=shared.episodes.indices),
             limits=replace(
                 shared.limits,
                 max_episode_steps=own.limits.max_episode_steps,
@@ -458,6 +460,7 @@ async def arun_suite(
     run_info: dict[str, Any] | None = None,
     core: str | None = None,
     success: Any = None,
+    env_sandbox: Any = None,
     **run_kwargs: Any,
 ) -> SuiteResult:
     """Evaluate ``model`` on the tasks of a suite: the coroutine behind ``rlmesh.run_suite``.
@@ -474,9 +477,15 @@ async def arun_suite(
         allow_changed_policy, run_info, core: as ``rlmesh.run``'s, for every task
             (``run_info`` goes into each task's header).
         success: the success rule of the tasks that set no ``success_reward``.
+        env_sandbox: run each task's env sandboxed: ``rlmesh.sandbox.SandboxOptions`` (or a
+            dict of its fields), each task's env then a ``SandboxEnv`` of its id and
+            ``env_kwargs`` with the run's ``num_envs``, stopped when its run ends; its worker
+            processes are the options' ``workers``.
         **run_kwargs: any other ``rlmesh.run`` argument, the same for every task:
             ``num_envs``, ``workers`` (process lanes), ``cluster="ray"``, ``hooks``,
-            ``timeouts``, ... (not those a task sets: ``PER_TASK_ARGUMENTS``). Hooks hear
+            ``timeouts``, ``indices`` (play only these of each task's episode indices,
+            each in ``0..episodes-1`` of every task run), ... (not those a task sets:
+            ``PER_TASK_ARGUMENTS``). Hooks hear
             each task's run as a run of its own (``on_run_start`` / ``on_run_end`` once per
             task); the episodes they are handed do not name the task, those of the results
             file and of the returned ``SuiteResult`` do.
@@ -502,6 +511,10 @@ async def arun_suite(
             "(rlmesh.Task fields, or keys of a [[task]] table): set them there"
         )
     suite, chosen = checked_suite(tasks, only)
+    if env_sandbox is not None:
+        from .sandbox.options import checked_options, sandboxed_suite_env
+
+        env_sandbox = checked_options(env_sandbox)
     if resume and results_path is None:
         raise ValueError("resume=True needs results_path=, the suite's results file to continue")
     hooks = run_kwargs.pop("hooks", None)
@@ -546,9 +559,17 @@ async def arun_suite(
             )
             video = shared.video and replace(shared.video, prefix=task.name)
             settings = replace(settings, output=output, video=video)
+            env = None
             try:
-                result = await evaluate(model, task.make_env(), settings, hooks=hooks, view=view)
+                env = (
+                    task.make_env()
+                    if env_sandbox is None
+                    else sandboxed_suite_env(env_sandbox, task.env, task.env_kwargs, settings)
+                )
+                result = await evaluate(model, env, settings, hooks=hooks, view=view)
             except BaseException as exc:
+                if env_sandbox is not None and env is not None:
+                    env.close()  # its server, if the run stopped before its lanes closed it
                 partial = getattr(exc, "partial_result", None)
                 if isinstance(partial, RunResult):
                     runs[task.name] = _of_task(partial, task.name)

@@ -35,8 +35,8 @@ type Path = Vec<String>;
 
 /// One leaf of a chunk: its path and its values as an array.
 pub(crate) struct ChunkLeaf<'py> {
-    path: Path,
-    array: Bound<'py, PyUntypedArray>,
+    pub(crate) path: Path,
+    pub(crate) array: Bound<'py, PyUntypedArray>,
 }
 
 /// Append `value`'s leaves in dict order, depth first.
@@ -391,10 +391,100 @@ impl ReplayStore {
 
 /// One leaf of the action layout, fixed by the first push.
 #[derive(Debug)]
-struct LeafLayout {
-    path: Path,
-    step_shape: Vec<usize>,
-    descr: Py<PyArrayDescr>,
+pub(crate) struct LeafLayout {
+    pub(crate) path: Path,
+    pub(crate) step_shape: Vec<usize>,
+    pub(crate) descr: Py<PyArrayDescr>,
+}
+
+/// The action layout a batch of chunks `[K, H, ...]` sets: each leaf's path, per-step shape
+/// and dtype, in the batch's leaf order.
+pub(crate) fn layout_of(leaves: &[ChunkLeaf<'_>]) -> Vec<LeafLayout> {
+    leaves
+        .iter()
+        .map(|leaf| LeafLayout {
+            path: leaf.path.clone(),
+            step_shape: leaf.array.shape()[2..].to_vec(),
+            descr: leaf.array.dtype().unbind(),
+        })
+        .collect()
+}
+
+/// The arrays of `leaves` in `layout`'s order; `ValueError` for other leaves than the layout's,
+/// or a leaf of another per-step shape or dtype.
+pub(crate) fn conformed<'py>(
+    py: Python<'py>,
+    layout: &[LeafLayout],
+    leaves: Vec<ChunkLeaf<'py>>,
+) -> PyResult<Vec<Bound<'py, PyUntypedArray>>> {
+    let same_leaves = leaves.len() == layout.len()
+        && layout
+            .iter()
+            .all(|held| leaves.iter().any(|leaf| leaf.path == held.path));
+    if !same_leaves {
+        let names = |paths: Vec<&Path>| -> PyResult<String> {
+            let texts: Vec<String> = paths
+                .into_iter()
+                .map(|path| path_text(py, "action", path))
+                .collect::<PyResult<_>>()?;
+            Ok(texts.join(", "))
+        };
+        return Err(PyValueError::new_err(format!(
+            "chunks hold leaves [{}] but earlier pushes held [{}]",
+            names(leaves.iter().map(|leaf| &leaf.path).collect())?,
+            names(layout.iter().map(|held| &held.path).collect())?
+        )));
+    }
+    let mut arrays = Vec::with_capacity(layout.len());
+    for held in layout {
+        let leaf = leaves
+            .iter()
+            .find(|leaf| leaf.path == held.path)
+            .expect("the same leaves were checked above");
+        let step_shape = &leaf.array.shape()[2..];
+        let dtype = leaf.array.dtype();
+        let descr = held.descr.bind(py);
+        if step_shape != held.step_shape.as_slice() || !dtype.is_equiv_to(descr) {
+            return Err(PyValueError::new_err(format!(
+                "{} holds {dtype} actions of shape {} but earlier pushes held {descr} actions of \
+                 shape {}",
+                path_text(py, "action", &held.path)?,
+                shape_text(step_shape),
+                shape_text(&held.step_shape)
+            )));
+        }
+        arrays.push(leaf.array.clone());
+    }
+    Ok(arrays)
+}
+
+/// One output array per leaf of `layout`, as the action it is: the lone array of a plain
+/// action, or the leaves back in their dicts (keys in the order the first push gave them).
+pub(crate) fn unflattened<'py>(
+    py: Python<'py>,
+    layout: &[LeafLayout],
+    mut outputs: Vec<Bound<'py, PyUntypedArray>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    if layout.len() == 1 && layout[0].path.is_empty() {
+        return Ok(outputs.swap_remove(0).into_any());
+    }
+    let root = PyDict::new(py);
+    for (held, output) in layout.iter().zip(outputs) {
+        let (last, parents) = held.path.split_last().expect("a dict leaf has a key");
+        let mut node = root.clone();
+        for key in parents {
+            node = match node.get_item(key)? {
+                Some(child) => child.cast_into::<PyDict>()?,
+                None => {
+                    let child = PyDict::new(py);
+                    node.set_item(key, &child)?;
+                    child
+                }
+            };
+        }
+        node.set_item(last, output)?;
+    }
+    Ok(root.into_any())
 }
 
 /// A new, uninitialised C-ordered array of `descr` and `shape`.
@@ -463,62 +553,21 @@ impl ChunkQueues {
         py: Python<'py>,
         leaves: Vec<ChunkLeaf<'py>>,
     ) -> PyResult<Vec<Bound<'py, PyUntypedArray>>> {
-        let Some(layout) = &self.layout else {
-            let mut layout = Vec::with_capacity(leaves.len());
-            let mut step_bytes = Vec::with_capacity(leaves.len());
-            for leaf in &leaves {
-                let step_shape = leaf.array.shape()[2..].to_vec();
-                let descr = leaf.array.dtype();
-                step_bytes.push(descr.itemsize() * step_shape.iter().product::<usize>());
-                layout.push(LeafLayout {
-                    path: leaf.path.clone(),
-                    step_shape,
-                    descr: descr.unbind(),
-                });
+        let layout = match &self.layout {
+            Some(layout) => layout,
+            None => {
+                let layout = layout_of(&leaves);
+                let step_bytes = layout
+                    .iter()
+                    .map(|held| {
+                        held.descr.bind(py).itemsize() * held.step_shape.iter().product::<usize>()
+                    })
+                    .collect();
+                self.store.set_step_bytes(step_bytes);
+                self.layout.insert(layout)
             }
-            self.layout = Some(layout);
-            self.store.set_step_bytes(step_bytes);
-            return Ok(leaves.into_iter().map(|leaf| leaf.array).collect());
         };
-        let same_leaves = leaves.len() == layout.len()
-            && layout
-                .iter()
-                .all(|held| leaves.iter().any(|leaf| leaf.path == held.path));
-        if !same_leaves {
-            let names = |paths: Vec<&Path>| -> PyResult<String> {
-                let texts: Vec<String> = paths
-                    .into_iter()
-                    .map(|path| path_text(py, "action", path))
-                    .collect::<PyResult<_>>()?;
-                Ok(texts.join(", "))
-            };
-            return Err(PyValueError::new_err(format!(
-                "chunks hold leaves [{}] but earlier pushes held [{}]",
-                names(leaves.iter().map(|leaf| &leaf.path).collect())?,
-                names(layout.iter().map(|held| &held.path).collect())?
-            )));
-        }
-        let mut arrays = Vec::with_capacity(layout.len());
-        for held in layout {
-            let leaf = leaves
-                .iter()
-                .find(|leaf| leaf.path == held.path)
-                .expect("the same leaves were checked above");
-            let step_shape = &leaf.array.shape()[2..];
-            let dtype = leaf.array.dtype();
-            let descr = held.descr.bind(py);
-            if step_shape != held.step_shape.as_slice() || !dtype.is_equiv_to(descr) {
-                return Err(PyValueError::new_err(format!(
-                    "{} holds {dtype} actions of shape {} but earlier pushes held {descr} actions \
-                     of shape {}",
-                    path_text(py, "action", &held.path)?,
-                    shape_text(step_shape),
-                    shape_text(&held.step_shape)
-                )));
-            }
-            arrays.push(leaf.array.clone());
-        }
-        Ok(arrays)
+        conformed(py, layout, leaves)
     }
 
     /// `push` with the lanes and episode ids already read.
@@ -581,27 +630,7 @@ impl ChunkQueues {
                 .collect();
             self.store.pop_into(lanes, &mut rows);
         }
-        if layout.len() == 1 && layout[0].path.is_empty() {
-            return Ok(outputs.swap_remove(0).into_any());
-        }
-        // Rebuild the dicts, keys in the order the first push gave them.
-        let root = PyDict::new(py);
-        for (held, output) in layout.iter().zip(outputs) {
-            let (last, parents) = held.path.split_last().expect("a dict leaf has a key");
-            let mut node = root.clone();
-            for key in parents {
-                node = match node.get_item(key)? {
-                    Some(child) => child.cast_into::<PyDict>()?,
-                    None => {
-                        let child = PyDict::new(py);
-                        node.set_item(key, &child)?;
-                        child
-                    }
-                };
-            }
-            node.set_item(last, output)?;
-        }
-        Ok(root.into_any())
+        unflattened(py, layout, outputs)
     }
 }
 

@@ -2,7 +2,7 @@
 //!
 //! Mirrors the pure-Python core `python/rlmesh/_pycore/` file for file: `seeding`, `args`,
 //! `digests` (each episode's determinism evidence), `ledger`, `assembly`, `resize`,
-//! `rotations`, `actions`, `chunks`, `telemetry`, `rounds` (the per-lane work of a round, and
+//! `rotations`, `actions`, `chunks`, `ensembles` (temporal ensembling), `telemetry`, `rounds` (the per-lane work of a round, and
 //! the synchronous loop of rounds on top of the others), and the
 //! wire part in its own folder, `wire/`: `wire::served` (a served env's steps and episode
 //! tallies) and `wire::transport` (a raw-bytes gRPC transport on tonic). The Python core is the
@@ -15,6 +15,7 @@ pub mod args;
 pub mod assembly;
 pub mod chunks;
 pub mod digests;
+pub mod ensembles;
 pub mod ledger;
 pub mod resize;
 pub mod rotations;
@@ -32,6 +33,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ledger::EpisodeSummary>()?;
     m.add_function(wrap_pyfunction!(chunks::split_chunk, m)?)?;
     m.add_class::<chunks::ChunkQueues>()?;
+    m.add_class::<ensembles::TemporalEnsembles>()?;
     m.add_class::<actions::ActionApplier>()?;
     m.add_class::<telemetry::LatencyStats>()?;
     m.add_class::<rounds::RoundRunner>()?;

@@ -25,6 +25,7 @@ use crate::args::{i64_arg, lanes_arg, path_text, vector, Dtype};
 use crate::assembly::{numpy, ObservationAssembler};
 use crate::chunks::{chunk_leaves, ChunkQueues};
 use crate::digests::LaneDigests;
+use crate::ensembles::TemporalEnsembles;
 use crate::ledger::{EpisodeStarts, EpisodeSummary, LaneState, Overflow, RouteLedger};
 use crate::telemetry::LatencyStats;
 
@@ -745,9 +746,10 @@ fn overflow_arg(overflow: Option<&Bound<'_, PyAny>>) -> PyResult<Overflow> {
 /// Every per-lane part of one run: episode lifecycle, rounds, frame windows, chunk queues.
 ///
 /// ``RoundRunner(num_lanes, episodes, observation_plan, action_plan, *, execution_horizon=None,
-/// seeds=None, base_seed=0, trial_index_base=0, indices=None, overflow="idle",
+/// ensemble=None, seeds=None, base_seed=0, trial_index_base=0, indices=None, overflow="idle",
 /// max_episode_steps=None, max_episode_seconds=None)`` builds and owns the run's ledger,
-/// observation assembler, action applier and (with an ``execution_horizon``) chunk queues.
+/// observation assembler, action applier and (with an ``execution_horizon``) chunk queues or
+/// (with an ``ensemble`` rate) the temporal ensembles' buffers.
 /// See ``rlmesh._pycore.rounds.RoundRunner`` for the full contract; both cores behave alike.
 ///
 /// Example:
@@ -765,6 +767,7 @@ pub struct RoundRunner {
     assembler: ObservationAssembler,
     applier: ActionApplier,
     queues: Option<ChunkQueues>,
+    ensembles: Option<TemporalEnsembles>,
     overflow: Overflow,
     max_steps: Option<i64>,
     max_ns: Option<f64>,
@@ -854,6 +857,9 @@ impl RoundRunner {
             self.assembler.evict(episode_id);
             if let Some(queues) = &mut self.queues {
                 queues.drop_episode(episode_id);
+            }
+            if let Some(ensembles) = &mut self.ensembles {
+                ensembles.drop_episode(episode_id);
             }
         }
         self.ledger.take_model_ends(episode_ids)
@@ -979,6 +985,9 @@ impl RoundRunner {
         py: Python<'py>,
         output: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        if self.ensembles.is_some() {
+            return self.ensembled(py, output);
+        }
         let applier = &self.applier;
         let ledger = &self.ledger;
         let Some(queues) = &mut self.queues else {
@@ -1014,6 +1023,36 @@ impl RoundRunner {
         }
         let ids = self.ledger.episode_ids_of(&self.running);
         let actions = queues.pop_lanes(py, &self.running, &ids)?;
+        self.digests.act(&self.running, &actions)?;
+        Ok(actions)
+    }
+
+    /// One env action per running lane (every one predicted): each chunk whole, as env
+    /// actions, into its lane's buffer, and the lane's average for this step out.
+    fn ensembled<'py>(
+        &mut self,
+        py: Python<'py>,
+        output: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let count = self.running.len();
+        let (horizon, _) = chunk_leaves(output, Some(count as u64))?;
+        let asarray = numpy(py)?.getattr("asarray")?;
+        let flat = map_leaves(output, &|leaf| {
+            let leaf = asarray.call1((leaf,))?;
+            reshaped(&leaf, &[count * horizon], &leaf, 2)
+        })?;
+        let repeated: Vec<i64> = self
+            .running
+            .iter()
+            .flat_map(|&lane| std::iter::repeat_n(lane, horizon))
+            .collect();
+        let lane_text = row_text(&self.ledger, &self.running, horizon);
+        let applied = self.applier.apply(py, &flat, &repeated, &lane_text)?;
+        let chunks = map_leaves(&applied, &|leaf| reshaped(leaf, &[count, horizon], leaf, 1))?;
+        let ids = self.ledger.episode_ids_of(&self.running);
+        let ensembles = self.ensembles.as_mut().expect("called with ensembles");
+        ensembles.push_lanes(py, &self.running, &ids, &chunks)?;
+        let actions = ensembles.pop_lanes(py, &self.running, &ids)?;
         self.digests.act(&self.running, &actions)?;
         Ok(actions)
     }
@@ -1169,7 +1208,7 @@ impl RoundRunner {
     #[new]
     #[pyo3(signature = (
         num_lanes, episodes, observation_plan, action_plan, *, execution_horizon=None,
-        seeds=None, base_seed=None, trial_index_base=None, indices=None, overflow=Given(None),
+        ensemble=None, seeds=None, base_seed=None, trial_index_base=None, indices=None, overflow=Given(None),
         max_episode_steps=None, max_episode_seconds=None, digests=None
     ))]
     #[allow(clippy::too_many_arguments)]
@@ -1180,6 +1219,7 @@ impl RoundRunner {
         observation_plan: &Bound<'_, PyAny>,
         action_plan: &Bound<'_, PyAny>,
         execution_horizon: Option<&Bound<'_, PyAny>>,
+        ensemble: Option<&Bound<'_, PyAny>>,
         seeds: Option<&Bound<'_, PyAny>>,
         base_seed: Option<&Bound<'_, PyAny>>,
         trial_index_base: Option<&Bound<'_, PyAny>>,
@@ -1191,6 +1231,13 @@ impl RoundRunner {
     ) -> PyResult<Self> {
         // Checked in the Python core's order, so a bad call fails alike in both.
         let overflow = overflow_arg(overflow.0.as_ref())?;
+        if ensemble.is_some() && execution_horizon.is_some() {
+            return Err(PyValueError::new_err(
+                "ensemble and execution_horizon are two ways to execute chunks: a run averages \
+                 every step's chunks (ensemble) or replays one chunk's actions \
+                 (execution_horizon), not both",
+            ));
+        }
         let ledger = RouteLedger::from_args(
             py,
             num_lanes,
@@ -1204,6 +1251,9 @@ impl RoundRunner {
         let applier = ActionApplier::py_new(py, action_plan)?;
         let queues = execution_horizon
             .map(|horizon| ChunkQueues::py_new(num_lanes, horizon))
+            .transpose()?;
+        let ensembles = ensemble
+            .map(|m| TemporalEnsembles::py_new(num_lanes, m))
             .transpose()?;
         let max_steps = step_cap(max_episode_steps)?;
         let max_ns = match optional_positive(max_episode_seconds, "max_episode_seconds")? {
@@ -1229,6 +1279,7 @@ impl RoundRunner {
             assembler,
             applier,
             queues,
+            ensembles,
             overflow,
             max_steps,
             max_ns,
@@ -1280,7 +1331,8 @@ impl RoundRunner {
 
     /// The run's observable state, for parity checks and debugging: the ledger's
     /// (``RouteLedger.snapshot``), plus ``frame_windows``, how many episodes hold frame
-    /// windows, and ``queued``, each lane's count of queued actions (None without queues).
+    /// windows, ``queued``, each lane's count of queued actions (None without queues), and
+    /// ``ensembled``, each lane's count of chunks held for ensembling (None without).
     fn snapshot<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let snapshot = self.ledger.snapshot(py)?;
         snapshot.set_item("frame_windows", self.assembler.window_count())?;
@@ -1289,6 +1341,13 @@ impl RoundRunner {
             Some(queues) => snapshot.set_item(
                 "queued",
                 queues.py_queued(py, None)?.call_method0("tolist")?,
+            )?,
+        }
+        match &mut self.ensembles {
+            None => snapshot.set_item("ensembled", py.None())?,
+            Some(ensembles) => snapshot.set_item(
+                "ensembled",
+                ensembles.py_held(py, None)?.call_method0("tolist")?,
             )?,
         }
         Ok(snapshot)
@@ -1739,7 +1798,9 @@ impl RoundRunner {
                 (stepped.now, stepped.failed)
             } else {
                 let scalars = match &output {
-                    Output::Integers(values) if self.queues.is_none() => {
+                    Output::Integers(values)
+                        if self.queues.is_none() && self.ensembles.is_none() =>
+                    {
                         self.applier.discrete_scalars(py, values)?
                     }
                     _ => None,

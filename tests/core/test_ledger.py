@@ -162,6 +162,7 @@ def test_a_new_run_holds_no_episode(core):
         "summaries": [],
         "frame_windows": 0,
         "queued": None,
+        "ensembled": None,
     }
 
 

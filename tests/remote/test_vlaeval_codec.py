@@ -1,4 +1,4 @@
-"""vla-eval's messages (``rlmesh.remote.vlaeval.codec``) and PNG (``...vlaeval.png``): arrays
+"""vla-eval's messages (``rlmesh.remote.vlaeval.codec``) and PNG (``rlmesh.remote.png``): arrays
 of every dtype the wire allows travel exactly with str marker keys, images as PNG that Pillow
 and vla-eval itself read, PNGs of every row filter decode, and malformed frames say what was
 wrong (with the envelope's seq when it is known).
@@ -19,6 +19,7 @@ from pathlib import Path
 import msgpack
 import numpy as np
 import pytest
+from rlmesh.remote.png import PNGError, decode_png, encode_png, pillow
 from rlmesh.remote.vlaeval.codec import (
     ARRAY,
     IMAGE,
@@ -26,7 +27,6 @@ from rlmesh.remote.vlaeval.codec import (
     pack_message,
     unpack_message,
 )
-from rlmesh.remote.vlaeval.png import PNGError, decode_png, encode_png, pillow
 from servers import cached_venv
 
 VLAEVAL_VERSION = "0.8.0"

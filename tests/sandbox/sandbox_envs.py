@@ -26,6 +26,46 @@ class _OnReset(gym.Wrapper):
         return self.env.reset(**kwargs)
 
 
+class _Drawn(gym.Wrapper):
+    """CartPole whose ``render()`` draws its state with numpy (no pygame in a sandbox): the
+    cart a column that moves with its position, the pole a row band that tilts with its
+    angle, the step count in the top rows."""
+
+    FRAME = (48, 80, 3)
+
+    def __init__(self, render_mode=None):
+        super().__init__(gym.make("CartPole-v1"))
+        self._render_mode = render_mode
+        self._steps = 0
+
+    @property
+    def render_mode(self):
+        return self._render_mode
+
+    def reset(self, **kwargs):
+        self._steps = 0
+        return self.env.reset(**kwargs)
+
+    def step(self, action):
+        self._steps += 1
+        return self.env.step(action)
+
+    def render(self):
+        x, _, angle, _ = self.env.unwrapped.state
+        frame = np.zeros(self.FRAME, np.uint8)
+        column = int(np.clip((x + 2.4) / 4.8 * (self.FRAME[1] - 1), 0, self.FRAME[1] - 1))
+        frame[8:, column, 0] = 255
+        band = int(np.clip((angle + 0.21) / 0.42 * (self.FRAME[0] - 9), 0, self.FRAME[0] - 9))
+        frame[8 + band, :, 1] = 200
+        frame[: self._steps % 8, :, 2] = 255
+        return frame
+
+
+def make_drawn_cartpole(render_mode=None):
+    """CartPole drawn by numpy in ``rgb_array`` mode (``_Drawn``)."""
+    return _Drawn(render_mode)
+
+
 def make_numpy1_cartpole():
     """CartPole, refusing to be built on any numpy but 1.x."""
     if not np.__version__.startswith("1."):

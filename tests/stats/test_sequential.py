@@ -229,23 +229,37 @@ def test_the_paired_test_refuses_unpaired_or_unbounded_observations():
 
 
 def _confseq():
-    """confseq's betting and predictable-mixture modules, or a skip saying why not."""
+    """confseq's betting and predictable-mixture modules, or a skip saying why not.
+
+    confseq 0.0.11 (the newest on PyPI) has no wheel: its sdist builds C++ extensions that
+    need the Boost headers (Debian: libboost-math-dev) and, on Python 3.11 and later, a
+    pybind11 newer than the 2.6 its build pins (``pip install pybind11>=2.10 scikit-build
+    cmake`` then ``pip install --no-build-isolation confseq``). Its Python modules name
+    ``np.float_`` in their type aliases, which NumPy 2 removed: the alias is lent for the
+    import only (they use it in annotations, never in arithmetic).
+    """
     pytest.importorskip(
         "confseq",
-        reason="confseq could not be installed: PyPI has no wheel of it, and its sdist builds "
-        "C++ extensions that need the Boost headers",
+        reason="confseq (the reference implementation .ci/run installs) is not installed: it "
+        "builds from source, with the Boost headers (Debian: libboost-math-dev); see .ci/run",
     )
+    lent = not hasattr(np, "float_")
+    if lent:
+        np.float_ = np.float64
     try:
-        from confseq.betting import hedged_cs
+        from confseq.betting import betting_mart, hedged_cs
         from confseq.predmix import predmix_empbern_twosided_cs
-    except (ImportError, AttributeError) as exc:  # its modules use np.float_, gone in NumPy 2
+    except (ImportError, AttributeError) as exc:
         pytest.skip(f"confseq is installed but its modules do not import here: {exc}")
-    return hedged_cs, predmix_empbern_twosided_cs
+    finally:
+        if lent:
+            del np.float_
+    return hedged_cs, predmix_empbern_twosided_cs, betting_mart
 
 
 @pytest.mark.parametrize("rate", RATES)
 def test_the_bounds_equal_confseq_s_on_the_same_inputs(rate):
-    hedged_cs, predmix_empbern_twosided_cs = _confseq()
+    hedged_cs, predmix_empbern_twosided_cs, _ = _confseq()
     rng = np.random.default_rng(int(rate * 100))
     for x in ((rng.random(300) < rate).astype(np.float64), rng.random(200) * rate):
         # The hedged capital CS, with the same bets, caps, hedge and grid: the same bounds.
@@ -262,3 +276,18 @@ def test_the_bounds_equal_confseq_s_on_the_same_inputs(rate):
         assert np.abs(upper - their_upper).max() <= 0.04
         width, their_width = upper - lower, their_upper - their_lower
         np.testing.assert_allclose(width[49:], their_width[49:], rtol=0.05)
+
+
+@pytest.mark.parametrize(("rate_a", "rate_b"), [(0.5, 0.5), (0.7, 0.4), (0.2, 0.6)])
+def test_the_paired_e_process_equals_confseq_s_betting_martingale(rate_a, rate_b):
+    """The paired test's e-process is WSR's hedged capital at 1/2 of y = (a - b + 1) / 2:
+    confseq's ``betting_mart(y, 1/2)`` with its defaults (predictable-mixture bets tuned to
+    alpha/2 a side, truncated at 1/2 / m, the max of the two halves). The two must agree to
+    rounding at every n, under the null and away from it."""
+    _, _, betting_mart = _confseq()
+    rng = np.random.default_rng(int(rate_a * 10 + rate_b * 100))
+    a = (rng.random(300) < rate_a).astype(np.float64)
+    b = (rng.random(300) < rate_b).astype(np.float64)
+    theirs = betting_mart((a - b + 1) / 2, 0.5, alpha=ALPHA)
+    ours = paired_test(a, b, alpha=ALPHA, interval=False).e_value
+    np.testing.assert_allclose(np.log(ours), np.log(theirs), rtol=0, atol=1e-9)

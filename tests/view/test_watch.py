@@ -26,12 +26,13 @@ from pathlib import Path
 
 import pytest
 import rlmesh
+from helpers import CORES
 from rlmesh.cli.exits import UsageError
 from rlmesh.cli.watch import add_watch_parser
 from rlmesh.cli.watch import watch_command as run_watch
 from rlmesh.results import EpisodeResult, ResultsFile
 from rlmesh.view import LiveState, ResultsFollower
-from viewing import quick_policy, state, wait_for
+from viewing import RunThread, paced_policy, quick_policy, state, wait_for
 
 PROCESS_TIMEOUT_S = 60.0
 
@@ -245,3 +246,92 @@ def test_a_follower_thread_stops_when_closed(tmp_path):
     follower.close()
     assert not follower._thread.is_alive()
     assert follower.state.snapshot()["status"] == "finished"
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_a_follower_reads_what_a_real_run_appends(tmp_path, core):
+    path = tmp_path / "r.jsonl"
+    episodes = 12
+    run = RunThread(
+        lambda: rlmesh.run(paced_policy, "CartPole-v1", episodes=episodes, num_envs=2,
+                           max_episode_steps=40, results_path=path, core=core)
+    )  # fmt: skip
+    wait_for("the run's header", lambda: path.exists() and path.stat().st_size > 0)
+    follower = ResultsFollower(path, LiveState())
+    added = []
+    deadline = time.monotonic() + PROCESS_TIMEOUT_S
+    while run.alive and time.monotonic() < deadline:  # while the run writes
+        added.append(follower.poll())
+        time.sleep(0.01)
+    result = run.join()
+    added.append(follower.poll())
+    assert sum(1 for count in added if count) >= 2  # read as it grew, in more than one read
+    assert sum(added) == result.num_episodes == episodes  # each episode once
+    written = rlmesh.results.read_results(path)[1]
+    snapshot = follower.state.snapshot()
+    assert snapshot["done"] == len(written) and snapshot["status"] == "finished"
+    (task,) = snapshot["tasks"]
+    assert task["steps"] == sum(episode.steps for episode in written) == result.total_steps
+
+
+def test_another_file_under_the_name_is_read_from_its_start(tmp_path):
+    # The same header, a longer file: only its inode says it is not the file that was read.
+    path, other = tmp_path / "r.jsonl", tmp_path / "other.jsonl"
+    header = {"env": "CartPole-v1", "episodes": 4}
+    with ResultsFile.open(path, header, resume=False) as out:
+        for index in range(2):
+            out.append(_episode(index, steps=10))
+    follower = ResultsFollower(path, LiveState())
+    assert follower.poll() == 2
+    with ResultsFile.open(other, header, resume=False) as out:
+        for index in range(3):
+            out.append(_episode(index, steps=7))
+    os.replace(other, path)
+    assert follower.poll() == 3
+    (task,) = follower.state.snapshot()["tasks"]
+    assert (task["done"], task["steps"]) == (3, 21)
+
+
+def test_a_rewrite_in_place_the_reader_cannot_tell_is_read_from_its_start(tmp_path):
+    # Rewritten in place with the same header and a line ending where the read lines ended:
+    # what follows repeats an episode read before, so the whole file decides.
+    path = tmp_path / "r.jsonl"
+    header = {"env": "CartPole-v1", "episodes": 4}
+    with ResultsFile.open(path, header, resume=False) as out:
+        out.append(_episode(0))
+        out.append(_episode(1))
+    read = path.stat().st_size
+    follower = ResultsFollower(path, LiveState())
+    assert follower.poll() == 2
+    lines = [json.dumps(_episode(index).to_dict()) + "\n" for index in (5, 6, 0)]
+    with open(path, "r+") as handle:  # the same inode
+        handle.seek(read - sum(map(len, lines[:2])))
+        handle.write("".join(lines))
+    assert path.read_bytes()[read - 1 : read] == b"\n"
+    assert follower.poll() == 3 and follower.error is None
+    snapshot = follower.state.snapshot()
+    assert snapshot["done"] == 3
+    assert sorted(e.index for e in rlmesh.results.read_results(path)[1]) == [0, 5, 6]
+
+
+def test_eval_says_its_page_closes_with_it_and_how_watch_shows_it_again(tmp_path):
+    """``rlmesh eval --view http`` serves its page while it runs; the page goes with the
+    command, so the command ends by naming the ``rlmesh watch`` that serves it again."""
+    out = tmp_path / "run.jsonl"
+    command = [sys.executable, "-m", "rlmesh", "eval", "random", "--env", "CartPole-v1"]
+    command += ["--episodes", "3", "--view", "http", "--no-progress"]
+    finished = subprocess.run(
+        [*command, "--out", str(out)], capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S
+    )
+    assert finished.returncode == 0, finished.stderr
+    lines = finished.stderr.strip().splitlines()
+    assert re.fullmatch(r"rlmesh: live view at http://127\.0\.0\.1:\d+/", lines[0])
+    assert lines[-1] == (
+        f"rlmesh: the live view closes with this command; `rlmesh watch {out} --http` shows "
+        "this run's page again"
+    )
+    without_file = subprocess.run(
+        command, capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S
+    )
+    assert without_file.returncode == 0, without_file.stderr
+    assert "pass --out FILE to keep the run" in without_file.stderr

@@ -5,6 +5,7 @@ Same classes, same methods, same results as the Rust core (``rust/src/``), file 
 episode's determinism evidence), ``ledger.py`` ~ ``ledger.rs``,
 ``assembly.py`` ~ ``assembly.rs``, ``resize.py`` ~ ``resize.rs``, ``rotations.py`` ~
 ``rotations.rs``, ``actions.py`` ~ ``actions.rs``, ``chunks.py`` ~ ``chunks.rs``,
+``ensembles.py`` ~ ``ensembles.rs`` (temporal ensembling),
 ``telemetry.py`` ~ ``telemetry.rs``, ``rounds.py`` ~ ``rounds.rs``, and the wire part in its own
 package, ``wire/`` ~ ``wire/``: ``wire/served.py`` ~ ``wire/served.rs`` (a served env's steps
 and episode tallies), ``wire/transport.py`` ~ ``wire/transport.rs`` (the raw-bytes gRPC
@@ -18,6 +19,7 @@ from .actions import ActionApplier
 from .assembly import ObservationAssembler
 from .chunks import ChunkQueues, split_chunk
 from .digests import value_digest
+from .ensembles import TemporalEnsembles
 from .ledger import EpisodeStarts, EpisodeSummary
 from .rounds import RoundRunner
 from .seeding import episode_seed
@@ -45,6 +47,7 @@ __all__ = [
     "ServedSteps",
     "ServerCall",
     "ServerRequests",
+    "TemporalEnsembles",
     "WireChannel",
     "WireServer",
     "WireStatusError",

@@ -143,6 +143,40 @@ def _unflatten(paths: list[Path], arrays: list[np.ndarray]) -> Any:
     return root
 
 
+Layout = list[tuple[Path, tuple[int, ...], np.dtype]]
+
+
+def layout_of(leaves: list[tuple[Path, np.ndarray]]) -> Layout:
+    """The action layout a batch of chunks ``[K, H, ...]`` sets: each leaf's path, per-step
+    shape and dtype, in the batch's leaf order."""
+    return [(path, array.shape[2:], array.dtype) for path, array in leaves]
+
+
+def conformed(layout: Layout, leaves: list[tuple[Path, np.ndarray]]) -> list[np.ndarray]:
+    """The arrays of ``leaves`` in ``layout``'s order.
+
+    Raises:
+        ValueError: other leaves than the layout's, or a leaf of another per-step shape or
+            dtype (both named).
+    """
+    by_path = dict(leaves)
+    if set(by_path) != {path for path, _, _ in layout}:
+        found = ", ".join(path_text("action", path) for path, _ in leaves)
+        held = ", ".join(path_text("action", path) for path, _, _ in layout)
+        raise ValueError(f"chunks hold leaves [{found}] but earlier pushes held [{held}]")
+    arrays = []
+    for path, step_shape, dtype in layout:
+        array = by_path[path]
+        if array.shape[2:] != step_shape or array.dtype != dtype:
+            raise ValueError(
+                f"{path_text('action', path)} holds {array.dtype} actions of shape "
+                f"{_shape_text(array.shape[2:])} but earlier pushes held {dtype} actions "
+                f"of shape {_shape_text(step_shape)}"
+            )
+        arrays.append(array)
+    return arrays
+
+
 class ChunkQueues:
     """Per-lane replay queues of chunked actions.
 
@@ -182,7 +216,7 @@ class ChunkQueues:
         # Which lane holds each episode's queue: an episode lives on one lane.
         self._owner: dict[int, int] = {}
         # (path, per-step shape, dtype) per leaf, from the first push.
-        self._layout: list[tuple[Path, tuple[int, ...], np.dtype]] | None = None
+        self._layout: Layout | None = None
 
     # ------------------------------------------------------------------ properties
 
@@ -252,24 +286,8 @@ class ChunkQueues:
     def _conform(self, leaves: list[tuple[Path, np.ndarray]]) -> list[np.ndarray]:
         """The leaves' arrays in layout order; the first push sets the layout."""
         if self._layout is None:
-            self._layout = [(path, array.shape[2:], array.dtype) for path, array in leaves]
-            return [array for _, array in leaves]
-        by_path = dict(leaves)
-        if set(by_path) != {path for path, _, _ in self._layout}:
-            found = ", ".join(path_text("action", path) for path, _ in leaves)
-            held = ", ".join(path_text("action", path) for path, _, _ in self._layout)
-            raise ValueError(f"chunks hold leaves [{found}] but earlier pushes held [{held}]")
-        arrays = []
-        for path, step_shape, dtype in self._layout:
-            array = by_path[path]
-            if array.shape[2:] != step_shape or array.dtype != dtype:
-                raise ValueError(
-                    f"{path_text('action', path)} holds {array.dtype} actions of shape "
-                    f"{_shape_text(array.shape[2:])} but earlier pushes held {dtype} actions "
-                    f"of shape {_shape_text(step_shape)}"
-                )
-            arrays.append(array)
-        return arrays
+            self._layout = layout_of(leaves)
+        return conformed(self._layout, leaves)
 
     def pop(self, lanes: Any, episode_ids: Any) -> Any:
         """Take the next action of each lane's queue: one env step's actions for ``lanes``.

@@ -81,6 +81,7 @@ from .args import i64_arg, vector
 from .assembly import ObservationAssembler
 from .chunks import ChunkQueues, split_chunk
 from .digests import LaneDigests
+from .ensembles import TemporalEnsembles
 from .ledger import OVERFLOWS, RUNNING, EpisodeStarts, EpisodeSummary, RouteLedger
 
 if TYPE_CHECKING:
@@ -146,6 +147,10 @@ class RoundRunner:
         execution_horizon: None when the model returns one action per lane per prediction;
             ``E >= 1`` when it returns chunks ``[K, H, ...]``, of which each lane replays at
             most ``E`` actions from its own queue.
+        ensemble: None, or ``m >= 0`` for temporal ensembling (``ensembles``): the model
+            returns chunks ``[K, H, ...]`` for every running lane at every step, and each
+            lane executes the ``exp(-m * i)``-weighted average of its episode's chunks that
+            cover the step. Not with ``execution_horizon``.
         seeds, base_seed, trial_index_base, indices: the slots' seeds and trials, as
             ``RouteLedger`` takes them.
         overflow: what a lane does when ``start`` finds no slot left: ``"idle"`` (lanes that
@@ -157,8 +162,9 @@ class RoundRunner:
             For measuring what they cost only: a run always keeps them.
 
     Raises:
-        ValueError: what ``RouteLedger`` refuses, an unknown ``overflow``, or a cap that is
-            not a positive number.
+        ValueError: what ``RouteLedger`` refuses, an unknown ``overflow``, a cap that is
+            not a positive number, an ``ensemble`` rate that is not a finite number >= 0, or
+            both ``ensemble`` and ``execution_horizon``.
         TypeError: ``digests`` is not a bool.
     """
 
@@ -170,6 +176,7 @@ class RoundRunner:
         action_plan: Sequence[Any],
         *,
         execution_horizon: int | None = None,
+        ensemble: float | None = None,
         seeds: Sequence[int] | None = None,
         base_seed: int | None = 0,
         trial_index_base: int | None = 0,
@@ -181,6 +188,12 @@ class RoundRunner:
     ) -> None:
         if overflow not in OVERFLOWS:
             raise ValueError(f"overflow must be 'idle' or 'surplus', got {overflow!r}")
+        if ensemble is not None and execution_horizon is not None:
+            raise ValueError(
+                "ensemble and execution_horizon are two ways to execute chunks: a run "
+                "averages every step's chunks (ensemble) or replays one chunk's actions "
+                "(execution_horizon), not both"
+            )
         self._ledger = RouteLedger(
             num_lanes,
             episodes,
@@ -194,6 +207,7 @@ class RoundRunner:
         self._queues = (
             None if execution_horizon is None else ChunkQueues(num_lanes, execution_horizon)
         )
+        self._ensembles = None if ensemble is None else TemporalEnsembles(num_lanes, ensemble)
         self._overflow = overflow
         self._max_steps = _step_cap(max_episode_steps)
         self._max_ns = _time_cap_ns(max_episode_seconds)
@@ -243,10 +257,12 @@ class RoundRunner:
     def snapshot(self) -> dict[str, Any]:
         """The run's observable state, for parity checks and debugging: the ledger's
         (``RouteLedger.snapshot``), plus ``frame_windows``, how many episodes hold frame
-        windows, and ``queued``, each lane's count of queued actions (None without queues)."""
+        windows, ``queued``, each lane's count of queued actions (None without queues), and
+        ``ensembled``, each lane's count of chunks held for ensembling (None without)."""
         snapshot = self._ledger.snapshot()
         snapshot["frame_windows"] = self._assembler.window_count
         snapshot["queued"] = None if self._queues is None else self._queues.queued().tolist()
+        snapshot["ensembled"] = None if self._ensembles is None else self._ensembles.held().tolist()
         return snapshot
 
     # ------------------------------------------------------------------ episodes
@@ -369,6 +385,8 @@ class RoundRunner:
             self._assembler.evict(episode_id)
             if self._queues is not None:
                 self._queues.drop(episode_id)
+            if self._ensembles is not None:
+                self._ensembles.drop(episode_id)
         return self._ledger.take_model_ends(episode_ids)
 
     def take_all_model_ends(self) -> np.ndarray:
@@ -564,6 +582,8 @@ class RoundRunner:
         ledger, queues = self._ledger, self._queues
         predict_array = np.array(predict_lanes, dtype=np.int64)
         running_array = np.array(running, dtype=np.int64)
+        if self._ensembles is not None:
+            return self._ensembled(output, running, running_array)
         if queues is None:
             actions = self._applier._apply(output, running, self._row_text(running, 1))
             self._digests.act(running, actions)
@@ -577,6 +597,22 @@ class RoundRunner:
             chunks = map_leaves(applied, lambda leaf: leaf.reshape(count, kept, *leaf.shape[1:]))
             queues.push(predict_array, ledger.episode_ids(predict_array), chunks)
         actions = queues.pop(running_array, ledger.episode_ids(running_array))
+        self._digests.act(running, actions)
+        return actions
+
+    def _ensembled(self, output: Any, running: list[int], running_array: np.ndarray) -> Any:
+        """One env action per running lane (every one predicted): each chunk whole, as env
+        actions, into its lane's buffer, and the lane's average for this step out."""
+        assert self._ensembles is not None
+        count = len(running)
+        horizon = split_chunk(output, count)
+        flat = map_leaves(output, lambda leaf: _first_actions(leaf, horizon))
+        repeated = np.repeat(running_array, horizon).tolist()
+        applied = self._applier._apply(flat, repeated, self._row_text(running, horizon))
+        chunks = map_leaves(applied, lambda leaf: leaf.reshape(count, horizon, *leaf.shape[1:]))
+        ids = self._ledger.episode_ids(running_array)
+        self._ensembles.push(running_array, ids, chunks)
+        actions = self._ensembles.pop(running_array, ids)
         self._digests.act(running, actions)
         return actions
 
@@ -751,7 +787,7 @@ class RoundRunner:
             self._charge(predict_ns)
             actions = None
             if integers is not None:
-                if self._queues is None and not whole:
+                if self._queues is None and self._ensembles is None and not whole:
                     actions = self._applier._discrete_scalars(integers)
                     if actions is not None:
                         self._digests.act_integers(running, integers)

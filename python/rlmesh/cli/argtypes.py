@@ -41,6 +41,17 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    """A finite number >= 0 (``--ensemble``'s rate)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
 def seed(text: str) -> int:
     """A base seed: an integer in [0, 2**64)."""
     try:

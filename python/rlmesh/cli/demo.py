@@ -30,6 +30,7 @@ def demo_args(args: argparse.Namespace) -> argparse.Namespace:
         seed=None,
         seeds=None,
         horizon=1,
+        ensemble=None,
         max_episode_steps=None,
         max_episode_seconds=None,
         timeout_reset=None,

@@ -32,6 +32,7 @@ import gymnasium as gym
 from ..api import run
 from ..core import core_name
 from ..errors import ModelDefinitionError, ResultsFileError, RlmeshError
+from ..model import TemporalEnsemble
 from ..policies import load_policy, policy_identity
 from ..results import LOCK_SUFFIX, SUITE_KEY, dumps, read_results, read_run, read_suite
 from ..settings import check_video_settings
@@ -192,6 +193,7 @@ def eval_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     print(dumps(summary) if args.json else format_summary(summary))
     if report is not None and not args.json:
         print(report.format())
+    _say_where_the_page_goes(args)
     return status
 
 
@@ -203,7 +205,7 @@ def _eval_suite(args: argparse.Namespace, argv: Sequence[str], cluster: dict[str
     only = None
     if args.tasks is not None:
         only = [name.strip() for name in args.tasks.split(",") if name.strip()]
-    suite = _suite_tasks(args)
+    suite = suite_tasks(args)
     try:
         suite, chosen = checked_suite(suite, only)
     except ValueError as exc:
@@ -266,10 +268,24 @@ def _eval_suite(args: argparse.Namespace, argv: Sequence[str], cluster: dict[str
     if args.out is not None:  # every task the file holds, as `rlmesh report` shows it
         summary = suite_file_summary(args.out)
     print(dumps(summary) if args.json else format_suite_summary(summary))
+    _say_where_the_page_goes(args)
     return status
 
 
-def _suite_tasks(args: argparse.Namespace) -> list[Any]:
+def _say_where_the_page_goes(args: argparse.Namespace) -> None:
+    """With ``--view http``, say on stderr that the page closes with the command, and how
+    ``rlmesh watch`` serves the run's page again from its results file."""
+    view = getattr(args, "view", None) or ""
+    if not view.startswith(("http", "both")):
+        return
+    if args.out is None:
+        again = "pass --out FILE to keep the run, then `rlmesh watch FILE --http` shows it again"
+    else:
+        again = f"`rlmesh watch {shlex.quote(args.out)} --http` shows this run's page again"
+    print(f"rlmesh: the live view closes with this command; {again}", file=sys.stderr)
+
+
+def suite_tasks(args: argparse.Namespace) -> list[Any]:
     """The tasks ``--suite`` names: a built-in suite (``rlmesh.benchmarks``), with
     ``--episodes``, ``--seed``, ``--max-episode-steps`` and ``--suite-options`` applied to
     each task, or a suite's TOML file, which sets all of them per task itself."""
@@ -322,6 +338,7 @@ def _shared_arguments(args: argparse.Namespace, argv: Sequence[str]) -> dict[str
         "restart_workers": args.restart_workers,
         "pipeline": args.pipeline,
         "execution_horizon": args.horizon,
+        "ensemble": None if args.ensemble is None else TemporalEnsemble(m=args.ensemble),
         "timeouts": _timeouts(args) or None,
         "on_error": args.on_error,
         "max_retries": args.max_retries,

@@ -26,6 +26,7 @@ from .ab import ab_command, add_ab_parser
 from .argtypes import (
     confidence,
     json_object,
+    non_negative_float,
     non_negative_int,
     positive_int,
     positive_seconds,
@@ -205,6 +206,13 @@ def _add_eval(commands: Any) -> None:
     )
     what.add_argument(
         "--horizon", type=positive_int, default=1, help="actions replayed per predicted chunk"
+    )
+    what.add_argument(
+        "--ensemble",
+        type=non_negative_float,
+        metavar="M",
+        help="execute chunks by temporal ensembling: predict a chunk every step and execute "
+        "the exp(-M*i)-weighted average of every chunk covering the step (ACT: M=0.01)",
     )
     episodes = _add_episodes(evaluate, default=None)
     seeding = episodes.add_mutually_exclusive_group()

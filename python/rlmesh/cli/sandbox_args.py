@@ -12,7 +12,9 @@
 - ``--sandbox-restart K``: start a sandboxed side that died again, up to K times.
 
 A sandboxed env's lanes step in its server (``--workers`` worker processes there), so the run
-itself gets ``run_overrides(args)``.
+itself gets ``run_overrides(args)``. With ``--record-video`` (frames from ``render()``) or an
+http ``--view``, its envs are built with ``render_mode="rgb_array"`` there, and their frames
+cross its socket.
 
 Example:
     >>> import argparse
@@ -32,6 +34,7 @@ from dataclasses import fields
 from typing import Any
 
 from ..suites import Task
+from ..view.spec import parse_view
 from .argtypes import non_negative_int
 from .exits import UsageError
 
@@ -124,7 +127,11 @@ def check_sandbox_arguments(args: argparse.Namespace, *, served_policy: bool) ->
     if getattr(args, "ray", None) is not None and (env_sandboxed(args) or policy_sandboxed(args)):
         raise UsageError(
             "rlmesh eval: error: --ray runs the episodes on Ray workers, which do not start "
-            "sandboxes: drop --ray, or the sandbox options"
+            "sandboxes (a sandbox's server is a child of the process that runs its lanes, "
+            "and a window's env is rebuilt from an id or a factory on its worker): drop --ray "
+            "and run the sandboxed env here with --num-envs N and --workers W (its worker "
+            "processes step the lanes inside the sandbox), or drop the sandbox options and "
+            "install the packages on the Ray workers"
         )
     if env_sandboxed(args):
         for flag, given, instead in (
@@ -147,7 +154,8 @@ def run_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _env_options(args: argparse.Namespace, extra_packages: Sequence[str] = ()) -> dict[str, Any]:
-    return {
+    """``SandboxEnv``'s options from the arguments (its env's own arguments apart)."""
+    options = {
         "packages": [*extra_packages, *packages(args.env_packages)],
         "python": args.env_python,
         "num_envs": args.num_envs or 1,
@@ -157,6 +165,26 @@ def _env_options(args: argparse.Namespace, extra_packages: Sequence[str] = ()) -
         "restart": args.sandbox_restart,
         "core": args.core,
     }
+    if _wants_frames(args):
+        options["render_mode"] = "rgb_array"
+    return options
+
+
+def _wants_frames(args: argparse.Namespace) -> bool:
+    """Whether the run takes frames from ``render()``: videos without ``--video-key``, or a
+    live page (``--view http``)."""
+    if getattr(args, "video_key", None) is not None:
+        return False
+    if getattr(args, "record_video", 0):
+        return True
+    view = getattr(args, "view", None)
+    return bool(view) and bool(getattr(parse_view(view), "http", False))
+
+
+def _with_env_kwargs(options: dict[str, Any], env_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``SandboxEnv``'s keywords: ``options`` and the env's arguments, which win (a
+    ``render_mode`` of ``--env-kwargs`` stays)."""
+    return {**options, **env_kwargs}
 
 
 def sandboxed_env(args: argparse.Namespace, env: str, env_kwargs: dict[str, Any]) -> Any:
@@ -164,7 +192,7 @@ def sandboxed_env(args: argparse.Namespace, env: str, env_kwargs: dict[str, Any]
     in the sandbox). Starting it builds its environment when new, and starts its server."""
     from ..sandbox import SandboxEnv
 
-    return SandboxEnv(env, **_env_options(args), **env_kwargs)
+    return SandboxEnv(env, **_with_env_kwargs(_env_options(args), env_kwargs))
 
 
 def sandboxed_tasks(args: argparse.Namespace, tasks: Sequence[Task]) -> list[Task]:
@@ -212,7 +240,7 @@ class SandboxedTask(Task):
         """A ``SandboxEnv`` of the task's env id, built with its ``env_kwargs``."""
         from ..sandbox import SandboxEnv
 
-        return SandboxEnv(self.env, **self._sandbox, **self.env_kwargs)
+        return SandboxEnv(self.env, **_with_env_kwargs(self._sandbox, self.env_kwargs))
 
 
 __all__ = [

@@ -22,8 +22,6 @@ import sys
 import time
 from typing import Any
 
-from ..errors import ResultsFileError
-from ..results.reader import parse_file
 from ..view import LiveState, ResultsFollower, TerminalView, ViewError, ViewServer
 from ..view.spec import LOOPBACK
 from ..view.state import FINISHED
@@ -85,9 +83,12 @@ def watch_command(args: argparse.Namespace) -> int:
     file is complete; 2 for a file that is not a results file or a port in use)."""
     if args.host != LOOPBACK and args.http is None:
         raise UsageError("rlmesh watch: error: --host names where --http serves: pass --http")
-    _check_file(args.file)
+    _check_exists(args.file)
     state = LiveState(f"rlmesh watch {os.path.basename(args.file)}")
     follower = ResultsFollower(args.file, state, poll_every=args.poll)
+    follower.poll()  # the first read: a file that is no results file is refused before anything
+    if follower.error is not None:
+        raise UsageError(f"rlmesh watch: error: {follower.error}")
     server = None
     if args.http is not None:
         try:
@@ -113,14 +114,10 @@ def watch_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _check_file(path: str) -> None:
-    """Refuse a path that is no results file before anything is shown."""
+def _check_exists(path: str) -> None:
+    """Refuse a path where no file is, before anything is shown."""
     if not os.path.exists(path):
         raise UsageError(
             f"rlmesh watch: error: {path}: no such file; expected a results file written by "
             "rlmesh eval --out or rlmesh.run(results_path=...) (start the run first)"
         )
-    try:
-        parse_file(path)
-    except ResultsFileError as exc:
-        raise UsageError(f"rlmesh watch: error: {exc}") from None

@@ -49,7 +49,14 @@ from ..remote.connection import (
     uuid7,
     wire_transport,
 )
-from ..remote.protocol import SPEC_METADATA, SUBSET_STEP, split_rows, split_vector_infos
+from ..remote.png import PNGError, decode_png
+from ..remote.protocol import (
+    RENDER_FPS_KEY,
+    SPEC_METADATA,
+    SUBSET_STEP,
+    split_rows,
+    split_vector_infos,
+)
 from ..remote.wire.core.v1 import env_contract_pb2
 from ..remote.wire.env.v1 import interaction_pb2 as wire
 from ..remote.wire.env.v1 import service_pb2
@@ -97,6 +104,10 @@ class RemoteEnv:
     rule says: the call raises ``SessionEndedError`` (a ``RemoteError``) naming every lane, and
     ``rebuild`` opens a new session (the server keeps its envs and resets them on the next
     ``reset``).
+
+    A server whose envs render (its contract's ``render_mode``, ``"rgb_array"`` for frames)
+    makes these lanes ``RenderingLanes``: ``render(lane)`` asks it for the lane's frame, which
+    crosses the wire as PNG, so a run records videos from ``render()`` as it does locally.
 
     Raises:
         RemoteError: no server answered, the handshake or the token was refused, the
@@ -191,6 +202,12 @@ class RemoteEnv:
         self.accepts_trial_index = metadata.get(TRIAL_INDEX_FLAG) is True
         self.name = contract.spec.id or self.address
         self.spec = _spec_from_metadata(metadata, self.name)
+        # Lanes that can draw only when the server's envs render (RenderingLanes).
+        self.render_mode = contract.render_mode or None
+        fps = metadata.get(RENDER_FPS_KEY)
+        self.render_fps = float(fps) if isinstance(fps, (int, float)) and fps > 0 else None
+        if self.render_mode is not None:
+            self.render = self._render
         self._observation_codec = SpaceCodec(self.single_observation_space)
         self._action_codec = SpaceCodec(self.single_action_space)
         self._episode_ids = np.full(self.num_lanes, "", dtype=object)
@@ -286,6 +303,27 @@ class RemoteEnv:
 
     def env_episode_ids(self) -> np.ndarray | None:
         return None
+
+    def _render(self, lane: int) -> np.ndarray:
+        """Lane ``lane``'s frame now, drawn by the server (``RenderingLanes.render``, present
+        when the server's envs render): ``[H, W, 3]`` or ``[H, W]`` uint8."""
+        request = wire.JoinRequest(
+            render=wire.RenderRequest(env_indices=[int(lane)], timeout_ms=self._timeout_ms)
+        )
+        answer = self._call(f"rendering lane {lane}", "render", request).render
+        if not answer.HasField("frame"):
+            raise RemoteError(
+                f"the env server at {self.address} drew no frame of lane {lane}: its envs "
+                f"render in {self.render_mode!r} mode; build them with render_mode='rgb_array'",
+                address=self.address,
+            )
+        if answer.format != wire.RENDER_FORMAT_PNG:
+            raise self._malformed(f"a frame of lane {lane} in format {answer.format}, not PNG")
+        try:
+            frame = decode_png(answer.frame)
+        except PNGError as err:
+            raise self._malformed(f"the frame of lane {lane}: {err}") from None
+        return frame[:, :, 0] if frame.shape[2] == 1 else frame
 
     def _rebuild(self, lanes: np.ndarray) -> None:
         """After a ``SessionEndedError``, a new session: its lanes, all of them, hold no episode

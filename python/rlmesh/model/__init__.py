@@ -1,6 +1,7 @@
 """The model: the ``Model`` base class (``base``), the handler that calls it the way a run
 needs (``handler``: ``ModelHandler``, which is the core's ``RoundModel``), and the probe that
-refuses a model that keeps state across calls (``probe``).
+refuses a model that keeps state across calls (``probe``), and ``TemporalEnsemble``
+(``ensemble``), the setting that executes a model's chunks by temporal ensembling.
 
 Example:
     >>> import asyncio
@@ -14,6 +15,7 @@ Example:
 
 from ..core import RoundModel
 from .base import CHUNKED_ORDER, CORNERS, UNCHUNKED_ORDER, Model, Route, defined_corners
+from .ensemble import TemporalEnsemble
 from .handler import ModelHandler, resolved
 from .probe import PROBE_ROUNDS, PROBE_SPLIT_THRESHOLD, PROBE_THRESHOLD, QUICK_PROBE_CALLS
 
@@ -29,6 +31,7 @@ __all__ = [
     "ModelHandler",
     "RoundModel",
     "Route",
+    "TemporalEnsemble",
     "defined_corners",
     "resolved",
 ]

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     import gymnasium
 
     from ..adapters import ModelSpec, Plan
+    from .tensors import TensorBridge
 
 CORNERS = ("predict", "predict_batch", "predict_chunk", "predict_chunk_batch")
 # The corner a run uses is the first one the model defines, in this order: batched before
@@ -59,6 +60,8 @@ class Route:
         plan: the model's spec compiled against them: what each payload holds and how each
             action is applied.
         execution_horizon: the actions a lane replays from one chunk (1: un-chunked).
+        ensemble: the run executes chunks by temporal ensembling (``rlmesh.TemporalEnsemble``):
+            the chunk corner is asked for its whole chunk at every step.
     """
 
     env: str
@@ -66,6 +69,7 @@ class Route:
     action_space: gymnasium.Space[Any]
     plan: Plan
     execution_horizon: int
+    ensemble: bool = False
 
 
 class Model:
@@ -156,6 +160,13 @@ class Model:
 
     def close(self) -> None:
         """Called once at the end of a run, also when it fails."""
+
+    def tensor_bridge(self) -> TensorBridge | None:
+        """How this model's inputs become a framework's tensors and its outputs numpy again
+        (``rlmesh.model.tensors``), or None: numpy in, numpy out, as here. The model handler
+        asks once, when it is made; ``rlmesh.torch.Model`` and ``rlmesh.jax.Model`` return
+        the bridge for their ``device``."""
+        return None
 
     def run(self, env: Any, **kwargs: Any) -> Any:
         """Evaluate this model on ``env``: ``rlmesh.run(self, env, **kwargs)``."""

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     import gymnasium
 
     from ..adapters import ModelSpec, Plan
+    from .tensors import TensorBridge
 
 
 class ModelHandler:
@@ -58,6 +59,9 @@ class ModelHandler:
         model: a ``Model`` (subclass) instance, or a bare callable (taken as ``predict``).
         execution_horizon: ``E >= 1``, the actions a lane replays from one chunk. ``E > 1``
             asks for chunks; a model without a chunk corner warns once and runs un-chunked.
+        ensemble: the run averages chunks (temporal ensembling): the model's chunk corner is
+            called at every step with ``execution_horizon=None`` (its whole chunk), and
+            ``predict`` returns chunks. Needs ``execution_horizon=1`` and a chunk corner.
 
     Attributes:
         model: the wrapped ``Model``.
@@ -67,11 +71,14 @@ class ModelHandler:
 
     Raises:
         ModelDefinitionError: ``model`` is a class, not an instance, or defines no corner (a
-            ``TypeError`` too).
+            ``TypeError`` too), or an ``ensemble`` run's model has no chunk corner.
+        ValueError: ``ensemble`` with ``execution_horizon > 1``.
     """
 
-    def __init__(self, model: Any, *, execution_horizon: int = 1) -> None:
+    def __init__(self, model: Any, *, execution_horizon: int = 1, ensemble: bool = False) -> None:
         self.model = _as_model(model)
+        # A framework model's converter (rlmesh.model.tensors), asked once; None: numpy.
+        self._bridge: TensorBridge | None = self.model.tensor_bridge()
         self.spec: ModelSpec | None = getattr(self.model, "spec", None)
 
         self._defined = defined_corners(self.model)
@@ -82,8 +89,22 @@ class ModelHandler:
                 f"`def predict(self, obs): return action`), or pass a function fn(obs) -> "
                 f"action, or Model(fn)"
             )
-        wants_chunks = execution_horizon > 1
-        self.chunked = wants_chunks and any(corner in self._defined for corner in CHUNKED_ORDER)
+        if ensemble and execution_horizon > 1:
+            raise ValueError(
+                f"temporal ensembling executes one averaged action per step, and "
+                f"execution_horizon={execution_horizon} replays several actions of one chunk: "
+                f"pass one of them"
+            )
+        has_chunks = any(corner in self._defined for corner in CHUNKED_ORDER)
+        if ensemble and not has_chunks:
+            raise ModelDefinitionError(
+                f"temporal ensembling averages chunks, but {type(self.model).__name__} defines "
+                f"neither predict_chunk nor predict_chunk_batch: define one that returns the "
+                f"model's chunk [H, ...] (or [K, H, ...]), or run without ensemble="
+            )
+        self.ensemble = ensemble
+        wants_chunks = execution_horizon > 1 or ensemble
+        self.chunked = wants_chunks and has_chunks
         if wants_chunks and not self.chunked:
             warnings.warn(
                 f"execution_horizon={execution_horizon} but {type(self.model).__name__} has no "
@@ -93,7 +114,10 @@ class ModelHandler:
                 stacklevel=2,
             )
         self.execution_horizon = execution_horizon
-        self._horizon_asked = execution_horizon if self.chunked else 1
+        # An ensemble keeps every action of a chunk, so the corner is asked for all of them.
+        self._horizon_asked: int | None = (
+            None if ensemble else execution_horizon if self.chunked else 1
+        )
         order = CHUNKED_ORDER if self.chunked else UNCHUNKED_ORDER
         self._use_corner(next(corner for corner in order if corner in self._defined))
         self._end_takes_id = _takes_an_argument(self.model.on_episode_end)
@@ -132,13 +156,24 @@ class ModelHandler:
         """Tell the model the run's route (``Model.on_route``), once, before ``load``."""
         on_route = getattr(self.model, "on_route", None)
         if on_route is not None:
-            on_route(Route(env, observation_space, action_space, plan, self.execution_horizon))
+            on_route(
+                Route(
+                    env,
+                    observation_space,
+                    action_space,
+                    plan,
+                    self.execution_horizon,
+                    self.ensemble,
+                )
+            )
 
     def with_horizon(self, execution_horizon: int) -> ModelHandler:
         """A handler of the same model for runs of another ``execution_horizon``, sharing this
         one's load: a served model answers drivers of several horizons. Closing it does
         nothing (this handler closes the model)."""
-        other = ModelHandler(self.model, execution_horizon=execution_horizon)
+        other = ModelHandler(
+            self.model, execution_horizon=execution_horizon, ensemble=self.ensemble
+        )
         other._loaded = self._loaded
         other._closed = True
         return other
@@ -264,8 +299,12 @@ class ModelHandler:
         """The plain per-lane corner, ``predict(lane_input) -> action``, when that is what
         this model is called through (un-chunked, without a context); None otherwise. A
         caller may call it once per lane row itself and stack the outputs with ``combine``:
-        what ``predict_now`` does on an array payload."""
-        return self._call if self.corner == "predict" and self.contexts is None else None
+        what ``predict_now`` does on an array payload. None too for a model with a tensor
+        bridge: ``predict_now`` converts the whole batch once, where rows would be converted
+        one by one."""
+        if self.corner == "predict" and self.contexts is None and self._bridge is None:
+            return self._call
+        return None
 
     @property
     def calls_per_lane(self) -> bool:
@@ -308,11 +347,15 @@ class ModelHandler:
     def _calls(self, payload: Any, num_lanes: int, episode_ids: Sequence[int] | None) -> list[Any]:
         """The corner called on ``payload``: one output, or one per lane in lane order."""
         contexts = None if self.contexts is None else self.contexts.advance(episode_ids, num_lanes)
+        if self._bridge is not None:  # once for the whole batch; lanes get parts of it
+            payload = self._bridge.to_model(payload)
         if self._batched:
             return [
                 self._call(payload) if contexts is None else self._call(payload, context=contexts)
             ]
-        if isinstance(payload, np.ndarray):
+        if self._bridge is not None:
+            inputs = self._bridge.lanes(payload, num_lanes)
+        elif isinstance(payload, np.ndarray):
             inputs = [payload[lane] for lane in range(num_lanes)]
         else:
             inputs = [_lane(payload, lane) for lane in range(num_lanes)]
@@ -324,6 +367,11 @@ class ModelHandler:
         ]
 
     def _combined(self, outputs: list[Any], num_lanes: int) -> Any:
+        if self._bridge is not None:  # the framework's tensors as numpy, once per call
+            if self._batched:
+                outputs = [self._bridge.from_model(outputs[0])]
+            else:
+                outputs = self._bridge.from_lanes(outputs)
         if self._batched:
             output = _arrays(outputs[0])
             self._check_rows(output, num_lanes)
@@ -414,7 +462,9 @@ def _as_model(model: Any) -> Model:
     )
 
 
-def _corner_call(method: Callable[..., Any], corner: str, horizon: int) -> Callable[..., Any]:
+def _corner_call(
+    method: Callable[..., Any], corner: str, horizon: int | None
+) -> Callable[..., Any]:
     """``method`` as a call ``call(obs, **extra)``; chunk corners get ``horizon`` if they
     accept it."""
     if "chunk" not in corner:

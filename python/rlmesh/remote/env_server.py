@@ -13,7 +13,10 @@ order with its ``request_id``:
   capability ``subset_step``), the action's rows aligned to them; the answer's rows align to
   the same lanes, and ``completed_episodes`` reports the episodes that ended, with the ids the
   driver handed in;
-- ``Render``: no frame (the server renders nothing); ``Close``: ends the session.
+- ``Render``: one lane's frame (``env_indices=[k]``; none with one lane), what its env's
+  ``render()`` returns as PNG, when the envs render in ``rgb_array`` mode (the contract's
+  ``render_mode``, with ``render_fps`` in its metadata); no frame from envs that do not render;
+- ``Close``: ends the session.
 
 Infos travel as a ``MetaMap``: a one-lane server sends the lane's info as it is; a wider one
 sends Gymnasium's vector form over the rows of the answer (each key a list of one value per
@@ -57,6 +60,8 @@ from ..lanes.base import (
     TRIAL_INDEX_OPTION,
     lanes_accepts_trial_index,
     lanes_autoreset,
+    lanes_render_fps,
+    lanes_rendering,
 )
 from ..spaces import batch_leaves, leaf_shape, space_leaves
 from ..utils import positive_int
@@ -69,7 +74,15 @@ from .codec import (
     space_spec,
 )
 from .connection import DEFAULT_MAX_MESSAGE_MB, Server, handshake_response, wire_transport
-from .protocol import SPEC_METADATA, SUBSET_STEP, RequestError, split_rows, vector_infos
+from .png import encode_png
+from .protocol import (
+    RENDER_FPS_KEY,
+    SPEC_METADATA,
+    SUBSET_STEP,
+    RequestError,
+    split_rows,
+    vector_infos,
+)
 from .wire.core.v1 import env_contract_pb2, handshake_pb2
 from .wire.env.v1 import interaction_pb2 as wire
 from .wire.env.v1 import service_pb2, service_pb2_grpc
@@ -174,6 +187,11 @@ def env_contract(lanes: Lanes, env_tags: EnvTags | None = None) -> env_contract_
             value = getattr(spec, field, None)
             if value is not None:
                 metadata[key] = value
+    rendering = lanes_rendering(lanes)
+    render_mode = "" if rendering is None else rendering.render_mode or ""
+    fps = lanes_render_fps(lanes) if render_mode else None
+    if fps:
+        metadata[RENDER_FPS_KEY] = float(fps)
     if lanes.resets_itself:
         autoreset = (
             env_contract_pb2.AUTORESET_MODE_SAME_STEP
@@ -190,6 +208,7 @@ def env_contract(lanes: Lanes, env_tags: EnvTags | None = None) -> env_contract_
             metadata=meta_map(metadata),
         ),
         num_envs=lanes.num_lanes,
+        render_mode=render_mode,
         autoreset_mode=autoreset,
     )
 
@@ -401,7 +420,7 @@ class Session:
             elif kind == "configure":
                 response = wire.JoinResponse(configure=self.configure(request.configure))
             elif kind == "render":
-                response = wire.JoinResponse(render=wire.RenderResponse())
+                response = wire.JoinResponse(render=self.render(request.render))
             elif kind == "close":
                 response = wire.JoinResponse(
                     close=wire.CloseEnvsResponse(final_episodes=self.interrupt_all())
@@ -545,6 +564,40 @@ class Session:
             self._last_step_lanes = self._lanes_of(indices, "StepRequest")
             self._last_step_indices = indices
         return self._last_step_lanes, self._last_step_indices
+
+    def render(self, request: wire.RenderRequest) -> wire.RenderResponse:
+        """One lane's frame as PNG, from envs that render in ``rgb_array`` mode; no frame
+        from envs that do not render (the contract's ``render_mode`` says which)."""
+        rendering = lanes_rendering(self.lanes)
+        if rendering is None or rendering.render_mode != "rgb_array":
+            return wire.RenderResponse()
+        lanes = self._lanes_of(request.env_indices, "RenderRequest")
+        if len(lanes) != 1:
+            raise RequestError(
+                Code.ENV_ERROR_CODE_INVALID_ACTION,
+                f"a RenderRequest draws one lane: name it in env_indices (this server has "
+                f"{self.num_lanes} lanes), got {list(request.env_indices)}",
+                recoverable=True,
+            )
+        lane = int(lanes[0])
+        frame = self.servicer.call_env(
+            rendering.render, (lane,), request.timeout_ms, f"render of lane {lane}"
+        )
+        if not (
+            isinstance(frame, np.ndarray)
+            and frame.dtype == np.uint8
+            and frame.size
+            and (frame.ndim == 2 or (frame.ndim == 3 and frame.shape[2] in (1, 3, 4)))
+        ):
+            got = getattr(frame, "shape", None)
+            described = type(frame).__name__ if got is None else f"shape {got} {frame.dtype}"
+            raise RequestError(
+                Code.ENV_ERROR_CODE_UNSUPPORTED,
+                f"render() of lane {lane} returned {described}; a frame crosses the wire as an "
+                f"[H, W, 3] (or [H, W], [H, W, 4]) uint8 array",
+                recoverable=True,
+            )
+        return wire.RenderResponse(frame=encode_png(frame), format=wire.RENDER_FORMAT_PNG)
 
     def _lanes_of(self, env_indices: Sequence[int], what: str) -> np.ndarray:
         if not len(env_indices):

@@ -47,7 +47,7 @@ from gymnasium import spaces
 
 from ..adapters import ModelSpec
 from ..contexts import PredictContext
-from ..errors import ModelOutputError, RemoteError, SpecError
+from ..errors import ModelDefinitionError, ModelOutputError, RemoteError, SpecError
 from ..model import Model, Route
 from ..utils import map_leaves
 from .address import parse_address
@@ -228,7 +228,20 @@ class RemoteModel(Model):
 
     def on_route(self, route: Route) -> None:
         """Work out the wire's spaces for this run: the payload the driver will assemble and
-        the actions the model answers in; a new ``env_id`` for it."""
+        the actions the model answers in; a new ``env_id`` for it.
+
+        Raises:
+            ModelDefinitionError: the run ensembles chunks: rlmesh-wire asks a server for
+                ``execution_horizon`` actions, and has no way to ask for a whole chunk.
+        """
+        if route.ensemble:
+            raise ModelDefinitionError(
+                f"RemoteModel({self.address!r}) cannot serve a run with ensemble=: rlmesh-wire "
+                f"asks the server for execution_horizon actions per prediction, not for the "
+                f"model's whole chunk; ensemble on the server's side (serve a model whose "
+                f"predict ensembles), or serve the model over openpi's protocol "
+                f"(rlmesh serve --protocol openpi), whose answers are whole chunks"
+            )
         self._route = _WireRoute(route, self.spec, self.address)
 
     def load(self) -> None:

@@ -33,6 +33,10 @@ SPEC_METADATA = {
 """Env contract metadata keys -> the ``EnvSpec`` fields they carry, so a driver rebuilds the
 served env's spec (its ``reward_threshold`` decides success when nothing else does)."""
 
+RENDER_FPS_KEY = "rlmesh.render_fps"
+"""Env contract metadata key: the frame rate of a served env that renders (its envs'
+``metadata["render_fps"]``), for the videos a driver records of its frames."""
+
 MODEL_SPEC_KEY = "rlmesh.model_spec.v1"
 """``peer_info.extra`` key of a model server's handshake: the served model's ``ModelSpec`` as
 JSON (absent for a model without a spec). The driver assembles the payload from it."""
@@ -88,6 +92,7 @@ def split_vector_infos(info: dict[str, Any], count: int) -> list[dict[str, Any]]
 
 __all__ = [
     "MODEL_SPEC_KEY",
+    "RENDER_FPS_KEY",
     "SPEC_METADATA",
     "SUBSET_STEP",
     "RequestError",

@@ -150,6 +150,8 @@ class ResultsFile:
             # What the file's run is now: its header, updated by every recorded resumption.
             recorded = lines.config(contents.header)
             for resumption in contents.resumes:
+                if "task" in resumption:  # a suite task's resumption: its task's, not the file's
+                    continue
                 recorded.update(lines.config(resumption, lines.RESUME_KEY))
             _check_suite(path, recorded.get(lines.SUITE_KEY), config.get(lines.SUITE_KEY))
             changed = _check_identity(path, recorded, config, allow_changed_policy)

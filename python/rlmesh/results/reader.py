@@ -4,7 +4,9 @@
 ``FileContents``; everything that reads a file's lines as objects goes through it: the
 ``read_results`` / ``read_run`` / ``read_suite`` functions here, ``ResultsFile.open`` when it
 resumes, ``rlmesh compare`` and the HTML report. ``rlmesh report``'s summary reads the same
-lines in columns (``rlmesh.results.scan``), with the same classification.
+lines in columns (``rlmesh.results.scan``), with the same classification. ``read_appended``
+goes on from a ``FileContents`` read before with only the lines the file gained since (what
+``rlmesh watch`` follows a growing file with); ``parse_file`` is it from nothing.
 
 Example:
     >>> import os, tempfile
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, BinaryIO
 
 from ..errors import ResultsFileError
 from .lines import (
@@ -55,6 +57,11 @@ class FileContents:
     dropped: bytes
     resumes: list[dict[str, Any]] = field(default_factory=list)
     tasks: list[dict[str, Any]] = field(default_factory=list)  # a suite's task headers
+    lines: int = 0  # whole lines read: the number of the next one is lines + 1
+    # Where read_appended goes on from: the header line's bytes (the file it reads must still
+    # start with them) and the (task, index) of every episode read (a repeat is an error).
+    head: bytes = field(default=b"", repr=False, compare=False)
+    seen: set[tuple[str | None, int]] = field(default_factory=set, repr=False, compare=False)
 
     def add(self, kind: str, value: Any) -> None:
         """Keep one line's ``value`` (``lines.parse_line``) where its ``kind`` goes."""
@@ -132,14 +139,42 @@ def read_contents(path: str | os.PathLike[str], *, cut_off: str = "skipped") -> 
 def parse_file(path: str | os.PathLike[str]) -> FileContents:
     """Parse a results file line by line, as it is: a last line without its newline (cut by
     a crash) is set aside in ``dropped`` without a warning, an empty file has no header.
-    ``read_contents`` is the reader; this is what a resumption repairs from.
+    ``read_contents`` is the reader; this is what a resumption repairs from. The same as
+    ``read_appended(path, None)``.
 
     Raises:
         ResultsFileError: the file cannot be read, or a line is not of a kind the format
             knows, or repeats an episode (of one task).
     """
-    contents = FileContents(None, [], [], 0, b"")
-    seen: set[tuple[str | None, int]] = set()
+    return read_appended(path, None)
+
+
+def read_appended(path: str | os.PathLike[str], contents: FileContents | None) -> FileContents:
+    """``contents`` (what this or ``parse_file`` returned for ``path`` before; None: nothing
+    read yet) with the whole lines the file gained since, parsed as ``parse_file`` parses
+    them: a follower of a file another process appends to (``rlmesh watch``) reads what was
+    added, not the whole file again. The result is what ``parse_file(path)`` would give.
+
+    ``contents`` is extended in place and returned, or left as it was when this raises. A last
+    line without its newline stays set aside (``dropped``) until it is whole. A file that no
+    longer holds what ``contents`` read (shorter than it, another header, a line boundary
+    moved: rewritten) is read from its start into a new ``FileContents``.
+
+    Raises:
+        ResultsFileError: as ``parse_file`` (an episode repeated across two reads too).
+
+    Example:
+        >>> import os, tempfile
+        >>> from rlmesh.results import EpisodeResult, ResultsFile
+        >>> path = os.path.join(tempfile.mkdtemp(), "r.jsonl")
+        >>> with ResultsFile.open(path, {"env": "CartPole-v1"}, resume=False) as out:
+        ...     out.append(EpisodeResult(0, 5, 0, 0, 12, 12.0, True, False, None, 0.2, 0.1, 0.2))
+        >>> contents = read_appended(path, None)
+        >>> with ResultsFile.open(path, {"env": "CartPole-v1"}, resume=True) as out:
+        ...     out.append(EpisodeResult(1, 6, 1, 0, 9, 9.0, True, False, None, 0.2, 0.1, 0.2))
+        >>> [episode.index for episode in read_appended(path, contents).episodes]
+        [0, 1]
+    """
     try:
         handle = open(path, "rb")  # noqa: SIM115 - closed by the with below
     except OSError as exc:
@@ -148,25 +183,67 @@ def parse_file(path: str | os.PathLike[str]) -> FileContents:
             "written by rlmesh eval --out or rlmesh.run(results_path=...)"
         ) from None
     with handle:
-        for number, raw in enumerate(handle, start=1):
-            if not raw.endswith(b"\n"):
-                contents.dropped = raw
-                break
-            contents.valid_bytes += len(raw)
-            where = f"{os.fspath(path)}, line {number}"
-            kind, value = parse_line(raw[:-1], number, where)
-            if kind == EPISODE:
-                key = (value.task, value.index)
-                if key in seen:
-                    raise ResultsFileError(repeated(where, value.index, value.task))
-                seen.add(key)
-            contents.add(kind, value)
-    if contents.header is not None and not judged_by_rule(contents.header):
-        contents.episodes = [
-            replace(episode, success_reported=episode.success is not None)
-            for episode in contents.episodes
-        ]
+        if contents is None or not _holds(handle, contents):
+            contents = FileContents(None, [], [], 0, b"")
+        handle.seek(contents.valid_bytes)
+        _append_lines(os.fspath(path), handle, contents)
     return contents
+
+
+def _holds(handle: BinaryIO, contents: FileContents) -> bool:
+    """Whether the file still holds what ``contents`` read: as long, the same header line,
+    and a line ending where the read lines end (a cheap look, not a proof: a rewrite of the
+    same header with a line ending at that byte passes, and its lines then read as new)."""
+    if contents.valid_bytes == 0:
+        return True  # nothing read yet: reading from the start is going on
+    if not contents.head or os.fstat(handle.fileno()).st_size < contents.valid_bytes:
+        return False
+    if handle.read(len(contents.head)) != contents.head:
+        return False
+    handle.seek(contents.valid_bytes - 1)
+    return handle.read(1) == b"\n"
+
+
+def _append_lines(path: str, handle: BinaryIO, contents: FileContents) -> None:
+    """Parse the lines from the handle's position into ``contents``, all or (on an error)
+    none: they are parsed aside first, then kept."""
+    added = FileContents(contents.header, [], [], contents.valid_bytes, b"")
+    added.lines, added.head = contents.lines, contents.head
+    seen = contents.seen
+    new_keys: set[tuple[str | None, int]] = set()
+    for number, raw in enumerate(handle, start=contents.lines + 1):
+        if not raw.endswith(b"\n"):
+            added.dropped = raw
+            break
+        where = f"{path}, line {number}"
+        kind, value = parse_line(raw[:-1], number, where)
+        if kind == EPISODE:
+            key = (value.task, value.index)
+            if key in seen or key in new_keys:
+                raise ResultsFileError(repeated(where, value.index, value.task))
+            new_keys.add(key)
+        elif kind == HEADER:
+            added.head = raw
+        added.add(kind, value)
+        added.valid_bytes += len(raw)
+        added.lines = number
+    if added.header is not None and not judged_by_rule(added.header):
+        # A file from before success rules: a success on file was always the env's.
+        added.episodes = [
+            replace(episode, success_reported=episode.success is not None)
+            for episode in added.episodes
+        ]
+    contents.header, contents.head = added.header, added.head
+    contents.episodes += added.episodes
+    contents.runs += added.runs
+    contents.resumes += added.resumes
+    contents.tasks += added.tasks
+    contents.valid_bytes, contents.lines, contents.dropped = (
+        added.valid_bytes,
+        added.lines,
+        added.dropped,
+    )
+    seen |= new_keys
 
 
 def combine(

@@ -19,7 +19,12 @@ itself in an interpreter of its own, watches and stops:
 - ``env.py``: ``SandboxEnv``, a kind of ``Lanes`` (a ``RemoteEnv`` underneath) that restarts a
   dead server and replays its episodes in flight (``restart=K``); ``factory.py`` builds its
   envs with keyword arguments in the server;
-- ``model.py``: ``SandboxModel``, a ``Model`` (a ``RemoteModel`` underneath).
+- ``model.py``: ``SandboxModel``, a ``Model`` (a ``RemoteModel`` underneath);
+- ``options.py``: ``SandboxOptions``, a suite's envs sandboxed
+  (``rlmesh.run_suite(..., env_sandbox=SandboxOptions(...))``).
+
+A sandboxed env built with ``render_mode="rgb_array"`` renders in its server: each frame
+crosses the socket (as PNG), so videos (``record_video=K``) and the live page take them.
 
 Needs the ``remote`` extra (gRPC); ``uv`` (the ``sandbox`` extra) makes first builds fast;
 a sandbox needs Debian's ``bubblewrap`` (``sandbox=False`` runs without it).
@@ -43,6 +48,7 @@ from .errors import (
     SandboxUnavailableError,
 )
 from .model import SandboxModel
+from .options import SandboxOptions
 from .requirements import extra_requirements, runtime_requirements
 from .venvs import cached_venv, sandbox_python, venv_root
 
@@ -53,6 +59,7 @@ __all__ = [
     "SandboxEnvCrashedError",
     "SandboxError",
     "SandboxModel",
+    "SandboxOptions",
     "SandboxStartError",
     "SandboxUnavailableError",
     "cached_venv",

@@ -80,7 +80,8 @@ class SandboxEnv(ServerFacts):
             ``"python"``; default the active core); a server whose interpreter cannot import
             the Rust core runs the Python core.
         **make_kwargs: keyword arguments of ``gymnasium.make(source, ...)`` or of the factory,
-            JSON values.
+            JSON values; ``render_mode="rgb_array"`` builds envs whose frames cross the
+            socket (``render``), so a run records videos of them (``record_video=K``).
 
     Raises:
         SandboxUnavailableError: ``sandbox=True`` where bubblewrap is missing (the message
@@ -178,6 +179,8 @@ class SandboxEnv(ServerFacts):
         self.spec = client.spec
         self.metadata = client.metadata
         self.accepts_trial_index = client.accepts_trial_index
+        self.render_mode = client.render_mode
+        self.render_fps = client.render_fps
         if len(self._episodes) != self.num_lanes:  # the first server (a restart keeps them)
             self._episodes = [None] * self.num_lanes
 
@@ -207,6 +210,25 @@ class SandboxEnv(ServerFacts):
 
     def env_episode_ids(self) -> np.ndarray | None:
         return None
+
+    def render(self, lane: int) -> np.ndarray:
+        """Lane ``lane``'s frame, drawn in the sandbox and sent over its socket as PNG: what
+        its env's ``render()`` returns, for envs built with ``render_mode="rgb_array"`` (a
+        keyword of ``SandboxEnv``, passed to the env: ``rlmesh.run(..., record_video=K)``
+        records these frames).
+
+        Raises:
+            RemoteError: the envs do not render in ``rgb_array`` mode (``render_mode`` says
+                how they do), or their ``render()`` failed.
+        """
+        if self.render_mode != "rgb_array":
+            raise RemoteError(
+                f"SandboxEnv({self.source!r}) has render_mode={self.render_mode!r}, so its "
+                f"lanes draw no frames: pass render_mode='rgb_array' to SandboxEnv (its env is "
+                f"built with it)",
+                address=self.address,
+            )
+        return self._guarded(f"rendering lane {lane}", lambda client: client.render(lane), _none)
 
     def close(self) -> None:
         """End the session and stop the server (its run directory removed). Closing again
@@ -373,6 +395,10 @@ def _stack(rows: list[Any]) -> Any:
     if isinstance(first, tuple):
         return tuple(_stack([row[i] for row in rows]) for i in range(len(first)))
     return np.stack([np.asarray(row) for row in rows])
+
+
+def _none() -> None:
+    return None
 
 
 def _no_reset() -> tuple[np.ndarray, list[Any], list[Any]]:

@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import os
 from collections.abc import Mapping
@@ -29,6 +30,7 @@ MAKE_VARIABLE = "RLMESH_SANDBOX_MAKE"
 """The variable holding ``{"source": ..., "kwargs": {...}}`` as JSON."""
 FACTORY = "rlmesh.sandbox.factory:make_env"
 """What the server is told to serve."""
+RENDER_MODE = "render_mode"
 
 
 def make_variable(source: str, kwargs: Mapping[str, Any]) -> str:
@@ -53,15 +55,27 @@ def make_variable(source: str, kwargs: Mapping[str, Any]) -> str:
 def make_env() -> Any:
     """One env of the source named in ``MAKE_VARIABLE``, built with its arguments:
     ``gymnasium.make(id, **kwargs)``, or ``factory(**kwargs)`` for ``module:fn`` /
-    ``file.py:fn``."""
+    ``file.py:fn`` (``render_mode`` left out for a factory that does not take it)."""
     told = json.loads(os.environ[MAKE_VARIABLE])
     source, kwargs = told["source"], told["kwargs"]
     if is_factory(source):
         factory = load_object(
             source, "env", "expected a Gymnasium id, package.module:make_env or file.py:make_env"
         )
+        if RENDER_MODE in kwargs and not _takes_render_mode(factory):
+            # As rlmesh builds envs in-process: a factory gets render_mode only if it takes it
+            # (its envs then report their own, and a run asking for frames says what is wrong).
+            del kwargs[RENDER_MODE]
         return factory(**kwargs)
     return gymnasium.make(source, **kwargs)
+
+
+def _takes_render_mode(factory: Any) -> bool:
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # a callable that does not say: give it the keyword
+        return True
+    return any(p.name == RENDER_MODE or p.kind is p.VAR_KEYWORD for p in parameters)
 
 
 def is_factory(source: str) -> bool:

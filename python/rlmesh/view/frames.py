@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from ..remote.vlaeval.png import encode_png
+from ..remote.png import encode_png
 from .state import LiveState
 
 logger = logging.getLogger("rlmesh")

@@ -4,16 +4,18 @@ reads it through the one reader (``rlmesh.results.reader``) whenever it grew, an
 another terminal, a Ray coordinator's file, or a complete file (then it is the report, and
 it reloads when a resumption appends).
 
-A file still being written may end in a line cut off mid-write: the reader sets it aside
-(``FileContents.dropped``) and the next read, once the line is whole, has it. A file that
-shrank or whose header changed (rewritten, repaired) is read again from scratch. The status
+Each read parses only the lines the file gained since the last (``read_appended``). A file
+still being written may end in a line cut off mid-write: the reader sets it aside
+(``FileContents.dropped``) and the next read, once the line is whole, has it. A file that no
+longer holds what was read (shorter, another header: rewritten) or another file under the
+name (another inode: a rerun that replaced it) is read again from its start. The status
 says ``running`` while the file grows, ``stalled`` when it has not changed for
 ``stalled_after`` seconds and is not complete, and ``finished`` when it holds every episode
 it asks for.
 
-Each read parses the whole file (the reader has no tail of its own yet), so after a read that
-took more than ``SLOW_READ_S`` the follower waits at least ``PARSE_SHARE`` times as long
-before the next: a large file is read less often, never more than a fifth of one core.
+The first read of a large file parses all of it, so after a read that took more than
+``SLOW_READ_S`` the follower waits at least ``PARSE_SHARE`` times as long before the next:
+reading never takes more than a fifth of one core.
 
 Example:
     >>> import os, tempfile
@@ -40,7 +42,7 @@ from typing import Any
 from ..errors import ResultsFileError
 from ..results import SUITE_KEY, FileContents
 from ..results.lines import config, file_fields
-from ..results.reader import parse_file
+from ..results.reader import read_appended
 from .state import FINISHED, RUNNING, STALLED, WAITING, LiveState
 
 POLL_EVERY_S = 0.5
@@ -71,10 +73,11 @@ class ResultsFollower:
         self.poll_every = poll_every
         self.stalled_after = stalled_after
         self.reads = 0
-        self._seen_stat: tuple[int, int] | None = None
-        self._header: dict[str, Any] | None = None
-        self._valid_bytes = 0
+        self._seen_stat: tuple[int, ...] | None = None
+        self._contents: FileContents | None = None  # what the reader read so far
+        self._header: dict[str, Any] | None = None  # the header fed to the state
         self._episodes = 0  # episodes of the file fed to the state
+        self._runs = 0  # run segments of the file whose telemetry the state shows
         self._changed_at = time.monotonic()
         self._next_read = 0.0
         self._stop = threading.Event()
@@ -89,13 +92,15 @@ class ResultsFollower:
         except OSError as exc:
             self.state.set_status(WAITING, f"{self.path}: {exc.strerror}; waiting for it")
             return 0
-        key = (stat.st_size, stat.st_mtime_ns)
+        key = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
         if key == self._seen_stat or now < self._next_read:
             self._say_status(now)
             return 0
+        if self._seen_stat is not None and key[:2] != self._seen_stat[:2]:
+            self._contents = None  # another file under that name: read it from its start
         started = time.perf_counter()
         try:
-            contents = parse_file(self.path)
+            contents = self._read()
         except ResultsFileError as exc:
             self.error = str(exc)
             self.state.set_status(WAITING, f"cannot read it: {exc}")
@@ -111,26 +116,39 @@ class ResultsFollower:
         self._say_status(now)
         return added
 
+    def _read(self) -> FileContents:
+        """The file's contents: what was read before and the lines it gained. A read that
+        starts afresh (the reader's new ``FileContents``) forgets what the state was fed."""
+        previous = self._contents
+        try:
+            contents = read_appended(self.path, previous)
+        except ResultsFileError:
+            if previous is None:
+                raise
+            # A rewrite the reader's cheap look missed reads as a bad or repeated line after
+            # what was read: the whole file decides (and its error is the one to show).
+            contents = read_appended(self.path, None)
+        if contents is not previous:
+            self._contents = contents
+            if self._header is not None:
+                self.state.clear()  # rewritten or replaced: read from scratch
+                self._header, self._episodes, self._runs = None, 0, 0
+        return contents
+
     def _feed(self, contents: FileContents) -> int:
         if contents.header is None:
             self.state.set_status(WAITING, f"{self.path} holds no header yet")
             return 0
-        if (
-            self._header is not None
-            and (contents.header != self._header or contents.valid_bytes < self._valid_bytes)
-        ) or len(contents.episodes) < self._episodes:
-            self.state.clear()  # rewritten or repaired: read from scratch
-            self._header, self._episodes = None, 0
         first = self._header is None
         if first:
             self._header = contents.header
             self._begin(contents.header)
-        self._valid_bytes = contents.valid_bytes
         new = contents.episodes[self._episodes :]
         for episode in new:
             self.state.add_episode(episode, live=not first)
         self._episodes = len(contents.episodes)
-        if contents.runs:
+        if len(contents.runs) != self._runs:
+            self._runs = len(contents.runs)
             self.state.set_telemetry(file_fields(contents.header, contents.runs)["telemetry"])
         return len(new)
 

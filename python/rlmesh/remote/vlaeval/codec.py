@@ -6,7 +6,7 @@ payloads carry numpy arrays as marker maps with **str** keys, and HWC uint8 imag
   sent. A numpy scalar travels as the Python number it holds (its dtype is not kept).
 - An image, an ``(H, W, 3)`` or ``(H, W, 4)`` uint8 array, travels with ``image_format="png"``
   (vla-eval's default) as ``{"__image__": True, "format": "png", "data": <PNG bytes>,
-  "shape": [...]}`` (``rlmesh.remote.vlaeval.png``); with ``"raw"`` as any array. Received,
+  "shape": [...]}`` (``rlmesh.remote.png``); with ``"raw"`` as any array. Received,
   ``"png"`` and ``"raw"`` images are read without Pillow, ``"jpeg"`` ones need Pillow.
 - Decoded arrays are writable copies, as vla-eval's own decoder hands them over.
 
@@ -44,7 +44,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from .png import PNGError, decode_png, encode_png, pillow
+from ..png import PNGError, decode_png, encode_png, pillow
 
 MESSAGE_TYPES = ("hello", "observation", "action", "episode_start", "episode_end", "error")
 PROTOCOL_VERSION = 1

@@ -1,5 +1,6 @@
-"""PNG for vla-eval's wire, with ``zlib`` alone: ``encode_png`` and ``decode_png`` for 8-bit
-images of 1 to 4 channels, ``(H, W, C)`` uint8.
+"""PNG with ``zlib`` alone: ``encode_png`` and ``decode_png`` for 8-bit images of 1 to 4
+channels, ``(H, W, C)`` uint8; every frame that crosses a wire as an image uses it (vla-eval's
+images, a served env's ``render()`` frames, the live view's lane frames).
 
 vla-eval sends HWC uint8 images as PNG by default, encoded by Pillow; this module lets rlmesh
 read and write them without Pillow. The encoder writes every row with the "Up" filter at
