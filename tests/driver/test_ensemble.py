@@ -246,3 +246,21 @@ def test_a_model_served_over_rlmesh_wire_refuses_to_be_ensembled():
             )
     finally:
         server.close()
+
+
+def test_a_model_served_over_vla_eval_refuses_to_be_ensembled():
+    """vla-eval's episode start asks for ``execution_horizon`` actions: a run that averages
+    whole chunks cannot get them, so it is refused, not silently averaged over one action."""
+    from rlmesh.remote.vlaeval.client import VlaEvalModel
+    from rlmesh.remote.vlaeval.server import serve_vlaeval
+
+    with serve_vlaeval(ServedChunkPolicy()) as server:
+        with pytest.raises(ModelDefinitionError, match="cannot serve a run with ensemble="):
+            rlmesh.run(
+                VlaEvalModel(server.address),
+                RecordingEnv,
+                episodes=1,
+                ensemble=rlmesh.TemporalEnsemble(),
+            )
+        # Without ensemble= the same server plays chunks as usual.
+        assert len(rlmesh.run(VlaEvalModel(server.address), RecordingEnv, episodes=1).episodes)

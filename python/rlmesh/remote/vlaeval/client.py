@@ -60,7 +60,8 @@ from websockets.asyncio.client import ClientConnection
 
 from ...adapters import ModelSpec
 from ...contexts import PredictContext
-from ...errors import RemoteError
+from ...errors import ModelDefinitionError, RemoteError
+from ...model import Route
 from ...version import __version__
 from ..address import parse_vlaeval_address
 from ..replicas import replica_addresses
@@ -146,6 +147,23 @@ class VlaEvalModel(SocketModel):
         if image_format not in IMAGE_FORMATS:
             raise ValueError(f"image_format must be 'png' or 'raw', got {image_format!r}")
         self.image_format = image_format
+
+    def on_route(self, route: Route) -> None:
+        """Refuse a run that ensembles chunks (``ensemble=``): vla-eval's episode start asks
+        the server for ``execution_horizon`` actions per observation, and a server that
+        replays chunks answers one, so the run would average one-action chunks.
+
+        Raises:
+            ModelDefinitionError: the run ensembles chunks.
+        """
+        if route.ensemble:
+            raise ModelDefinitionError(
+                f"VlaEvalModel({self.address!r}) cannot serve a run with ensemble=: vla-eval's "
+                f"episode start asks the server for execution_horizon actions, not the model's "
+                f"whole chunk; serve the model over openpi's protocol (rlmesh serve --protocol "
+                f"openpi), whose answers are whole chunks, or ensemble on the server's side"
+            )
+        super().on_route(route)
 
     @property
     def server_info(self) -> dict[str, Any] | None:
