@@ -1,4 +1,5 @@
-"""``rlmesh ab --resume`` (``rlmesh.ab(..., resume=True)``) and served policies in ``rlmesh ab``.
+"""``rlmesh ab --resume`` (``rlmesh.ab(..., resume=True)``), served policies in ``rlmesh ab``,
+and the line a comparison reports after each block (``progress=``).
 
 A comparison that was interrupted (here by a hook that raises partway through a block, as a
 Ctrl-C or a crash would stop it) and then resumed must give the comparison an uninterrupted
@@ -113,3 +114,21 @@ def test_rlmesh_ab_compares_a_served_policy_with_a_local_one(tmp_path, capsys):
     local = rlmesh.run(CartPoleHeuristic(), ENV, episodes=5)
     served = {e.index: e.reward for e in read_results(tmp_path / "a.jsonl")[1]}
     assert [served[e.index] for e in local.episodes] == [e.reward for e in local.episodes]
+
+
+def test_progress_says_where_the_comparison_stands_after_each_block(core, tmp_path, capsys):
+    lines = []
+    result = comparison(core, tmp_path, 40, progress=lines.append)
+    assert len(lines) == result.episodes // 4  # one line a block of 4 pairs
+    pairs = [int(line.split(" ")[2].split("/")[0]) for line in lines]
+    assert pairs == list(range(4, result.episodes + 1, 4))
+    assert lines[-1] == (
+        f"rlmesh ab: {result.episodes}/40 pairs, success a-b {result.difference:+.1%} "
+        f"[{result.lower:+.1%}, {result.upper:+.1%}], p {result.p_value:.3g}"
+    )
+    command = ["ab", "cartpole-heuristic", "random", "--env", ENV, "--episodes", "20"]
+    command += ["--success-reward", "100", "--block", "5"]
+    assert main([*command, "--out-dir", str(tmp_path / "cli")]) == 0
+    assert capsys.readouterr().err.startswith("rlmesh ab: 5/20 pairs, success a-b ")
+    assert main([*command, "--out-dir", str(tmp_path / "quiet"), "--no-progress"]) == 0
+    assert capsys.readouterr().err == ""

@@ -39,7 +39,7 @@ from __future__ import annotations
 import contextlib
 import math
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -174,6 +174,7 @@ def ab(
     reward_bounds: tuple[float, float] | None = None,
     out_dir: str | Path | None = None,
     resume: bool = False,
+    progress: Callable[[str], Any] | None = None,
     seed: int | None = None,
     run_info_a: dict[str, Any] | None = None,
     run_info_b: dict[str, Any] | None = None,
@@ -203,6 +204,9 @@ def ab(
             interrupted, or stopped at a smaller cap): the blocks are replayed in the same
             order, each file's episodes read back instead of played again, and the test
             goes on from where they end. Each file's header must match this comparison's.
+        progress: called after each block with one line saying where the comparison stands
+            (pairs played of the cap, the difference A-B with its confidence sequence, the
+            p-value), e.g. ``print``; ``rlmesh ab`` writes it to stderr.
         seed: the base seed both runs share (default 0); not with ``tasks``, whose tasks
             set their own.
         run_info_a, run_info_b: extra header fields for each file (e.g. the policy's name).
@@ -267,8 +271,30 @@ def ab(
             paths=(directory / FILE_NAMES[0], directory / FILE_NAMES[1]),
             run_infos=(run_info_a, run_info_b),
             arguments=run_arguments,
+            progress=progress,
         )
         return result if out_dir is not None else replace(result, paths=None)
+
+
+def _progress_line(
+    pairs: int,
+    cap: int,
+    measure: str,
+    bounds: tuple[float, float] | None,
+    difference: float,
+    test: Any,
+) -> str:
+    """Where a comparison stands after a block, in one line (``ab``'s ``progress``): the
+    pairs so far, the mean difference A-B and its confidence sequence, the p-value."""
+    scale = 1.0 if measure == "success" else bounds[1] - bounds[0]  # type: ignore[index]
+
+    def number(value: float) -> str:
+        return f"{value * scale:+.1%}" if measure == "success" else f"{value * scale:+.3f}"
+
+    return (
+        f"rlmesh ab: {pairs}/{cap} pairs, {measure} a-b {number(difference)} "
+        f"[{number(test.lower[-1])}, {number(test.upper[-1])}], p {test.p_value[-1]:.3g}"
+    )
 
 
 _NO_BOUNDS = (
@@ -390,6 +416,7 @@ def _compare(
     paths: tuple[Path, Path],
     run_infos: tuple[dict[str, Any] | None, dict[str, Any] | None],
     arguments: dict[str, Any],
+    progress: Callable[[str], Any] | None = None,
 ) -> ABResult:
     """Play blocks, A then B, until the paired test decides or the cap is reached."""
     alpha, bounds, measure = plan.alpha, plan.bounds, plan.measure
@@ -407,6 +434,13 @@ def _compare(
         ]
         test = paired_test(x[0], x[1], alpha=alpha)
         decided_at, side_won = test.decision(alpha)
+        if progress is not None:
+            difference = float(np.mean(x[0] - x[1]))
+            progress(
+                _progress_line(
+                    len(order), sum(where.caps.values()), measure, bounds, difference, test
+                )
+            )
         if decided_at is not None:
             break
     scale = 1.0 if measure == "success" else bounds[1] - bounds[0]  # type: ignore[index]

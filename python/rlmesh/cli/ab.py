@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import sys
 from typing import Any
 
 import gymnasium as gym
@@ -150,6 +151,9 @@ def add_ab_parser(commands: Any) -> None:
         "openpi:// server's Api-Key",
     )
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    parser.add_argument(
+        "--no-progress", action="store_true", help="no line on stderr after each block"
+    )
 
 
 def ab_command(args: argparse.Namespace) -> int:
@@ -208,6 +212,7 @@ def ab_command(args: argparse.Namespace) -> int:
             reward_bounds=args.reward_bounds,
             out_dir=args.out_dir,
             resume=args.resume,
+            progress=None if args.no_progress else functools.partial(print, file=sys.stderr),
             run_info_a=infos[0],
             run_info_b=infos[1],
             num_envs=args.num_envs,
