@@ -22,7 +22,8 @@ each reset once, before its samples are taken).
   episode lasts 10 to 40 steps, drawn from its seed, as if the policy succeeded then): rlmesh
   starts the next episode on a lane as soon as its episode ends, and a lane with no episode
   left costs nothing; a batch waits for its longest episode. Here rlmesh also runs with
-  ``pipeline=True`` (each worker's group steps on its own).
+  ``pipeline=True`` (each worker's group steps on its own, and resets on its own while the
+  other group steps).
 - rlmesh with one worker process per lane (``workers=8``) against the same vector loop: like
   for like, since the vector runs one process per env.
 - One lane: ``rlmesh.run`` against the raw loop on the same env: rlmesh's own cost per step.

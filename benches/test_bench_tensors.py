@@ -15,6 +15,11 @@ Copies: neither side copies the images (both tensors are views of the payload; t
 checks it). Per-lane corners (``predict``) are the second group: the bridge converts the batch
 once and gives each lane a view, the hand-written model converts each lane's row.
 
+A third group is a JAX model on the CPU, batched: the bridge against a numpy model that calls
+``jnp.asarray`` itself (what a hand-written JAX model does; it copies), and against one that
+calls ``jax.dlpack.from_dlpack`` itself. The payload starts on a 64-byte boundary as the cores
+assemble it, so the bridge's input is the payload's own memory (checked).
+
 Run: ``pytest benches/test_bench_tensors.py --benchmark-enable``.
 """
 
@@ -77,6 +82,45 @@ def loaded(model: rlmesh.Model) -> ModelHandler:
     handler = ModelHandler(model)
     asyncio.run(handler.load())
     return handler
+
+
+def jax_sides() -> dict[str, type]:
+    jax = pytest.importorskip("jax", reason="JAX is not installed (the jax extra)")
+    import jax.numpy as jnp
+    import rlmesh.jax
+
+    def jax_act(images):
+        return images[..., 112, 112].astype("int32").sum(-1) % 3
+
+    class JaxBatch(rlmesh.jax.Model):
+        def predict_batch(self, obs):
+            self.pointer = obs.unsafe_buffer_pointer()
+            return jax_act(obs)
+
+    class AsArray(rlmesh.Model):
+        def predict_batch(self, obs):
+            return np.asarray(jax_act(jnp.asarray(obs)))
+
+    class FromDlpack(rlmesh.Model):
+        def predict_batch(self, obs):
+            return np.asarray(jax_act(jax.dlpack.from_dlpack(obs)))
+
+    return {"rlmesh": JaxBatch, "asarray": AsArray, "from_dlpack": FromDlpack}
+
+
+@pytest.mark.parametrize("side", ["rlmesh", "asarray", "from_dlpack"])
+def test_jax_input_conversion(benchmark, side):
+    from rlmesh._pycore.assembly import aligned_empty
+
+    payload = aligned_empty((LANES, *IMAGE), np.uint8)
+    payload[...] = np.random.default_rng(0).integers(0, 256, (LANES, *IMAGE), dtype=np.uint8)
+    handler = loaded(jax_sides()[side]())
+    benchmark.group = f"jax model input, batch, {LANES} lanes of uint8 {IMAGE}"
+    benchmark.extra_info["copies of the images"] = 1 if side == "asarray" else 0
+    out = benchmark(handler.predict_now, payload, LANES)
+    np.testing.assert_array_equal(out, act(payload))
+    if side == "rlmesh":
+        assert handler.model.pointer == payload.ctypes.data  # the payload itself, no copy
 
 
 @pytest.mark.parametrize("side", ["rlmesh", "from_numpy"])

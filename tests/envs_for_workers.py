@@ -141,6 +141,37 @@ def make_slow_on_odd_seeds(delay_s):
     return SlowOnOddSeeds(delay_s)
 
 
+class LoggedSlowResets(gym.Wrapper):
+    """CartPole whose resets of seed ``slow_seed`` sleep ``delay_s``, and which appends what
+    it does (``reset-start``, ``reset-end``, ``step``) with ``time.monotonic()`` and its process
+    id to files in ``log_dir``: a test reads which worker stepped while another reset."""
+
+    def __init__(self, slow_seed, delay_s, log_dir):
+        super().__init__(gym.make("CartPole-v1"))
+        self.slow_seed, self.delay_s = slow_seed, delay_s
+        self.log = Path(log_dir, f"{os.getpid()}-{id(self)}.log")
+
+    def _note(self, what):
+        with self.log.open("a") as log:
+            log.write(f"{os.getpid()} {what} {time.monotonic()!r}\n")
+
+    def reset(self, *, seed=None, options=None):
+        if seed == self.slow_seed:
+            self._note("reset-start")
+            time.sleep(self.delay_s)
+            self._note("reset-end")
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, action):
+        self._note("step")
+        return self.env.step(action)
+
+
+def make_logged_slow_resets(slow_seed, delay_s, log_dir):
+    """``LoggedSlowResets``; wrap in ``functools.partial`` for a zero-argument factory."""
+    return LoggedSlowResets(slow_seed, delay_s, log_dir)
+
+
 class FaultyCartPole(gym.Wrapper):
     """CartPole that, at step ``at_step`` (0: its reset) of the episode seeded ``seed``, exits
     (``exit``), kills itself (``kill``), hangs (``hang``) or raises (``raise``), if ``marker``

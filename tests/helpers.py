@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import gymnasium as gym
 import rlmesh
 
@@ -43,3 +46,20 @@ class AwaitEveryStep(rlmesh.RunHooks):
 
     def on_step(self, event):
         pass
+
+
+def live_processes(marker: bytes) -> set[int]:
+    """The live processes (not zombies, not this one) whose command line holds ``marker``:
+    what a test checks is gone after it (a sandbox's server, a Ray actor)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        if marker in command and state != "Z":
+            found.add(int(entry.name))
+    return found

@@ -128,7 +128,9 @@ async def arun(model: Any, env: Any, *, hooks: Any = None, **arguments: Any) -> 
             ``ray`` extra): windows of episode indices, each run by this driver on a worker,
             merged by index, equal to this run on one process. ``model`` may then also be a
             ``"path/to/file.py:Name"`` or ``"package.module:Name"`` the workers load, and
-            ``env`` must be a Gymnasium id or a picklable factory.
+            ``env`` must be a Gymnasium id, a picklable factory, or a
+            ``rlmesh.sandbox.SandboxEnv`` (each Ray worker starts one like it, held across
+            its windows, on actors).
         workers (with ``cluster="ray"``): the Ray workers, windows run at once, each a task
             of one CPU (default: one per CPU of the cluster).
         ray_address: the Ray cluster to join (``"auto"``, ``"host:6379"``, ``"ray://..."``);

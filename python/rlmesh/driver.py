@@ -81,6 +81,17 @@ class OpenRound:
     step_started_ns: int = 0
 
 
+@dataclass
+class PendingReset:
+    """Episodes started on a group's lanes whose reset (sent with ``pipeline=True``) is on
+    its way: the runner's ``starts``, the lanes reset ``[R]`` (scored, then surplus), and
+    when it was sent (``perf_counter_ns``)."""
+
+    starts: Any
+    lanes: np.ndarray
+    sent_ns: int
+
+
 class EvaluationRun:
     """One evaluation: the lanes, the model handler, the core's runner and the hooks."""
 
@@ -115,9 +126,9 @@ class EvaluationRun:
         self.deadlines = DeadlineCaller()
         # Per episode index, the times its env failed: what on_error="retry" counts.
         self._failures: dict[int, int] = {}
-        # With pipeline=True: each group of lanes with a step on its way, by group; and the
-        # group of each lane.
-        self._groups_in_flight: dict[int, OpenRound] = {}
+        # With pipeline=True: each group of lanes with a step (its open round) or a reset on
+        # its way, by group; and the group of each lane.
+        self._groups_in_flight: dict[int, OpenRound | PendingReset] = {}
         self._group_of: dict[int, int] = {}
         # With until=: the stopping decision over the prefix of indices (docs/semantics.md,
         # "Stopping on precision"); it releases the episodes the file and hooks get.
@@ -462,10 +473,11 @@ class EvaluationRun:
         await self._close_round(opened, batch, failures)
 
     async def _pipelined_round(self) -> None:
-        """One group's round with ``pipeline=True``: the step that comes back first closes
-        its group's round, that group's lanes start their next episodes, and its next round
-        goes out while the other groups' steps are still on their way. The first call sends
-        every group's first round."""
+        """One group's turn with ``pipeline=True``: whichever group's step or reset comes back
+        first is taken. A step closes its group's round; the lanes whose episodes ended get
+        their resets sent, and while those envs reset the other groups step. Once a group has
+        nothing on its way, its next round goes out. The first call sends every group's
+        first round."""
         lanes, runner = self.lanes, self.runner
         if not self._groups_in_flight:
             for group, group_lanes in enumerate(lanes.step_groups):
@@ -473,25 +485,94 @@ class EvaluationRun:
             if not self._groups_in_flight:  # no lane runs: a plain round says what happens
                 await self._round()
                 return
-        batch, failures = await self._stepped(lanes.receive_step)
-        lane = batch.stepped[0] if len(batch.stepped) else next(iter(failures.errors))
-        group = self._group_of[int(lane)]
-        runner.resume_round(group)
-        await self._close_round(self._groups_in_flight.pop(group), batch, failures)
-        if not self._stopped:
-            await self._send_round(group, lanes.step_groups[group])
+        group, outcome, failures = await self._received()
+        sent = self._groups_in_flight.pop(group)
+        if isinstance(sent, PendingReset):
+            to_start = await self._reset_received(sent, outcome, failures)
+        else:
+            runner.resume_round(group)
+            to_start = await self._close_round(sent, outcome, failures, start_next=False)
+        if self._stopped:
+            return
+        if len(to_start) and await self._send_start(group, to_start):
+            return
+        await self._send_round(group, lanes.step_groups[group])
+
+    async def _received(self) -> tuple[int, Any, LaneFailures | None]:
+        """The group whose step or reset came back first, its outcome (a ``StepBatch`` or a
+        ``ResetBatch``) and, with ``on_error`` other than ``"raise"``, the ``LaneFailures``
+        of its lanes whose envs failed (the outcome then the others')."""
+        kinds = {
+            "reset" if isinstance(sent, PendingReset) else "step"
+            for sent in self._groups_in_flight.values()
+        }
+        timeouts = self.settings.limits.timeouts
+        # Waiting for whichever comes first, the more lenient limit of those on their way
+        # holds (an op without a limit is unlimited).
+        op = max(kinds, key=lambda kind: timeouts.get(kind, float("inf")))
+        try:
+            outcome = await self._guard(op, self.lanes.receive, where=f"env.{op}")
+            failures = None
+        except LaneFailures as caught:
+            if self.settings.failures.on_error == "raise":
+                raise
+            outcome, failures = caught.outcome, caught
+        if failures is not None:
+            lane = next(iter(failures.errors))
+        elif isinstance(outcome, StepBatch):
+            lane = outcome.stepped[0]
+        else:
+            lane = outcome.lanes[0]
+        return self._group_of[int(lane)], outcome, failures
+
+    async def _send_start(self, group: int, lanes_to_start: np.ndarray) -> bool:
+        """Start episodes on ``group``'s vacant lanes as ``_start`` does, but send their reset
+        (``pipeline=True``) and return True; False when no lane resets (the slots are all
+        taken: the new episodes, if any, are announced) or the lanes restart themselves."""
+        if self.lanes.resets_itself:
+            await self._next_episodes(lanes_to_start)
+            return False
+        starts = self.runner.start(lanes_to_start, now_ns=time.perf_counter_ns())
+        reset = np.concatenate([starts.lanes, starts.surplus_lanes])
+        if not len(reset):
+            await self._announce(starts)
+            return False
+        seeds = list(starts.seeds) + [None] * len(starts.surplus_lanes)
+        trials = starts.trials.tolist() + [None] * len(starts.surplus_lanes)
+        sent_ns = time.perf_counter_ns()
+        await self._guard("reset", self.lanes.send_reset, reset, seeds, trials, where="env.reset")
+        self._groups_in_flight[group] = PendingReset(starts, reset, sent_ns)
+        return True
+
+    async def _reset_received(
+        self, pending: PendingReset, outcome: Any, failures: LaneFailures | None
+    ) -> np.ndarray:
+        """Take a group's reset that came back (``pipeline=True``) as ``_start`` takes one;
+        returns the lanes whose reset failed, to start again."""
+        errors: dict[int, str] = {}
+        if failures is not None:
+            reset, observations, _ = failures.outcome
+            errors = failures.errors
+        else:
+            reset, observations = outcome.lanes, outcome.observations
+        self.telemetry.record("env.reset", time.perf_counter_ns() - pending.sent_ns)
+        self.runner.set_observations(reset, observations)
+        await self._announce(pending.starts, failed=errors)
+        return await self._abandon(errors)
 
     async def _drain_groups(self) -> None:
-        """Once a run stopped (``until=``), take the steps still on their way to groups of
-        lanes (``pipeline=True``), so every worker is idle when the lanes close; those steps'
-        episodes are cancelled, their outcomes unread."""
+        """Once a run stopped (``until=``), take the steps and resets still on their way to
+        groups of lanes (``pipeline=True``), so every worker is idle when the lanes close;
+        those steps' episodes are cancelled, their outcomes unread; a reset's episodes start,
+        as they would have without the pipeline, and are cancelled with the others."""
         while self._groups_in_flight:
             try:
-                batch, failures = await self._stepped(self.lanes.receive_step)
+                group, outcome, failures = await self._received()
             except RlmeshError:
                 return  # closing the lanes stops a worker still busy
-            lane = batch.stepped[0] if len(batch.stepped) else next(iter(failures.errors))
-            self._groups_in_flight.pop(self._group_of[int(lane)], None)
+            sent = self._groups_in_flight.pop(group)
+            if isinstance(sent, PendingReset):
+                await self._reset_received(sent, outcome, failures)
 
     async def _send_round(self, group: int, group_lanes: np.ndarray) -> None:
         """Open a round over ``group``'s running lanes and send its step; the round is set
@@ -535,10 +616,16 @@ class EvaluationRun:
             return failures.outcome, failures
 
     async def _close_round(
-        self, opened: OpenRound, batch: StepBatch, failures: LaneFailures | None
-    ) -> None:
+        self,
+        opened: OpenRound,
+        batch: StepBatch,
+        failures: LaneFailures | None,
+        *,
+        start_next: bool = True,
+    ) -> np.ndarray:
         """Record the step of the open round, finish the episodes that ended and start the
-        next ones on their lanes (and on the lanes whose env failed)."""
+        next ones on their lanes (and on the lanes whose env failed); without ``start_next``,
+        return those lanes, ascending, for the caller to start."""
         runner, telemetry = self.runner, self.telemetry
         running, predict_lanes, actions = opened.running, opened.predict_lanes, opened.actions
         failed = NO_LANES
@@ -564,9 +651,12 @@ class EvaluationRun:
         if len(ended):  # their rows in the batch: the running lanes are ascending
             rows = np.searchsorted(running, ended).tolist()
             await self._finish(ended, [batch.infos[row] for row in rows])
-        await self._next_episodes(np.union1d(ended, failed) if len(failed) else ended)
+        to_start = np.union1d(ended, failed) if len(failed) else ended
+        if start_next:
+            await self._next_episodes(to_start)
         telemetry.record("driver.round", time.perf_counter_ns() - opened.started_ns)
         telemetry.count_steps(1, len(batch.stepped))
+        return to_start
 
     async def _predict(self, predict_lanes: np.ndarray, payload: Any) -> tuple[Any, int]:
         """The model's output for ``predict_lanes`` (None when there are none), and its time."""

@@ -5,8 +5,9 @@ A corner receives what the numpy model gets, with every numeric array a ``jax.Ar
 observation as a dict of arrays, text leaves still lists of strings, frame stacks and chunks
 of the same shapes. It may return JAX arrays on any device, numpy arrays or numbers. A run
 converts once per model call for the whole batch: on the CPU through DLPack, sharing the
-numpy payload rlmesh assembled for that call when it starts on a 64-byte boundary (JAX copies
-any other); on another device with one ``jax.device_put`` per leaf. A per-lane corner
+numpy payload rlmesh assembled for that call (the cores start each payload array on the
+64-byte boundary XLA needs to share a buffer; it copies an array passed otherwise); on another
+device with one ``jax.device_put`` per leaf. A per-lane corner
 (``predict``, ``predict_chunk``) gets its lane's part of that one batch, all lanes cut in one
 compiled call. Outputs come back to numpy once per call; bfloat16 (and other float types
 numpy lacks) come back as float32.
@@ -118,9 +119,9 @@ class JaxBridge(TensorBridge):
         _check_width(array.dtype)
         if self._cpu:
             try:
-                # Shares the payload's memory when JAX can (a 64-byte aligned buffer; it
-                # copies others): rlmesh assembles a fresh payload per call and never writes
-                # it afterwards.
+                # Shares the payload's memory: the cores start every payload array on the
+                # 64-byte boundary XLA needs (it copies any other array), assemble a fresh one
+                # per call and never write it afterwards.
                 return jax.dlpack.from_dlpack(array)
             except (BufferError, TypeError, ValueError, RuntimeError):
                 pass  # a layout DLPack does not take: device_put copies

@@ -143,6 +143,30 @@ class TorchBridge(TensorBridge):
                 pass  # another device, grad, bfloat16...: the general path converts
         return super().from_model(output)
 
+    def around(self, call: Callable[..., Any], *, context: bool = False) -> Callable[..., Any]:
+        if context or not self._cpu:
+            return super().around(call, context=context)
+        # The common case (a writeable array in, a CPU tensor out) costs about what a
+        # hand-written ``torch.from_numpy(obs)`` and ``.numpy()`` in the model cost: one frame,
+        # local names, no keyword arguments; the read-only check is what it adds.
+        from_numpy, tensor_type, numpy = torch.from_numpy, torch.Tensor, torch.Tensor.numpy
+        to_model, from_model = self.to_model, self.from_model
+
+        def converted(payload: Any) -> Any:
+            try:
+                inputs = from_numpy(payload) if payload.flags.writeable else to_model(payload)
+            except (AttributeError, TypeError, ValueError):  # a dict, text, a reversed view
+                inputs = to_model(payload)
+            output = call(inputs)
+            if type(output) is tensor_type:
+                try:
+                    return numpy(output)
+                except (TypeError, RuntimeError):
+                    pass  # needs grad, bfloat16, on a GPU: the general path converts
+            return from_model(output)
+
+        return converted
+
     def tensor(self, array: np.ndarray) -> torch.Tensor:
         host = _host_tensor(array)
         if self._cpu:

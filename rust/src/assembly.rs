@@ -19,9 +19,10 @@ use pyo3::types::{PyDict, PyList, PyString};
 use crate::args::{
     array_bytes, array_bytes_mut, path_text, same_length, shape_text, vector, Dtype,
 };
-use crate::chunks::empty_array;
+use crate::chunks::{array_over, empty_array};
 use crate::resize::{Resample, Resizer};
 use crate::rotations::Encoding;
+use numpy::npyffi::PY_ARRAY_API;
 
 pyo3::import_exception!(rlmesh.errors, ObservationError);
 
@@ -1232,7 +1233,7 @@ impl ObservationAssembler {
         let mut out_shape = Vec::with_capacity(1 + leaf.row_shape().len());
         out_shape.push(ids.len());
         out_shape.extend(leaf.row_shape());
-        let mut out = empty_array(py, leaf.dtype.bind(py), &out_shape)?;
+        let mut out = aligned_empty(py, leaf.dtype.bind(py), &out_shape)?;
         // SAFETY: `out` was just created, as numpy.empty would: C-contiguous, seen by nobody else.
         let out_bytes = unsafe { array_bytes_mut(&mut out) };
         let row_bytes = leaf.frame_bytes * leaf.stack.max(1);
@@ -1305,6 +1306,39 @@ impl ObservationAssembler {
             rows.push(row.into_any());
         }
         Ok(Some(rows))
+    }
+}
+
+/// Where a payload's arrays start: XLA (JAX on the CPU) shares a buffer only at this alignment
+/// and copies any other, and numpy's own allocations are 16-byte aligned.
+pub(crate) const PAYLOAD_ALIGNMENT: usize = 64;
+
+/// A new, uninitialised C-ordered array of `descr` and `shape` whose data starts at a multiple
+/// of `PAYLOAD_ALIGNMENT`: a view into a numpy byte array a little longer than it, which it
+/// keeps alive as its base.
+pub(crate) fn aligned_empty<'py>(
+    py: Python<'py>,
+    descr: &Bound<'py, PyArrayDescr>,
+    shape: &[usize],
+) -> PyResult<Bound<'py, PyUntypedArray>> {
+    let bytes = shape.iter().product::<usize>() * descr.itemsize();
+    let mut raw = empty_array(
+        py,
+        &numpy::dtype::<u8>(py),
+        &[bytes + PAYLOAD_ALIGNMENT - 1],
+    )?;
+    // SAFETY: `raw` was just created, C-contiguous, seen by nobody else.
+    let start = unsafe { array_bytes_mut(&mut raw) }.as_mut_ptr();
+    let data = start.wrapping_add(start.align_offset(PAYLOAD_ALIGNMENT));
+    // SAFETY: `data` and the `bytes` after it lie inside `raw`, which PyArray_SetBaseObject
+    // makes the new array's base (stealing the reference `into_ptr` hands over), so the memory
+    // lives as long as the array.
+    unsafe {
+        let array = array_over(py, descr, shape, data.cast(), npyffi::NPY_ARRAY_CARRAY)?;
+        if PY_ARRAY_API.PyArray_SetBaseObject(py, array.as_array_ptr(), raw.into_ptr()) != 0 {
+            return Err(PyErr::fetch(py));
+        }
+        Ok(array)
     }
 }
 

@@ -9,7 +9,7 @@
 //! next action into it with one `memcpy`.
 
 use std::collections::HashMap;
-use std::os::raw::c_int;
+use std::os::raw::{c_int, c_void};
 use std::ptr;
 
 use numpy::npyffi::{self, npy_intp, PY_ARRAY_API};
@@ -493,9 +493,26 @@ pub(crate) fn empty_array<'py>(
     descr: &Bound<'py, PyArrayDescr>,
     shape: &[usize],
 ) -> PyResult<Bound<'py, PyUntypedArray>> {
+    // SAFETY: null data asks numpy to allocate the array's memory itself.
+    unsafe { array_over(py, descr, shape, ptr::null_mut(), 0) }
+}
+
+/// A new C-ordered array of `descr` and `shape` over `data` (with `flags`), or, for null
+/// `data`, over memory numpy allocates.
+///
+/// # Safety
+/// A non-null `data` must hold the array's bytes, suitably aligned, for as long as the array
+/// lives (the caller makes the owner its base).
+pub(crate) unsafe fn array_over<'py>(
+    py: Python<'py>,
+    descr: &Bound<'py, PyArrayDescr>,
+    shape: &[usize],
+    data: *mut c_void,
+    flags: c_int,
+) -> PyResult<Bound<'py, PyUntypedArray>> {
     let mut dims: Vec<npy_intp> = shape.iter().map(|&size| size as npy_intp).collect();
     // SAFETY: PyArray_NewFromDescr steals the descriptor reference `into_dtype_ptr` hands over;
-    // `dims` outlives the call; null strides and data ask numpy to allocate a C-ordered array.
+    // `dims` outlives the call; null strides ask for a C-ordered array; `data` is the caller's.
     unsafe {
         let array = PY_ARRAY_API.PyArray_NewFromDescr(
             py,
@@ -504,8 +521,8 @@ pub(crate) fn empty_array<'py>(
             dims.len() as c_int,
             dims.as_mut_ptr(),
             ptr::null_mut(),
-            ptr::null_mut(),
-            0,
+            data,
+            flags,
             ptr::null_mut(),
         );
         Ok(Bound::from_owned_ptr_or_err(py, array)?.cast_into_unchecked())

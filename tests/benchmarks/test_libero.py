@@ -378,8 +378,8 @@ def test_render_draws_the_agentview_camera_also_when_it_is_not_observed(library)
         seed = episode_seed(RUN["seed"], 1)
         observation, info = env.reset(seed=seed, options={"trial_index": 51})
         assert info == {"init_state": 1, "sim_seed": seed}
-        assert sorted(observation) == ["eef_pos", "eef_quat", "gripper_qpos", "instruction",
-                                       "wrist"]  # fmt: skip
+        assert sorted(observation) == ["eef_axis_angle", "eef_pos", "eef_quat", "gripper_qpos",
+                                       "instruction", "wrist"]  # fmt: skip
         expected = library[1](seed, 1)
         assert np.array_equal(observation["wrist"], expected["wrist"])
         # The agentview camera drawn anew: the library's observed picture of it, upright, but

@@ -323,7 +323,7 @@ def test_a_model_that_does_not_pickle_is_refused_saying_which_form_to_use():
 def test_an_env_instance_is_refused_naming_what_to_pass():
     env = gym.make("CartPole-v1")
     try:
-        with pytest.raises(ValueError, match=r"pass a Gymnasium id .* or a zero-argument factory"):
+        with pytest.raises(ValueError, match=r"pass a Gymnasium id .*, a zero-argument factory"):
             rlmesh.run(workers.balance, env, episodes=4, cluster="ray")
     finally:
         env.close()

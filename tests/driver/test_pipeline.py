@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import rlmesh
-from envs_for_workers import dict_policy, make_dict_env, make_faulty
+from envs_for_workers import dict_policy, make_dict_env, make_faulty, make_logged_slow_resets
 from helpers import CORES, AwaitEveryStep, cartpole_policy, comparable
 from rlmesh.cli import main
 from rlmesh.lanes.process import SHARED_MEMORY_PREFIX
@@ -210,6 +210,75 @@ def test_an_env_failure_under_pipelining_is_recorded_as_with_plain_rounds(core):
     failed = [episode for episode in runs[True].episodes if episode.error]
     assert [episode.seed for episode in failed] == [15]
     assert "a fault at step 10" in failed[0].error
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_other_groups_step_while_a_group_resets(core, tmp_path):
+    """A group whose episode ended is sent its reset, and the other group's rounds go on
+    while its env resets: the other worker steps between the slow reset's start and end.
+    Plain rounds wait for the reset; the episodes are the same either way."""
+    slow_seed = SEEDS[5]  # a later episode's: the first resets of every lane go out together
+    factory = functools.partial(make_logged_slow_resets, slow_seed, 0.5, str(tmp_path))
+    runs = {
+        pipeline: rlmesh.run(cartpole_policy, factory, core=core, pipeline=pipeline,
+                             seeds=SEEDS[:8], num_envs=2, workers=2, max_episode_steps=40)
+        for pipeline in (False, True)
+    }  # fmt: skip
+    assert comparable(runs[True]) == comparable(runs[False])
+    events = [line.split() for log in tmp_path.iterdir() for line in log.read_text().splitlines()]
+    pids = {pid for pid, _, _ in events}
+    assert len(pids) == 4  # two workers a run
+
+    def overlapped(start, end, resetting_pid):
+        return sum(
+            1
+            for pid, what, at in events
+            if what == "step" and pid != resetting_pid and start < float(at) < end
+        )
+
+    slow = sorted((float(at), pid, what) for pid, what, at in events if what.startswith("reset"))
+    windows = [(slow[i][0], slow[i + 1][0], slow[i][1]) for i in range(0, len(slow), 2)]
+    assert len(windows) == 2  # the slow reset, in the plain run and in the pipelined one
+    plain, piped = windows  # the runs went in this order
+    assert overlapped(*plain) == 0
+    assert overlapped(*piped) >= 5
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_a_failed_reset_under_pipelining_is_recorded_or_retried_as_with_plain_rounds(core):
+    factory = functools.partial(make_faulty, "raise", SEEDS[6], 0, None, None)
+    for on_error in ("record", "retry"):
+        runs = {
+            pipeline: rlmesh.run(cartpole_policy, factory, core=core, on_error=on_error,
+                                 pipeline=pipeline, **FAULTS)
+            for pipeline in (False, True)
+        }  # fmt: skip
+        assert comparable(runs[True]) == comparable(runs[False])
+        failed = [episode for episode in runs[True].episodes if episode.error]
+        assert [episode.seed for episode in failed] == [SEEDS[6]]
+        assert "a fault at step 0" in failed[0].error
+    assert not leftovers()
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_a_worker_killed_in_a_pipelined_reset_restarts_with_the_results_unchanged(core, tmp_path):
+    marker = tmp_path / "armed"
+    marker.touch()
+    factory = functools.partial(make_faulty, "kill", SEEDS[6], 0, str(marker), None)
+    clean = rlmesh.run(cartpole_policy, "CartPole-v1", core=core, **FAULTS)
+    result = rlmesh.run(
+        cartpole_policy, factory, core=core, restart_workers=1, pipeline=True, **FAULTS
+    )
+    assert not marker.exists()  # the fault fired
+    assert comparable(result) == comparable(clean)
+    assert not leftovers()
+
+
+def test_a_hung_reset_under_pipelining_hits_the_reset_timeout():
+    factory = functools.partial(make_faulty, "hang", SEEDS[6], 0, None, None)
+    with pytest.raises(rlmesh.OperationTimeout, match=r"env.reset took longer than its 1 s"):
+        rlmesh.run(cartpole_policy, factory, timeouts={"reset": 1.0}, pipeline=True, **FAULTS)
+    assert not leftovers()
 
 
 def test_a_hung_worker_under_pipelining_hits_the_step_timeout(tmp_path):

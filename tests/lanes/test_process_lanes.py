@@ -320,7 +320,7 @@ def test_pipelined_steps_without_every_info_carry_only_final_infos():
                     process.send_step(group_lanes, action, every_info=every_info)
                     sent[group] = local.step(group_lanes, action), every_info
             for _ in sent:
-                b = process.receive_step()
+                b = process.receive()
                 group = next(g for g in sent if b.stepped[0] in process.step_groups[g])
                 a, every_info = sent[group]
                 assert np.array_equal(a.stepped, b.stepped)

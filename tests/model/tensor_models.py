@@ -1,5 +1,6 @@
 """Models written once per flavour (numpy, torch, JAX) that compute the same function bit for bit,
-and a small Dict env with a text leaf, for the framework tests (test_torch.py, test_jax.py).
+a small Dict env with a text leaf, and the checks the framework tests share
+(test_tensor_models.py for both frameworks; test_torch.py and test_jax.py for each one's own).
 
 Module-level, so worker processes and Ray workers can import the env and the models by name.
 Each flavour is an ``Ops`` of the few operations the models use; every model's arithmetic is
@@ -8,6 +9,10 @@ are the runs' per-episode results and digests.
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -114,6 +119,7 @@ def torch_ops(device="cpu"):
     class TorchOps:
         name = "torch"
         Model = rlmesh.torch.Model
+        writable = True  # a model may write into its input tensors
 
         @staticmethod
         def ints(x):
@@ -145,6 +151,10 @@ def torch_ops(device="cpu"):
         def is_input(value):
             return isinstance(value, torch.Tensor) and value.device == torch.device(device)
 
+        @staticmethod
+        def bf16(x):
+            return x.to(torch.bfloat16)
+
     TorchOps.device = device
     return TorchOps
 
@@ -157,6 +167,7 @@ def jax_ops(device="cpu"):
     class JaxOps:
         name = "jax"
         Model = rlmesh.jax.Model
+        writable = False  # jax.Array is immutable
 
         @staticmethod
         def ints(x):
@@ -185,6 +196,10 @@ def jax_ops(device="cpu"):
         @staticmethod
         def is_input(value):
             return isinstance(value, jax.Array)
+
+        @staticmethod
+        def bf16(x):
+            return x.astype(jnp.bfloat16)
 
     JaxOps.device = device
     return JaxOps
@@ -311,3 +326,88 @@ class CountingNumpy(rlmesh.Model):
     def predict_batch(self, obs):  # Pendulum: [K, 3] -> [K, 1]
         self.calls += 1
         return (0.01 * self.calls - obs[:, :1]).astype(np.float32)
+
+
+def recording_model(ops):
+    """A model whose per-lane corner records each call's input in ``seen`` (and sums it)."""
+
+    class Recorder(ops.Model):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def predict(self, obs):
+            self.seen.append(obs)
+            return obs.sum()
+
+    return Recorder
+
+
+def counting_model(ops):
+    """``CountingNumpy`` in the flavour: it keeps state across calls."""
+
+    class Counting(ops.Model):
+        def __init__(self):
+            super().__init__()
+            self.calls = 0
+
+        def predict_batch(self, obs):  # Pendulum: [K, 3] -> [K, 1]
+            self.calls += 1
+            return 0.01 * self.calls - obs[:, :1]
+
+    return Counting
+
+
+# ------------------------------------------------------------------------------------ checks
+
+
+def runs_equal(numpy_model, model, env, **options):
+    """Both models' runs, and their per-episode results (rewards, steps, digests) compared."""
+    from helpers import comparable  # tests/: not needed where worker processes import this
+
+    reference = rlmesh.run(numpy_model, env, **RUN, **options)
+    result = rlmesh.run(model, env, **RUN, **options)
+    assert len(reference.episodes) == EPISODES
+    assert comparable(result) == comparable(reference)
+    return result
+
+
+@contextlib.contextmanager
+def wide_inputs(ops) -> Iterator[None]:
+    """64-bit inputs accepted by the flavour for the block: JAX's ``jax_enable_x64`` on, and
+    off again after it (JAX's default); nothing to do for the others."""
+    if ops.name != "jax":
+        yield
+        return
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_x64", False)
+
+
+def extremes(dtype):
+    """Values that lose bits on any narrowing: the dtype's limits and an awkward fraction."""
+    if dtype == np.bool_:
+        return np.array([[True, False], [False, True]])
+    if np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype)
+        return np.array([[info.min, info.max], [info.max - 1, 1]], dtype=dtype)
+    if np.issubdtype(dtype, np.complexfloating):
+        return (np.array([[1 / 3, -2.5], [1e30, 0]]) * (1 + 1j / 7)).astype(dtype)
+    info = np.finfo(dtype)
+    return np.array([[info.min, info.max], [info.tiny, 1 / 3]], dtype=dtype)
+
+
+def round_trip(to: Callable[[np.ndarray], Any], back: Callable[[Any], np.ndarray],
+               array: np.ndarray) -> np.ndarray:  # fmt: skip
+    """``array`` through the framework (``to``) and back: the same dtype, shape and values,
+    a 0-d array's and an empty one's shapes too; what came back."""
+    returned = back(to(array))
+    assert returned.dtype == array.dtype and returned.shape == array.shape
+    np.testing.assert_array_equal(returned, array)
+    assert back(to(array[0, 0])).shape == ()
+    assert back(to(array[:0])).shape == (0, 2)
+    return returned

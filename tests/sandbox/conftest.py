@@ -12,6 +12,8 @@ import pytest
 
 pytest.importorskip("grpc", reason="the remote extra (grpcio) is not installed")
 
+from helpers import live_processes
+
 # Built once and reused by every later run, as tests/servers.py keeps the peers' venvs.
 VENVS = Path(
     os.environ.get("RLMESH_SANDBOX_VENVS")
@@ -24,18 +26,7 @@ RUN_DIR_PREFIX = "rlmesh-sandbox-"
 def sandbox_processes() -> set[int]:
     """The live processes whose command line names a sandbox's run directory (a server, its
     bubblewrap and its worker processes)."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            command = (entry / "cmdline").read_bytes()
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            continue
-        if RUN_DIR_PREFIX.encode() in command and state != "Z":
-            found.add(int(entry.name))
-    return found
+    return live_processes(RUN_DIR_PREFIX.encode())
 
 
 def run_dirs() -> set[str]:

@@ -59,7 +59,6 @@ def test_packages_are_split_on_whitespace_and_may_be_repeated():
     [
         (["--policy-packages", "torch"], True, "address of a model served already"),
         (["--sandbox-network"], False, "--sandbox-network needs --sandbox"),
-        (["--sandbox", "--ray"], False, "--ray runs the episodes on Ray workers"),
         (["--sandbox", "--pipeline"], False, "--pipeline is for local worker processes"),
         (["--env-packages", "x", "--restart-workers", "1"], False, "--sandbox-restart K"),
     ],

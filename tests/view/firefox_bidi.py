@@ -9,7 +9,8 @@ message and uncaught error of the page) and takes the top-level browsing context
 its profile are removed on the way out, also when the test fails: the browser is asked to
 close, and its whole process group is killed if it has not within a few seconds.
 
-Every wait is bounded: starting, each command (``COMMAND_TIMEOUT_S``), polling the page.
+Every wait is bounded: starting, each command (``COMMAND_TIMEOUT_S``). ``Firefox`` is a
+``viewing.Page``: the live view's page checks drive it.
 Messages are JSON: ``{"id", "method", "params"}`` out; ``{"type": "success" | "error", "id"}``
 or ``{"type": "event", "method", "params"}`` back.
 """
@@ -137,27 +138,17 @@ class Firefox:
         value = answer["result"]
         return None if value["type"] == "undefined" else json.loads(value["value"])
 
-    def wait_for(self, expression: str, what: str, timeout: float = COMMAND_TIMEOUT_S) -> Any:
-        """The value of ``expression`` once it is truthy, polled at most ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        while True:
-            value = self.evaluate(expression)
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{what} within {timeout} s (last: {value!r})")
-            time.sleep(0.1)
-
     def screenshot(self) -> bytes:
         """The tab's viewport as PNG bytes."""
         answer = self.command("browsingContext.captureScreenshot", context=self.context)
         return base64.b64decode(answer["data"])
 
-    def errors(self) -> list[dict[str, Any]]:
+    def console_errors(self) -> list[str]:
         """The log entries of level ``error`` so far (console errors and uncaught exceptions),
-        after a round trip, so that every entry logged before this call has been read."""
+        described, after a round trip, so that every entry logged before this call was read."""
         self.evaluate("0")
-        return [entry for entry in self.log if entry.get("level") == "error"]
+        errors = [entry for entry in self.log if entry.get("level") == "error"]
+        return [f"{entry.get('type')}: {entry.get('text')}" for entry in errors]
 
 
 def _listening(process: subprocess.Popen, stderr: Path) -> str:

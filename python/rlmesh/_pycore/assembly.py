@@ -12,6 +12,7 @@ axis, as Gymnasium's ``FrameStackObservation(env, k, padding_type="reset")`` doe
 
 from __future__ import annotations
 
+import math
 import sys
 from collections import deque
 from collections.abc import Sequence
@@ -29,6 +30,9 @@ ARRAY, TEXT, CUSTOM = "array", "text", "custom"
 # concatenated from converted parts.
 IMAGE, STATE = "image", "state"
 FRAMED = (ARRAY, IMAGE, STATE)  # kinds whose frames can be stacked
+# Where a payload's arrays start: XLA (JAX on the CPU) shares a buffer only at this alignment
+# and copies any other, and numpy's own allocations are 16-byte aligned.
+PAYLOAD_ALIGNMENT = 64
 
 
 def read_source(raw_observation: Any, path: Sequence[str], lane: int) -> Any:
@@ -184,7 +188,7 @@ class ObservationAssembler:
         if leaf.kind == CUSTOM:
             return _custom(leaf, [leaf.fn(raw) for raw in raw_lane_observations])
         stack_shape = (leaf.stack,) if leaf.stack > 1 else ()
-        out = np.empty((len(ids), *stack_shape, *leaf.frame_shape), dtype=leaf.dtype)
+        out = aligned_empty((len(ids), *stack_shape, *leaf.frame_shape), leaf.dtype)
         for lane, raw, episode_id in zip(lanes, raw_lane_observations, ids, strict=True):
             frame = _frame(leaf, raw, lane)
             if leaf.stack > 1:
@@ -338,6 +342,22 @@ def _state_frame(leaf: Any, raw_observation: Any, lane: int) -> np.ndarray:
     if leaf.pad_to is not None:
         flat = np.concatenate([flat, np.zeros(leaf.pad_to - flat.size)])
     return flat.astype(leaf.dtype).reshape(tuple(leaf.frame_shape))
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """A new, uninitialised C-ordered array whose data starts at a multiple of
+    ``PAYLOAD_ALIGNMENT`` bytes: a view into a slightly longer byte array, its base.
+
+    Example:
+        >>> array = aligned_empty((2, 3), np.float32)
+        >>> array.shape, array.ctypes.data % PAYLOAD_ALIGNMENT, array.flags.c_contiguous
+        ((2, 3), 0, True)
+    """
+    dtype = np.dtype(dtype)
+    size = math.prod(shape) * dtype.itemsize
+    raw = np.empty(size + PAYLOAD_ALIGNMENT - 1, np.uint8)
+    start = -raw.ctypes.data % PAYLOAD_ALIGNMENT
+    return raw[start : start + size].view(dtype).reshape(shape)
 
 
 def _text(leaf: Any, raw_observation: Any, lane: int) -> str:

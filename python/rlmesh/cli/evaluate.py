@@ -156,8 +156,9 @@ def eval_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         progress,
         run,
         # A cluster's workers load the policy by its name, as this process did; a served
-        # policy's client travels to them, and each dials the server itself.
-        policy if not cluster or is_served(args.policy) else args.policy,
+        # policy's client travels to them, and each dials the server itself; a sandboxed
+        # policy travels as its arguments, and each starts a server like it.
+        policy if not cluster or is_served(args.policy) or policy_sandboxed(args) else args.policy,
         env,
         seeds=seeds,
         episodes=episodes,
@@ -249,7 +250,7 @@ def _eval_suite(args: argparse.Namespace, argv: Sequence[str], cluster: dict[str
         args,
         progress,
         run_suite,
-        policy if not cluster or is_served(args.policy) else args.policy,
+        policy if not cluster or is_served(args.policy) or policy_sandboxed(args) else args.policy,
         suite,
         only=[task.name for task in chosen],
         hooks=[SuiteEpisodeSink(progress), Throughput(progress)],

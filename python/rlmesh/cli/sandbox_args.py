@@ -14,7 +14,10 @@
 A sandboxed env's lanes step in its server (``--workers`` worker processes there), so the run
 itself gets ``run_overrides(args)``. With ``--record-video`` (frames from ``render()``) or an
 http ``--view``, its envs are built with ``render_mode="rgb_array"`` there, and their frames
-cross its socket.
+cross its socket. With ``--ray``, ``--workers`` counts the Ray workers instead, and each
+starts one sandbox like it (its server stepping its ``--num-envs`` lanes itself), held
+across the windows it runs (``rlmesh.cluster``); a sandboxed policy travels to them as its
+arguments, and each worker process starts a server of its own.
 
 Example:
     >>> import argparse
@@ -114,7 +117,7 @@ def policy_sandboxed(args: argparse.Namespace) -> bool:
 
 def check_sandbox_arguments(args: argparse.Namespace, *, served_policy: bool) -> None:
     """Refuse options that cannot go together, as one-line usage errors: a served POLICY (an
-    address) with policy packages, Ray with a sandboxed side, ``--sandbox-network`` without
+    address) with policy packages, ``--sandbox-network`` without
     ``--sandbox``, and the options of local worker processes with a sandboxed env (whose
     ``--workers`` are its server's)."""
     if policy_sandboxed(args) and served_policy:
@@ -124,15 +127,6 @@ def check_sandbox_arguments(args: argparse.Namespace, *, served_policy: bool) ->
         )
     if getattr(args, "sandbox_network", False) and not getattr(args, "sandbox", False):
         raise UsageError("rlmesh eval: error: --sandbox-network needs --sandbox")
-    if getattr(args, "ray", None) is not None and (env_sandboxed(args) or policy_sandboxed(args)):
-        raise UsageError(
-            "rlmesh eval: error: --ray runs the episodes on Ray workers, which do not start "
-            "sandboxes (a sandbox's server is a child of the process that runs its lanes, "
-            "and a window's env is rebuilt from an id or a factory on its worker): drop --ray "
-            "and run the sandboxed env here with --num-envs N and --workers W (its worker "
-            "processes step the lanes inside the sandbox), or drop the sandbox options and "
-            "install the packages on the Ray workers"
-        )
     if env_sandboxed(args):
         for flag, given, instead in (
             ("--pipeline", getattr(args, "pipeline", False), "drop it"),
@@ -147,10 +141,15 @@ def check_sandbox_arguments(args: argparse.Namespace, *, served_policy: bool) ->
 
 def run_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The run's arguments that a sandboxed env changes: its worker processes are the
-    server's, so the run itself has none."""
-    if not env_sandboxed(args):
+    server's, so the run itself has none (with ``--ray``, ``--workers`` are Ray workers,
+    which the run keeps)."""
+    if not env_sandboxed(args) or _on_ray(args):
         return {}
     return {"workers": None}
+
+
+def _on_ray(args: argparse.Namespace) -> bool:
+    return getattr(args, "ray", None) is not None
 
 
 def _env_options(args: argparse.Namespace, extra_packages: Sequence[str] = ()) -> dict[str, Any]:
@@ -159,7 +158,8 @@ def _env_options(args: argparse.Namespace, extra_packages: Sequence[str] = ()) -
         "packages": [*extra_packages, *packages(args.env_packages)],
         "python": args.env_python,
         "num_envs": args.num_envs or 1,
-        "workers": args.workers or 1,
+        # With --ray, --workers counts Ray workers, each with a sandbox of its own.
+        "workers": 1 if _on_ray(args) else args.workers or 1,
         "network": bool(args.sandbox_network),
         "sandbox": bool(args.sandbox),
         "restart": args.sandbox_restart,

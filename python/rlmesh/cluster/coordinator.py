@@ -107,8 +107,19 @@ async def run_on_cluster(
     _refuse_hooks_beside_the_envs(dispatcher)
     settings = replace(settings, core=settings.core or core_name())
     job = make_job(model, env, settings=settings.for_window())
-    success_rule = rule_for(settings.success, env)
-    results = settings.open_results(env, model, success_rule)
+    try:
+        if job.env_lanes:
+            # Lanes a worker holds across its windows (a sandbox): on actors, which close
+            # them at the end; a task's worker would start them for each window.
+            settings = replace(settings, placement=replace(settings.placement, ray_mode="actors"))
+        success_rule = rule_for(settings.success, env)
+        results = settings.open_results(env, model, success_rule)
+    finally:
+        if job.env_lanes:
+            # The lanes given (a SandboxEnv, started here) are the run's, as a local run's
+            # are: closed now, their facts (name, spec) kept; the workers start their own.
+            env.close()
+        _stop_sandboxed_model(model)
     coordinator = Coordinator(ray, job, env, settings, dispatcher, results, success_rule)
     return await coordinator.execute()
 
@@ -142,10 +153,19 @@ class _Window:
     actor: Any = None  # the actor running it (ray_mode="actors")
 
 
+def _stop_sandboxed_model(model: Any) -> None:
+    """Stop a ``SandboxModel``'s server, started here for its spec: each worker starts one of
+    its own from the model's arguments (a later local run would start it again)."""
+    from ..sandbox import SandboxModel
+
+    if isinstance(model, SandboxModel):
+        model.close()
+
+
 class _Tasks:
     """``ray_mode="tasks"``: each window a Ray task of ``cpus`` CPUs, its own local run."""
 
-    def __init__(self, ray: ModuleType, job: Any, cpus: int) -> None:
+    def __init__(self, ray: ModuleType, job: Any, cpus: int, holds_lanes: bool = False) -> None:
         self.ray, self.job = ray, job
         self.task = ray.remote(run_window).options(num_cpus=cpus, max_retries=0)
 
@@ -174,10 +194,16 @@ class _Actors:
     that failed, or was interrupted) are ended where they are.
     """
 
-    def __init__(self, ray: ModuleType, job: Any, cpus: int) -> None:
+    def __init__(self, ray: ModuleType, job: Any, cpus: int, holds_lanes: bool = False) -> None:
         self.ray, self.job = ray, job
+        self.holds_lanes = holds_lanes  # the job's env_lanes (job is Ray's reference to it)
         self.actor_class = ray.remote(WindowActor).options(
-            num_cpus=cpus, max_restarts=0, max_task_retries=0
+            num_cpus=cpus,
+            max_restarts=0,
+            max_task_retries=0,
+            # Lanes held across windows (a sandbox) are released by a second call while a
+            # window may still run (close): the actor takes two at once.
+            **({"max_concurrency": 2} if self.holds_lanes else {}),
         )
         self.live: list[Any] = []
         self.idle: list[Any] = []
@@ -204,11 +230,16 @@ class _Actors:
         busy = [window.actor for window in running]
         free = [actor for actor in self.live if not any(actor is other for other in busy)]
         closing = [asyncio.ensure_future(_awaited(actor.close.remote())) for actor in free]
-        if closing:
-            _, late = await asyncio.wait(closing, timeout=ACTOR_CLOSE_S)
+        # Busy actors' held lanes first, so that ending them leaves no sandbox's files.
+        releasing = [
+            asyncio.ensure_future(_awaited(actor.release_lanes.remote()))
+            for actor in (busy if self.holds_lanes else ())
+        ]
+        if closing or releasing:
+            _, late = await asyncio.wait([*closing, *releasing], timeout=ACTOR_CLOSE_S)
             for future in late:
                 future.cancel()  # its actor is ended below
-            await asyncio.gather(*closing, return_exceptions=True)
+            await asyncio.gather(*closing, *releasing, return_exceptions=True)
         for actor in self.live:
             with contextlib.suppress(Exception):
                 self.ray.kill(actor)
@@ -417,7 +448,9 @@ class Coordinator:
             )
         )
         self.workers = min(workers, len(pending))
-        pool = WORKER_POOLS[placement.ray_mode](ray, ray.put(self.job), cpus)
+        pool = WORKER_POOLS[placement.ray_mode](
+            ray, ray.put(self.job), cpus, holds_lanes=self.job.env_lanes
+        )
         self.dealing_started = time.perf_counter()
         self.startup_s = self.dealing_started - started
         running: dict[asyncio.Future, _Window] = {}

@@ -7,6 +7,13 @@ defined in the user's own modules loads there as it does here. A model may also 
 the spec the CLI takes (``path/to/file.py:Name``, ``package.module:Name``, a built-in), which
 the worker loads itself: the form for a model that does not pickle.
 
+The env travels in one of three forms: a Gymnasium id, a factory of one ``gym.Env`` (each
+window's run builds its lanes from it and closes them), or a factory of ``Lanes``
+(``WindowJob.env_lanes``): what a ``SandboxEnv`` becomes (``SandboxEnv.factory()``, its
+options, source and arguments as data), since its server is a child of the process that
+started it and cannot travel. A worker calls it once and holds the lanes across the windows
+it runs (``worker.HeldLanes``), so each worker starts one sandbox, not one a window.
+
 Example:
     >>> from rlmesh.settings import run_settings
     >>> job = make_job("random", "CartPole-v1", settings=run_settings(episodes=2).for_window())
@@ -44,6 +51,8 @@ class WindowJob:
     cloudpickled ``RunSettings`` of each window's local run (``RunSettings.for_window``, but
     the indices); ``search_path`` the
     coordinator's import directories, appended on a worker to its own where they exist.
+    ``env_lanes``: ``env`` is a factory of ``Lanes`` (a worker holds what it builds across
+    its windows), not of one ``gym.Env``.
     """
 
     job_id: str
@@ -51,6 +60,7 @@ class WindowJob:
     env: str | bytes
     settings: bytes
     search_path: tuple[str, ...]
+    env_lanes: bool = False
 
 
 @dataclass(frozen=True)
@@ -117,29 +127,41 @@ def model_spec(spec: str) -> str:
 def make_job(model: Any, env: Any, *, settings: RunSettings) -> WindowJob:
     """The job of a cluster run, its model, env and window arguments checked to travel.
 
+    A ``SandboxEnv`` travels as its factory (``SandboxEnv.factory()``): each worker starts a
+    sandbox like it. A ``SandboxModel`` travels as its arguments: each worker process starts
+    a server like it when it unpickles it.
+
     Raises:
         NotPicklableError: the model, the env factory or an argument (a success rule) does
             not pickle; the message says what to pass instead.
-        ValueError: an env the workers cannot rebuild (an instance, a vector, lanes), or a
-            model spec that names no file.
+        ValueError: an env the workers cannot rebuild (an instance, a vector, lanes other
+            than a ``SandboxEnv``), or a model spec that names no file.
     """
-    if isinstance(env, (gym.Env, gym.vector.VectorEnv)) or not (
-        isinstance(env, str) or callable(env)
+    lanes_factory = _lanes_factory(env)
+    if lanes_factory is None and (
+        isinstance(env, (gym.Env, gym.vector.VectorEnv))
+        or not (isinstance(env, str) or callable(env))
     ):
         raise ValueError(
             f"env {type(env).__name__}: a cluster run builds its envs on the workers; pass a "
-            "Gymnasium id (or module:Id) or a zero-argument factory that pickles (a "
-            "module-level function, or functools.partial(gymnasium.make, id, ...))"
+            "Gymnasium id (or module:Id), a zero-argument factory that pickles (a "
+            "module-level function, or functools.partial(gymnasium.make, id, ...)), or a "
+            "rlmesh.sandbox.SandboxEnv (each worker starts one like it)"
         )
     if isinstance(model, str):
         shipped_model: str | bytes = model_spec(model)
     else:
         shipped_model = _dumps(model, "model", f"it as {MODEL_FORMS}, or make it picklable")
-    shipped_env = (
-        env
-        if isinstance(env, str)
-        else _dumps(env, "env factory", "a Gymnasium id or a module-level factory function")
-    )
+    if lanes_factory is not None:
+        shipped_env: str | bytes = _dumps(
+            lanes_factory, "the sandboxed env's factory", "env arguments that are JSON values"
+        )
+    elif isinstance(env, str):
+        shipped_env = env
+    else:
+        shipped_env = _dumps(
+            env, "env factory", "a Gymnasium id or a module-level factory function"
+        )
     shipped_settings = _dumps(
         settings,
         "the run's arguments",
@@ -151,7 +173,16 @@ def make_job(model: Any, env: Any, *, settings: RunSettings) -> WindowJob:
         env=shipped_env,
         settings=shipped_settings,
         search_path=import_directories(),
+        env_lanes=lanes_factory is not None,
     )
+
+
+def _lanes_factory(env: Any) -> Any:
+    """The factory of ``Lanes`` that builds ``env`` again on a worker, or None for an env
+    that travels as an id or a factory of one ``gym.Env``."""
+    from ..sandbox import SandboxEnv
+
+    return env.factory() if isinstance(env, SandboxEnv) else None
 
 
 def import_directories() -> tuple[str, ...]:

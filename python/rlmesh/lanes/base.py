@@ -84,6 +84,21 @@ class StepBatch:
     reset_infos: list[dict[str, Any] | None] | None = None
 
 
+@dataclass
+class ResetBatch:
+    """What a reset sent by ``PipelinedLanes.send_reset`` returned, through ``receive``.
+
+    Attributes:
+        lanes: ``[K]`` int64, the lanes reset, in the order sent.
+        observations: ``K`` raw first observations, one per lane.
+        infos: ``K`` reset info dicts.
+    """
+
+    lanes: np.ndarray
+    observations: list[Any]
+    infos: list[dict[str, Any]]
+
+
 def core_steps(
     lanes: Lanes, *, every_info: bool = False
 ) -> Sequence[EnvStep] | Callable[[np.ndarray, Any], StepBatch] | None:
@@ -228,11 +243,12 @@ class RenderingLanes(Protocol):
 
 @runtime_checkable
 class PipelinedLanes(Protocol):
-    """Lanes in groups that step on their own: the optional part of the seam that group
-    pipelining (``rlmesh.run(..., pipeline=True)``) needs. The driver sends one group's step
-    and, while that group's envs step, receives another group's, runs the model for it and
-    sends it again, so the model and the envs work at once. Worker-process lanes implement
-    it, one group per worker.
+    """Lanes in groups that step and reset on their own: the optional part of the seam that
+    group pipelining (``rlmesh.run(..., pipeline=True)``) needs. The driver sends one group's
+    step and, while that group's envs step, receives another group's, runs the model for it
+    and sends it again, so the model and the envs work at once; a group whose episodes ended
+    is sent its resets the same way, so the other groups step while its envs reset.
+    Worker-process lanes implement it, one group per worker.
 
     Attributes:
         step_groups: ``[G]`` arrays of lanes, each group's lanes ascending, every lane in one
@@ -242,15 +258,24 @@ class PipelinedLanes(Protocol):
     step_groups: list[np.ndarray]
 
     def send_step(self, lanes: np.ndarray, actions: Any, *, every_info: bool = True) -> None:
-        """Start a step of ``lanes`` ``[K]`` (ascending, of one group whose last step was
+        """Start a step of ``lanes`` ``[K]`` (ascending, of one group whose last request was
         received) with ``actions`` ``[K, ...]`` (or a dict of them). With ``every_info``
         False the step may come back, as from ``round_step``, with an empty info for a lane
         whose episode goes on: the driver asks for that when it reads only final infos."""
         ...
 
-    def receive_step(self) -> StepBatch:
-        """The outcome of a step sent and not yet received, the first to be ready; raises
-        ``LaneFailures`` for its lanes as ``step`` does."""
+    def send_reset(
+        self, lanes: np.ndarray, seeds: Sequence[int | None], trials: Sequence[int | None]
+    ) -> None:
+        """Start a reset of ``lanes`` ``[K]`` (of one group whose last request was received),
+        with ``seeds`` and ``trials`` as ``Lanes.reset`` takes them."""
+        ...
+
+    def receive(self) -> StepBatch | ResetBatch:
+        """The outcome of a request sent and not yet received, the first to be ready: a
+        ``StepBatch`` for a step, a ``ResetBatch`` for a reset. Raises ``LaneFailures`` for
+        its lanes as ``step`` and ``reset`` do (a reset's ``outcome`` is ``(lanes,
+        observations, infos)`` of the others)."""
         ...
 
 

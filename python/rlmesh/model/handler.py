@@ -145,6 +145,12 @@ class ModelHandler:
         self._synchronous = not _is_async(method)
         # The running episodes' contexts, when the corner declares a `context` parameter.
         self.contexts = EpisodeContexts() if accepts_context(method) else None
+        # A framework model converts once per call: a synchronous batched corner inside one
+        # wrapper the bridge makes (its cheapest form); any other corner in _calls / _combined.
+        self._converts = self._bridge is not None
+        if self._bridge is not None and self._batched and self._synchronous:
+            self._call = self._bridge.around(self._call, context=self.contexts is not None)
+            self._converts = False
 
     def fit_route(
         self,
@@ -347,13 +353,13 @@ class ModelHandler:
     def _calls(self, payload: Any, num_lanes: int, episode_ids: Sequence[int] | None) -> list[Any]:
         """The corner called on ``payload``: one output, or one per lane in lane order."""
         contexts = None if self.contexts is None else self.contexts.advance(episode_ids, num_lanes)
-        if self._bridge is not None:  # once for the whole batch; lanes get parts of it
+        if self._converts:  # once for the whole batch; lanes get parts of it
             payload = self._bridge.to_model(payload)
         if self._batched:
             return [
                 self._call(payload) if contexts is None else self._call(payload, context=contexts)
             ]
-        if self._bridge is not None:
+        if self._converts:
             inputs = self._bridge.lanes(payload, num_lanes)
         elif isinstance(payload, np.ndarray):
             inputs = [payload[lane] for lane in range(num_lanes)]
@@ -367,7 +373,7 @@ class ModelHandler:
         ]
 
     def _combined(self, outputs: list[Any], num_lanes: int) -> Any:
-        if self._bridge is not None:  # the framework's tensors as numpy, once per call
+        if self._converts:  # the framework's tensors as numpy, once per call
             if self._batched:
                 outputs = [self._bridge.from_model(outputs[0])]
             else:

@@ -31,7 +31,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -119,6 +119,33 @@ class TensorBridge:
                 if stacked is not None:
                     return list(self._array_out(stacked, ()))
         return [self.from_model(output) for output in outputs]
+
+    def around(self, call: Callable[..., Any], *, context: bool = False) -> Callable[..., Any]:
+        """A synchronous batched corner ``call(payload) -> output`` (``call(payload, context=
+        contexts)`` with ``context=True``) as one that takes the numpy payload and returns
+        numpy: ``to_model`` before, ``from_model`` after. A run calls a batched corner through
+        this, once per call, so a subclass may override it with a closure that does both
+        conversions in one Python frame (the common case's cost).
+
+        Example:
+            >>> import numpy as np
+            >>> class Halves(TensorBridge):
+            ...     def tensor(self, array):
+            ...         return array / 2
+            ...     def is_tensor(self, value):
+            ...         return False
+            >>> Halves().around(lambda obs: obs + 1)(np.array([2, 4])).tolist()
+            [2.0, 3.0]
+        """
+        to_model, from_model = self.to_model, self.from_model
+
+        def converted(payload: Any) -> Any:
+            return from_model(call(to_model(payload)))
+
+        def converted_with_context(payload: Any, context: Any) -> Any:
+            return from_model(call(to_model(payload), context=context))
+
+        return converted_with_context if context else converted
 
     # ------------------------------------------------------------------ helpers
 

@@ -27,8 +27,11 @@ action space (a wrong leaf count or byte length, a ``Discrete`` value out of its
 is ``INVALID_ACTION`` and recoverable (the action is never delivered); a step before its
 lane's reset is ``NOT_READY``; a second session while one is open is ``BUSY``; an env that
 raised is ``INTERNAL``, a request past its ``timeout_ms`` is ``TIMEOUT``: those two are not
-recoverable, the env's state being unknown, and end the session. A ``Join`` whose first
-message does not arrive within ``first_message_timeout`` seconds is cancelled.
+recoverable, the env's state being unknown, and end the session. A ``render()`` that raised
+is the exception: it changed nothing a step reads, so that render alone fails
+(``UNSUPPORTED``, recoverable, its message naming the lane and the env's exception) and the
+session goes on. A ``Join`` whose first message does not arrive within
+``first_message_timeout`` seconds is cancelled.
 
 Example:
     >>> import rlmesh
@@ -53,6 +56,7 @@ import numpy as np
 from gymnasium import spaces
 
 from ..adapters import ENV_TAGS_CONTRACT_KEY, EnvTags, checked_env_tags, env_tags_of
+from ..errors import EnvError
 from ..lanes import Lanes, make_lanes
 from ..lanes.base import (
     SAME_STEP,
@@ -580,9 +584,20 @@ class Session:
                 recoverable=True,
             )
         lane = int(lanes[0])
-        frame = self.servicer.call_env(
-            rendering.render, (lane,), request.timeout_ms, f"render of lane {lane}"
-        )
+        try:
+            frame = self.servicer.call_env(
+                rendering.render, (lane,), request.timeout_ms, f"render of lane {lane}"
+            )
+        except RequestError as err:
+            # A render() that raised drew nothing, and changed nothing a step reads: only this
+            # frame fails, the session and its episodes go on (the driver decides what the
+            # failure costs). One past its deadline still ends the session (TIMEOUT): it may
+            # still be running, holding the env.
+            if err.code != Code.ENV_ERROR_CODE_INTERNAL or err.__cause__ is None:
+                raise
+            raise RequestError(
+                Code.ENV_ERROR_CODE_UNSUPPORTED, _render_failure(lane, err.__cause__)
+            ) from err.__cause__
         if not (
             isinstance(frame, np.ndarray)
             and frame.dtype == np.uint8
@@ -707,6 +722,14 @@ class Session:
     def interrupt_all(self) -> list[wire.EpisodeMetadata]:
         """End every running episode as truncated (a Close, or a session that failed)."""
         return [self._complete(lane, False, True, None) for lane in self.episodes.running_lanes()]
+
+
+def _render_failure(lane: int, err: BaseException) -> str:
+    """What a lane's ``render()`` that raised ``err`` is answered with: the lanes' own
+    ``EnvError`` (it names the lane, the env and the exception), else the exception."""
+    if isinstance(err, EnvError):
+        return str(err)
+    return f"lane {lane}: render() raised {type(err).__name__}: {err}"
 
 
 def _error_response(request_id: str, err: RequestError) -> wire.JoinResponse:

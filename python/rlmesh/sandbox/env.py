@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ..errors import RemoteError
+from ..errors import EnvError, RemoteError
 from ..lanes.base import StepBatch
 from ..lanes.remote import RemoteEnv, SessionEndedError
 from ..remote.protocol import split_rows
@@ -41,12 +41,16 @@ from ..utils import positive_int
 from .bwrap import require_bwrap
 from .errors import SandboxEnvCrashedError
 from .factory import FACTORY, MAKE_VARIABLE, make_variable
+from .options import SandboxEnvFactory, SandboxOptions
 from .server_process import START_TIMEOUT_S, SandboxedServer, ServerFacts
 from .venvs import Progress, sandbox_python
 
 CRASH_WAIT_S = 2.0
 """How long a failed call waits for the server's process to end before the failure is taken
 for the server's death (its socket closes a moment before it ends)."""
+
+RENDER_FAILED = "ENV_ERROR_CODE_UNSUPPORTED"
+"""The code a server answers a render that failed with, the session going on."""
 
 T = TypeVar("T")
 
@@ -138,6 +142,22 @@ class SandboxEnv(ServerFacts):
         serve_args = ["serve", "env", target]
         serve_args += ["--num-envs", str(positive_int("num_envs", num_envs))]
         serve_args += ["--workers", str(positive_int("workers", workers))]
+        # What started it, as data that pickles: the same env elsewhere (factory()).
+        self._factory = SandboxEnvFactory(
+            _absolute(source),
+            SandboxOptions(
+                packages=(packages,) if isinstance(packages, str) else tuple(packages),
+                python=None if python is None else os.path.abspath(os.path.expanduser(python)),
+                workers=workers,
+                network=network,
+                sandbox=sandbox,
+                restart=restart,
+                start_timeout=start_timeout,
+                core=core,
+            ),
+            num_envs=num_envs,
+            make_kwargs=dict(make_kwargs),
+        )
         self.sandboxed = bool(sandbox)
         if self.sandboxed:
             require_bwrap()  # before a long build: say at once what is missing
@@ -218,8 +238,11 @@ class SandboxEnv(ServerFacts):
         records these frames).
 
         Raises:
+            EnvError: the env's ``render()`` raised in the server, which answered with the
+                lane, the env and the exception (as an env in this process raises it); the
+                session and the other lanes' episodes go on.
             RemoteError: the envs do not render in ``rgb_array`` mode (``render_mode`` says
-                how they do), or their ``render()`` failed.
+                how they do), or the server failed otherwise.
         """
         if self.render_mode != "rgb_array":
             raise RemoteError(
@@ -228,7 +251,30 @@ class SandboxEnv(ServerFacts):
                 f"built with it)",
                 address=self.address,
             )
-        return self._guarded(f"rendering lane {lane}", lambda client: client.render(lane), _none)
+        try:
+            return self._guarded(
+                f"rendering lane {lane}", lambda client: client.render(lane), _none
+            )
+        except RemoteError as err:
+            if err.code != RENDER_FAILED:
+                raise
+            said = str(err).partition(f"failed with {RENDER_FAILED}: ")[2] or str(err)
+            raise EnvError(said) from err
+
+    def factory(self) -> SandboxEnvFactory:
+        """This env as data that pickles: calling it starts another ``SandboxEnv`` like this
+        one (same source, lanes, arguments, packages or interpreter, walls), in the process
+        that calls it. A cluster run sends it to its Ray workers, each starting one sandbox
+        for every window it runs.
+
+        Example:
+            >>> import pickle, sys
+            >>> with SandboxEnv("CartPole-v1", python=sys.executable, sandbox=False) as env:
+            ...     made = pickle.loads(pickle.dumps(env.factory()))
+            >>> made.source, made.num_envs, made.options.sandbox
+            ('CartPole-v1', 1, False)
+        """
+        return self._factory
 
     def close(self) -> None:
         """End the session and stop the server (its run directory removed). Closing again
@@ -366,6 +412,15 @@ class SandboxEnv(ServerFacts):
                 np.array([lane for lane, _ in group], dtype=np.int64),
                 _stack([action for _, action in group]),
             )
+
+
+def _absolute(source: str) -> str:
+    """``source`` with a factory's file as an absolute path (the same file from any working
+    directory)."""
+    target, colon, name = source.rpartition(":")
+    if colon and target.endswith(".py"):
+        return f"{Path(target).expanduser().absolute()}:{name}"
+    return source
 
 
 def _served_source(

@@ -9,10 +9,12 @@ comes in the handshake); the server batches and calls the policy.
 
 The server starts at construction (the handshake gives the spec the run compiles its plan
 against) and stops when the model is closed, at the end of each run; a later run starts it
-again. A server that dies fails the call waiting on it with ``SandboxCrashedError`` (its last
-lines of output in it); with ``restart=K`` it is started again up to K times and the call is
-sent again. What the policy kept per episode on the dead server is lost, so a restart keeps
-results identical for policies whose actions depend only on their input.
+again. A copy made by pickling (a cluster run's workers get one) starts a server of its own,
+from the same packages or interpreter, where it is unpickled. A server that dies fails the
+call waiting on it with ``SandboxCrashedError`` (its last lines of output in it); with
+``restart=K`` it is started again up to K times and the call is sent again. What the policy
+kept per episode on the dead server is lost, so a restart keeps results identical for
+policies whose actions depend only on their input.
 
 Example:
     >>> import sys, rlmesh
@@ -24,6 +26,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -102,6 +105,17 @@ class SandboxModel(ServerFacts, Model):
                 f"cross into another interpreter"
             )
         self.policy = policy
+        # What a copy starts its own server with (__reduce__): the arguments as data.
+        self._arguments = {
+            "packages": (packages,) if isinstance(packages, str) else tuple(packages),
+            "python": None if python is None else os.path.abspath(os.path.expanduser(python)),
+            "network": network,
+            "sandbox": sandbox,
+            "restart": restart,
+            "start_timeout": start_timeout,
+            "max_batch": max_batch,
+            "core": core,
+        }
         self._restart = int(restart)
         if self._restart < 0:
             raise ValueError(f"restart must be 0 or more, got {restart}")
@@ -139,6 +153,11 @@ class SandboxModel(ServerFacts, Model):
         if self._route is not None:
             client.on_route(self._route)
         return client
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A server does not travel: a copy (a cluster's worker) starts one like it, from the
+        # same packages or interpreter, when it is unpickled.
+        return (functools.partial(type(self), **self._arguments), (self.policy,))
 
     def __repr__(self) -> str:
         kind = "sandboxed" if self.sandboxed else "isolated"

@@ -1,5 +1,8 @@
 """``SandboxOptions``: how a suite's envs run sandboxed, given once for every task
-(``rlmesh.run_suite(model, tasks, env_sandbox=SandboxOptions(...))``).
+(``rlmesh.run_suite(model, tasks, env_sandbox=SandboxOptions(...))``); and
+``SandboxEnvFactory``: one ``SandboxEnv`` described as data (the options, the env's source,
+its lanes and arguments), which pickles and starts a ``SandboxEnv`` where it is called (a Ray
+worker of a cluster run: ``SandboxEnv.factory()``).
 
 A ``rlmesh.Task`` is plain data, recorded as it is in a suite's results file: it names its env
 and the env's arguments, not where the env runs. The suite's runs take the rest from
@@ -21,7 +24,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .server_process import START_TIMEOUT_S
@@ -83,24 +86,33 @@ class SandboxOptions:
         """A started ``SandboxEnv`` of ``source`` with these options: ``num_envs`` lanes, its
         envs built with ``make_kwargs`` (and ``render_mode``, unless they set one); ``core``
         when the options name none."""
-        from .env import SandboxEnv
+        return self.factory(
+            source, num_envs=num_envs, render_mode=render_mode, make_kwargs=make_kwargs, core=core
+        )()
 
+    def factory(
+        self,
+        source: str,
+        *,
+        num_envs: int = 1,
+        render_mode: str | None = None,
+        make_kwargs: Mapping[str, Any] | None = None,
+        core: str | None = None,
+    ) -> SandboxEnvFactory:
+        """What ``env`` starts, as data that pickles: a ``SandboxEnvFactory``, which starts
+        the ``SandboxEnv`` when called.
+
+        Example:
+            >>> import pickle
+            >>> made = SandboxOptions(sandbox=False).factory("Pendulum-v1", make_kwargs={"g": 3.0})
+            >>> pickle.loads(pickle.dumps(made)) == made, made.make_kwargs
+            (True, {'g': 3.0})
+        """
         kwargs = dict(make_kwargs or {})
         if render_mode is not None:
             kwargs.setdefault("render_mode", render_mode)
-        return SandboxEnv(
-            source,
-            packages=list(self.packages),
-            python=self.python,
-            num_envs=num_envs,
-            workers=self.workers,
-            network=self.network,
-            sandbox=self.sandbox,
-            restart=self.restart,
-            start_timeout=self.start_timeout,
-            core=self.core or core,
-            **kwargs,
-        )
+        options = self if self.core or core is None else replace(self, core=core)
+        return SandboxEnvFactory(source, options, num_envs=num_envs, make_kwargs=kwargs)
 
     def describe(self) -> dict[str, Any]:
         """The options as plain data (what a results file's ``run_info`` can hold)."""
@@ -114,6 +126,48 @@ class SandboxOptions:
         }
 
 
+@dataclass(frozen=True)
+class SandboxEnvFactory:
+    """One ``SandboxEnv`` as data: ``source``, ``options``, ``num_envs`` lanes and the envs'
+    ``make_kwargs`` (JSON values). It pickles (the options and the arguments are plain data),
+    and calling it starts a ``SandboxEnv`` in the calling process: how a cluster run's Ray
+    workers each start their own sandbox (``SandboxEnv.factory()``). ``python`` and the
+    virtual environments' cache must be there on every machine that calls it.
+
+    Example:
+        >>> import sys
+        >>> made = SandboxEnvFactory("CartPole-v1", SandboxOptions(python=sys.executable,
+        ...                          sandbox=False), num_envs=2)
+        >>> with made() as env:
+        ...     env.num_lanes, env.name
+        (2, 'CartPole-v1')
+    """
+
+    source: str
+    options: SandboxOptions
+    num_envs: int = 1
+    make_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def __call__(self) -> Any:
+        """A started ``SandboxEnv`` (``rlmesh.lanes.Lanes``) of this description."""
+        from .env import SandboxEnv
+
+        options = self.options
+        return SandboxEnv(
+            self.source,
+            packages=list(options.packages),
+            python=options.python,
+            num_envs=self.num_envs,
+            workers=options.workers,
+            network=options.network,
+            sandbox=options.sandbox,
+            restart=options.restart,
+            start_timeout=options.start_timeout,
+            core=options.core,
+            **self.make_kwargs,
+        )
+
+
 def sandboxed_suite_env(
     options: SandboxOptions, env: str, env_kwargs: Mapping[str, Any], settings: Any
 ) -> Any:
@@ -121,20 +175,18 @@ def sandboxed_suite_env(
     ``settings`` (a ``RunSettings``: its lanes, core, and whether its videos or live view
     take frames from ``render()``).
 
+    On a cluster (``cluster="ray"``) the env started here gives the run its facts and is
+    closed; each Ray worker starts one like it (``SandboxEnv.factory()``).
+
     Raises:
-        ValueError: the run asks for worker processes or a cluster, which a sandboxed env's
-            lanes do not take (its workers are its server's: ``SandboxOptions(workers=W)``).
+        ValueError: the run asks for worker processes, which a sandboxed env's lanes do not
+            take (its workers are its server's: ``SandboxOptions(workers=W)``).
     """
     if settings.parallel.process_workers > 1:
         raise ValueError(
             f"run_suite(workers={settings.parallel.process_workers}, env_sandbox=...): a "
             f"sandboxed env's lanes step in its server; pass SandboxOptions(workers="
             f"{settings.parallel.process_workers}) instead"
-        )
-    if settings.placement is not None:
-        raise ValueError(
-            "run_suite(cluster=..., env_sandbox=...): a cluster's workers do not start "
-            "sandboxes; run the suite locally, or without env_sandbox"
         )
     video, view = settings.video, settings.output.view
     # The videos' and the live page's frames come from render() unless from an image key.
@@ -169,4 +221,4 @@ def checked_options(value: Any) -> SandboxOptions | None:
     )
 
 
-__all__ = ["SandboxOptions", "checked_options", "sandboxed_suite_env"]
+__all__ = ["SandboxEnvFactory", "SandboxOptions", "checked_options", "sandboxed_suite_env"]

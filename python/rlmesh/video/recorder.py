@@ -35,10 +35,11 @@ from typing import Any
 import gymnasium
 import numpy as np
 
-from ..errors import LaneFailures
+from ..errors import EnvError, LaneFailures
 from ..lanes.base import (
     EnvStep,
     Lanes,
+    ResetBatch,
     StepBatch,
     lanes_render_fps,
     lanes_rendering,
@@ -294,6 +295,27 @@ class VideoRecorder:
         return Path(os.path.relpath(path, base)).as_posix()
 
 
+def _rows_of(batch: StepBatch, rows: np.ndarray) -> StepBatch:
+    """The ``StepBatch`` of ``rows`` of ``batch``'s lanes asked for (not a lockstep vector's:
+    there ``stepped`` holds lanes beyond those asked for)."""
+    picked = rows.tolist()
+
+    def some(values: list[Any] | None) -> list[Any] | None:
+        return None if values is None else [values[row] for row in picked]
+
+    return StepBatch(
+        batch.stepped[rows],
+        [batch.observations[row] for row in picked],
+        batch.rewards[rows],
+        batch.terminated[rows],
+        batch.truncated[rows],
+        [batch.infos[row] for row in picked],
+        some(batch.final_observations),
+        None if batch.reset_lanes is None else batch.reset_lanes[rows],
+        some(batch.reset_infos),
+    )
+
+
 class RecordingLanes:
     """The run's lanes, with a frame taken after each step of a lane ``record`` marked.
 
@@ -368,30 +390,70 @@ class RecordingLanes:
         try:
             batch = step(lanes, actions)
         except LaneFailures as failures:  # the lanes that stepped still take their frames
-            self._take_frames(failures.outcome.stepped, failures.outcome)
-            raise
+            self._take_frames_after(failures)
         return self._take_frames(lanes, batch)
 
-    def receive_step(self) -> StepBatch:
-        """A pipelined step's outcome (``PipelinedLanes``), its recorded lanes' frames taken."""
+    def receive(self) -> StepBatch | ResetBatch:
+        """A pipelined request's outcome (``PipelinedLanes``): a step's recorded lanes' frames
+        taken; a reset as it is (as ``reset`` returns it: an episode's first frame is taken
+        when it is announced)."""
         try:
-            batch = self._lanes.receive_step()
+            outcome = self._lanes.receive()  # type: ignore[attr-defined]
         except LaneFailures as failures:
-            self._take_frames(failures.outcome.stepped, failures.outcome)
+            if isinstance(failures.outcome, StepBatch):
+                self._take_frames_after(failures)
             raise
-        return self._take_frames(batch.stepped, batch)
+        if isinstance(outcome, StepBatch):
+            return self._take_frames(outcome.stepped, outcome)
+        return outcome
+
+    def _take_frames_after(self, failures: LaneFailures) -> None:
+        """Take the frames of the lanes that stepped beside the ones that failed, and raise
+        the failures: with any lane whose frame failed too, as one ``LaneFailures``."""
+        try:
+            self._take_frames(failures.outcome.stepped, failures.outcome)
+        except LaneFailures as frames:
+            merged = LaneFailures(
+                str(failures),
+                errors=dict(sorted({**failures.errors, **frames.errors}.items())),
+                outcome=frames.outcome,
+            )
+            raise merged from failures.__cause__ or failures
+        raise failures
 
     def _take_frames(self, lanes: np.ndarray, batch: StepBatch) -> StepBatch:
-        """``batch``, the step of ``lanes``, after a frame of each recorded lane is taken."""
-        if self._recorded:
-            rows = {lane: row for row, lane in enumerate(batch.stepped.tolist())}
-            finals = batch.final_observations
-            for k, lane in enumerate(np.asarray(lanes).tolist()):
-                if lane in self._recorded:
-                    final = None if finals is None else finals[k]
-                    observation = batch.observations[rows[lane]] if final is None else final
+        """``batch``, the step of ``lanes``, after a frame of each recorded lane is taken.
+
+        Raises:
+            LaneFailures: a lane's frame could not be taken (its env's ``render()`` raised
+                in a worker or a server), where lanes fail one by one: that lane's episode
+                fails as if its step had, and the others' frames and step are kept.
+            EnvError: the same, for lanes that cannot fail one by one.
+        """
+        if not self._recorded:
+            return batch
+        rows = {lane: row for row, lane in enumerate(batch.stepped.tolist())}
+        finals = batch.final_observations
+        failed: dict[int, EnvError] = {}
+        for k, lane in enumerate(np.asarray(lanes).tolist()):
+            if lane in self._recorded:
+                final = None if finals is None else finals[k]
+                observation = batch.observations[rows[lane]] if final is None else final
+                try:
                     self._recorder.stepped(lane, observation)
-        return batch
+                except EnvError as err:
+                    if self.lockstep or self.rebuild is None:
+                        raise
+                    failed[lane] = err
+        if not failed:
+            return batch
+        first = next(iter(failed.values()))
+        kept = ~np.isin(np.asarray(lanes), list(failed))
+        raise LaneFailures(
+            str(first),
+            errors={lane: f"{type(err).__name__}: {err}" for lane, err in failed.items()},
+            outcome=_rows_of(batch, np.flatnonzero(kept)),
+        ) from first
 
     def env_episode_ids(self) -> np.ndarray | None:
         return self._lanes.env_episode_ids()

@@ -48,7 +48,7 @@ import gymnasium
 import numpy as np
 
 from ..errors import LaneFailures
-from ..lanes import Lanes, StepBatch, lanes_pipelined, lanes_rendering, lanes_round_step
+from ..lanes import Lanes, ResetBatch, StepBatch, lanes_pipelined, lanes_rendering, lanes_round_step
 from .frames import FrameSampler
 
 WHOLE_OBSERVATION = "observation"
@@ -143,7 +143,10 @@ class ViewLanes:
         if pipelined is not None:
             self.step_groups = pipelined.step_groups
             self.send_step = pipelined.send_step
-            self.receive_step = self._receive_step
+            self.send_reset = self._send_reset
+            self.receive = self._receive
+        # With pipelined resets: the seed sent for each lane whose reset is on its way.
+        self._reset_seeds: dict[int, int | None] = {}
         self._take = self._taker(lanes, video_key) if sampler is not None else None
         self._due = sampler.due if sampler is not None else [False] * self.num_lanes
         self.env_steps: LaneSteps | None = (
@@ -238,20 +241,60 @@ class ViewLanes:
     def reset(
         self, lanes: np.ndarray, seeds: Sequence[int | None], trials: Sequence[int | None]
     ) -> tuple[list[Any], list[dict[str, Any]]]:
-        lane_list = np.asarray(lanes).tolist()
-        for lane in lane_list:
-            self.steps[lane], self.returns[lane] = 0, 0.0
+        lane_list = self._resetting(lanes)
         try:
             outcome = self._lanes.reset(lanes, seeds, trials)
         finally:
             # The driver announces every scored lane of the call, those whose reset failed too.
             if self._on_reset is not None:
                 self._on_reset(lane_list, seeds)
-        if any(self._due[lane] for lane in lane_list):
-            for lane, observation in zip(lane_list, outcome[0], strict=True):
+        self._first_frames(lane_list, outcome[0])
+        return outcome
+
+    def _resetting(self, lanes: np.ndarray) -> list[int]:
+        """``lanes`` as a list, their step counts and returns back to zero."""
+        lane_list = np.asarray(lanes).tolist()
+        for lane in lane_list:
+            self.steps[lane], self.returns[lane] = 0, 0.0
+        return lane_list
+
+    def _first_frames(self, lanes: list[int], observations: Sequence[Any]) -> None:
+        if any(self._due[lane] for lane in lanes):
+            for lane, observation in zip(lanes, observations, strict=True):
                 if self._due[lane]:
                     self._frame(lane, observation)
+
+    def _send_reset(
+        self, lanes: np.ndarray, seeds: Sequence[int | None], trials: Sequence[int | None]
+    ) -> None:
+        """A pipelined reset (``PipelinedLanes``): counted as ``reset`` counts it when it
+        comes back."""
+        self._lanes.send_reset(lanes, seeds, trials)  # type: ignore[attr-defined]
+        self._reset_seeds.update(zip(np.asarray(lanes).tolist(), seeds, strict=True))
+
+    def _receive(self) -> StepBatch | ResetBatch:
+        """A pipelined request's outcome (``PipelinedLanes``), counted and watched."""
+        try:
+            outcome = self._lanes.receive()  # type: ignore[attr-defined]
+        except LaneFailures as failures:
+            if isinstance(failures.outcome, StepBatch):
+                self._count(failures.outcome.stepped, failures.outcome)
+            else:
+                self._reset_received([*failures.outcome[0].tolist(), *failures.errors], None)
+            raise
+        if isinstance(outcome, StepBatch):
+            return self._count(outcome.stepped, outcome)
+        self._reset_received(outcome.lanes.tolist(), outcome.observations)
         return outcome
+
+    def _reset_received(self, lanes: list[int], observations: Sequence[Any] | None) -> None:
+        lanes = sorted(lanes) if observations is None else lanes
+        seeds = [self._reset_seeds.pop(lane) for lane in lanes]
+        self._resetting(np.asarray(lanes))
+        if self._on_reset is not None:
+            self._on_reset(lanes, seeds)
+        if observations is not None:
+            self._first_frames(lanes, observations)
 
     def step(self, lanes: np.ndarray, actions: Any) -> StepBatch:
         return self._counted(self._lanes.step, lanes, actions)
@@ -259,15 +302,6 @@ class ViewLanes:
     def round_step(self, lanes: np.ndarray, actions: Any) -> StepBatch:
         """The wrapped lanes' ``round_step`` (else their ``step``), counted and watched."""
         return self._counted(lanes_round_step(self._lanes), lanes, actions)
-
-    def _receive_step(self) -> StepBatch:
-        """A pipelined step's outcome (``PipelinedLanes``), counted and watched."""
-        try:
-            batch = self._lanes.receive_step()  # type: ignore[attr-defined]
-        except LaneFailures as failures:
-            self._count(failures.outcome.stepped, failures.outcome)
-            raise
-        return self._count(batch.stepped, batch)
 
     def _counted(
         self, step: Callable[[np.ndarray, Any], StepBatch], lanes: np.ndarray, actions: Any

@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import EnvError, LaneFailures
-from ..base import StepBatch, checked_reset, reset_options
+from ..base import ResetBatch, StepBatch, checked_reset, reset_options
 from .layout import SharedLayout, SharedViews
 from .worker import POLL_S, serve, yield_cpu
 
@@ -340,9 +340,9 @@ class ProcessLanes:
         self._in_flight: set[int] = set()  # workers with a request not yet answered
         self._watch = _Watch()
         self._splits: dict[bytes, list[tuple[int, np.ndarray, list[int]]]] = {}  # _by_worker
-        # Per worker with a step sent by send_step and not yet received: its rows, loose
-        # actions and request.
-        self._sent: dict[int, tuple[np.ndarray, list[Any] | None, tuple[Any, ...]]] = {}
+        # Per worker with a request sent by send_step or send_reset and not yet received: its
+        # rows, ("step", loose actions) or ("reset", what _reset_outcome reads), and request.
+        self._sent: dict[int, tuple[np.ndarray, tuple[Any, ...], tuple[Any, ...]]] = {}
         # Per lane: the trial of its episode in flight (None between episodes), and with
         # restarts, [seed, options, actions taken] of that episode, to replay it.
         self._trials: list[int | None] = [None] * num_envs
@@ -503,6 +503,16 @@ class ProcessLanes:
     def reset(
         self, lanes: np.ndarray, seeds: Sequence[int | None], trials: Sequence[int | None]
     ) -> tuple[list[Any], list[dict[str, Any]]]:
+        rows, requests, sent = self._reset_requests(lanes, seeds, trials)
+        infos, loose, failed = self._exchange(requests, rows)
+        outcome = self._reset_outcome(rows, sent, infos, loose, failed)
+        return outcome.observations, outcome.infos
+
+    def _reset_requests(
+        self, lanes: np.ndarray, seeds: Sequence[int | None], trials: Sequence[int | None]
+    ) -> tuple[np.ndarray, dict[int, tuple[Any, ...]], tuple[Any, ...]]:
+        """The rows of a reset of ``lanes``, each worker's request, and what reading its
+        replies needs (``_reset_outcome``)."""
         checked = checked_reset(lanes, seeds, trials, self.num_lanes)
         options = [reset_options(self.accepts_trial_index, trial) for trial in trials]
         rows = np.asarray(checked, dtype=np.int64)
@@ -514,7 +524,20 @@ class ProcessLanes:
                 [seeds[p] for p in positions],
                 [options[p] for p in positions],
             )
-        infos, loose, failed = self._exchange(requests, rows)
+        return rows, requests, (checked, list(seeds), options, list(trials))
+
+    def _reset_outcome(
+        self,
+        rows: np.ndarray,
+        sent: tuple[Any, ...],
+        infos: list[Any],
+        loose: list[Any],
+        failed: dict[int, tuple[str, str, _Worker]],
+    ) -> ResetBatch:
+        """The ``ResetBatch`` of a reset of ``rows`` from the buffer and the replies; the
+        lanes in ``failed`` leave it, raised as ``LaneFailures`` carrying ``(lanes,
+        observations, infos)`` of the others."""
+        checked, seeds, options, trials = sent
         for lane, seed, option, trial in zip(checked, seeds, options, trials, strict=True):
             if lane in failed:
                 continue
@@ -526,7 +549,7 @@ class ProcessLanes:
             observations = self._views_now().take_observations(rows[kept], [loose[k] for k in kept])
             outcome = (rows[kept], observations, [infos[k] for k in kept])
             raise self._lane_failures("reset", failed, outcome)
-        return self._views_now().take_observations(rows, loose), infos
+        return ResetBatch(rows, self._views_now().take_observations(rows, loose), infos)
 
     def step(self, lanes: np.ndarray, actions: Any) -> StepBatch:
         return self._step(lanes, actions, every_info=True)
@@ -555,38 +578,54 @@ class ProcessLanes:
 
     def send_step(self, lanes: np.ndarray, actions: Any, *, every_info: bool = True) -> None:
         """Start a step of ``lanes`` (``[K]``, ascending, all of one group of
-        ``step_groups``, whose previous step was received) with ``actions`` ``[K, ...]``;
-        ``receive_step`` returns it. ``step`` is ``send_step`` then ``receive_step`` for
-        every group at once. Without ``every_info``, as in ``round_step``, a lane whose
-        episode goes on comes back with an empty info."""
+        ``step_groups``, whose last request was received) with ``actions`` ``[K, ...]``;
+        ``receive`` returns it. ``step`` is ``send_step`` then ``receive`` for every group at
+        once. Without ``every_info``, as in ``round_step``, a lane whose episode goes on comes
+        back with an empty info."""
         rows = np.asarray(lanes, dtype=np.int64)
         requests, loose_actions = self._step_requests(rows, actions, every_info)
+        self._send(rows, requests, ("step", loose_actions))
+
+    def send_reset(
+        self, lanes: np.ndarray, seeds: Sequence[int | None], trials: Sequence[int | None]
+    ) -> None:
+        """Start a reset of ``lanes`` (all of one group, whose last request was received)
+        with ``seeds`` and ``trials`` as ``reset`` takes them; ``receive`` returns it, while
+        the other groups step."""
+        rows, requests, sent = self._reset_requests(lanes, seeds, trials)
+        self._send(rows, requests, ("reset", sent))
+
+    def _send(
+        self, rows: np.ndarray, requests: dict[int, tuple[Any, ...]], reading: tuple[Any, ...]
+    ) -> None:
         if len(requests) != 1:
-            raise ValueError(f"send_step: lanes {rows.tolist()} are not of one group")
+            raise ValueError(f"lanes {rows.tolist()} are not of one group")
         (w,) = requests  # one group is one worker
         if w in self._sent:
-            raise EnvError(f"{self._workers[w].describe()} has a step not yet received")
-        self._sent[w] = (rows, loose_actions, requests[w])
+            raise EnvError(f"{self._workers[w].describe()} has a request not yet received")
+        self._sent[w] = (rows, reading, requests[w])
         self._post(requests)
 
-    def receive_step(self) -> StepBatch:
-        """The outcome of one step sent by ``send_step``: the first group whose worker has
-        answered (the lowest of those ready); ``LaneFailures`` as ``step`` raises it, for that
-        group's lanes.
+    def receive(self) -> StepBatch | ResetBatch:
+        """The outcome of one request sent by ``send_step`` or ``send_reset``: the first group
+        whose worker has answered (the lowest of those ready); ``LaneFailures`` as ``step`` or
+        ``reset`` raises it, for that group's lanes.
 
         Raises:
-            EnvError: no step was sent, or as ``step`` raises it.
+            EnvError: nothing was sent, or as ``step`` and ``reset`` raise it.
         """
         if not self._sent:
-            raise EnvError(f"{self!r}: receive_step() with no step sent")
+            raise EnvError(f"{self!r}: receive() with nothing sent")
         waited = time.perf_counter_ns()
         waiting = [self._workers[w] for w in sorted(self._sent)]
         worker = min(self._watch.ready(waiting, None), key=lambda w: w.index)
-        rows, loose_actions, message = self._sent.pop(worker.index)
+        rows, (kind, reading), message = self._sent.pop(worker.index)
         replies = self._collect({worker.index: message})
         waited = time.perf_counter_ns() - waited
-        infos, loose, failed = self._read(replies, rows, "step", waited)
-        return self._step_batch(rows, loose_actions, infos, loose, failed)
+        infos, loose, failed = self._read(replies, rows, kind, waited)
+        if kind == "reset":
+            return self._reset_outcome(rows, reading, infos, loose, failed)
+        return self._step_batch(rows, reading, infos, loose, failed)
 
     def _step_requests(
         self, rows: np.ndarray, actions: Any, every_info: bool
