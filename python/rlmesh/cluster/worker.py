@@ -279,10 +279,18 @@ class HeldLanes:
         self.lanes: Any = None
         self._own_close: Any = None
         self._lock = threading.Lock()  # the coordinator may release them mid-window
+        self._closed = False
 
     def get(self, factory: Callable[[], Any] | None) -> Any:
-        """The held lanes, built with ``factory()`` if none are held."""
+        """The held lanes, built with ``factory()`` if none are held.
+
+        Raises:
+            RuntimeError: ``close`` was called: the process is being ended, and lanes built
+                now (a sandbox's server and its run directory) would outlive their cleanup.
+        """
         with self._lock:
+            if self._closed:
+                raise RuntimeError("this worker is closing: it builds no more lanes")
             if self.lanes is None:
                 assert factory is not None
                 lanes = factory()
@@ -290,6 +298,13 @@ class HeldLanes:
                 lanes.close = _nothing
                 self.lanes = lanes
             return self.lanes
+
+    def close(self) -> None:
+        """``release`` for good: a later ``get`` raises rather than build lanes (a window
+        that starts while the actor is being ended)."""
+        with self._lock:
+            self._closed = True
+        self.release()
 
     def release(self) -> None:
         """Close the held lanes (their own ``close``), if any; closing again does nothing."""
@@ -325,8 +340,8 @@ class WindowActor:
         """Close the held lanes now, even while a window runs (on the actor's second thread:
         a job with lanes gets two): a run that failed or was interrupted elsewhere ends
         this actor mid-window, and its sandbox goes first, cleanly (its run directory
-        removed), not with the actor's process."""
-        self.lanes.release()
+        removed), not with the actor's process; a window that starts after it builds none."""
+        self.lanes.close()
 
     def close(self) -> None:
         """Close the held model (``Model.close``) if a window ran, and the held lanes (a
@@ -335,4 +350,4 @@ class WindowActor:
             if self.held is not None:
                 self.held.release()
         finally:
-            self.lanes.release()
+            self.lanes.close()
