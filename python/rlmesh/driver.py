@@ -528,10 +528,7 @@ class EvaluationRun:
     async def _send_start(self, group: int, lanes_to_start: np.ndarray) -> bool:
         """Start episodes on ``group``'s vacant lanes as ``_start`` does, but send their reset
         (``pipeline=True``) and return True; False when no lane resets (the slots are all
-        taken: the new episodes, if any, are announced) or the lanes restart themselves."""
-        if self.lanes.resets_itself:
-            await self._next_episodes(lanes_to_start)
-            return False
+        taken: the new episodes, if any, are announced)."""
         starts = self.runner.start(lanes_to_start, now_ns=time.perf_counter_ns())
         reset = np.concatenate([starts.lanes, starts.surplus_lanes])
         if not len(reset):

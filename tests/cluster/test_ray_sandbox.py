@@ -229,8 +229,15 @@ def test_a_sandboxed_model_on_ray_plays_the_episodes_of_a_local_run(ray_mode):
 # ---------------------------------------------------------------------------- the CLI
 
 
+SANDBOXED_SIDES = {
+    "env": ["--sandbox"],  # the run's ray_mode becomes actors: they hold the sandboxes
+    "policy": ["--policy-python", sys.executable, "--ray-mode", "actors"],
+}
+
+
+@pytest.mark.parametrize("side", list(SANDBOXED_SIDES))
 @pytest.mark.parametrize("core", CORES)
-def test_the_cli_runs_a_sandboxed_env_on_ray_workers(ray_cluster, core, tmp_path, capsys):
+def test_the_cli_runs_a_sandboxed_side_on_ray_workers(ray_cluster, core, side, tmp_path, capsys):
     argv = [
         "eval", "cartpole-heuristic", "--env", "CartPole-v1", "--num-envs", "2",
         "--episodes", "8", "--seed", "4", "--max-episode-steps", "50", "--core", core,
@@ -239,28 +246,10 @@ def test_the_cli_runs_a_sandboxed_env_on_ray_workers(ray_cluster, core, tmp_path
     out, reference = tmp_path / "ray.jsonl", tmp_path / "local.jsonl"
     assert main([*argv, "--out", str(reference)]) == 0
     capsys.readouterr()
-    ray_argv = ["--sandbox", "--ray", ray_cluster, "--workers", "2", "--out", str(out)]
-    assert main([*argv, *ray_argv]) == 0
+    ray_argv = [*SANDBOXED_SIDES[side], "--ray", ray_cluster, "--workers", "2"]
+    assert main([*argv, *ray_argv, "--out", str(out)]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["cluster"]["workers"] == 2 and summary["cluster"]["ray_mode"] == "actors"
-    _, on_ray = read_results(out)
-    _, local = read_results(reference)
-    assert [_fields(e) for e in on_ray] == [_fields(e) for e in local]
-
-
-@pytest.mark.parametrize("core", CORES)
-def test_the_cli_runs_a_sandboxed_policy_on_ray_workers(ray_cluster, core, tmp_path, capsys):
-    argv = [
-        "eval", "cartpole-heuristic", "--env", "CartPole-v1", "--num-envs", "2",
-        "--episodes", "6", "--seed", "5", "--max-episode-steps", "40", "--core", core,
-        "--json", "--no-progress",
-    ]  # fmt: skip
-    out, reference = tmp_path / "ray.jsonl", tmp_path / "local.jsonl"
-    assert main([*argv, "--out", str(reference)]) == 0
-    capsys.readouterr()
-    ray_argv = ["--policy-python", sys.executable, "--ray", ray_cluster, "--workers", "2"]
-    assert main([*argv, *ray_argv, "--ray-mode", "actors", "--out", str(out)]) == 0
-    assert json.loads(capsys.readouterr().out)["cluster"]["workers"] == 2
     _, on_ray = read_results(out)
     _, local = read_results(reference)
     assert [_fields(e) for e in on_ray] == [_fields(e) for e in local]

@@ -247,7 +247,8 @@ class PipelinedLanes(Protocol):
     group pipelining (``rlmesh.run(..., pipeline=True)``) needs. The driver sends one group's
     step and, while that group's envs step, receives another group's, runs the model for it
     and sends it again, so the model and the envs work at once; a group whose episodes ended
-    is sent its resets the same way, so the other groups step while its envs reset.
+    is sent its resets the same way, so the other groups step while its envs reset (so the
+    driver resets them: lanes that restart themselves are not pipelined, ``lanes_pipelined``).
     Worker-process lanes implement it, one group per worker.
 
     Attributes:
@@ -350,8 +351,12 @@ def lanes_render_fps(lanes: Lanes) -> float | None:
 
 
 def lanes_pipelined(lanes: Lanes) -> PipelinedLanes | None:
-    """``lanes`` when they step groups of lanes on their own (``PipelinedLanes``), else None."""
-    return lanes if isinstance(lanes, PipelinedLanes) else None
+    """``lanes`` when they step and reset groups of lanes on their own (``PipelinedLanes``),
+    else None; None too for lanes that restart their episodes themselves, since a pipelined
+    group's resets are the driver's to send."""
+    if isinstance(lanes, PipelinedLanes) and not lanes.resets_itself:
+        return lanes
+    return None
 
 
 # ------------------------------------------------------------------ shared by the kinds

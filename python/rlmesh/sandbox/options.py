@@ -74,22 +74,6 @@ class SandboxOptions:
         if int(self.restart) < 0:
             raise ValueError(f"SandboxOptions(restart={self.restart}): expected 0 or more")
 
-    def env(
-        self,
-        source: str,
-        *,
-        num_envs: int = 1,
-        render_mode: str | None = None,
-        make_kwargs: Mapping[str, Any] | None = None,
-        core: str | None = None,
-    ) -> Any:
-        """A started ``SandboxEnv`` of ``source`` with these options: ``num_envs`` lanes, its
-        envs built with ``make_kwargs`` (and ``render_mode``, unless they set one); ``core``
-        when the options name none."""
-        return self.factory(
-            source, num_envs=num_envs, render_mode=render_mode, make_kwargs=make_kwargs, core=core
-        )()
-
     def factory(
         self,
         source: str,
@@ -99,8 +83,10 @@ class SandboxOptions:
         make_kwargs: Mapping[str, Any] | None = None,
         core: str | None = None,
     ) -> SandboxEnvFactory:
-        """What ``env`` starts, as data that pickles: a ``SandboxEnvFactory``, which starts
-        the ``SandboxEnv`` when called.
+        """A ``SandboxEnv`` of ``source`` with these options, as data that pickles: a
+        ``SandboxEnvFactory``, which starts it when called (``num_envs`` lanes, its envs built
+        with ``make_kwargs`` and ``render_mode``, unless they set one; ``core`` when the
+        options name none).
 
         Example:
             >>> import pickle
@@ -192,13 +178,13 @@ def sandboxed_suite_env(
     # The videos' and the live page's frames come from render() unless from an image key.
     from_key = video is not None and video.key is not None
     wants_frames = not from_key and (video is not None or (view is not None and view.http))
-    return options.env(
+    return options.factory(
         env,
         num_envs=settings.parallel.num_envs or 1,
         render_mode="rgb_array" if wants_frames else None,
         make_kwargs=env_kwargs,
         core=settings.core,
-    )
+    )()
 
 
 def checked_options(value: Any) -> SandboxOptions | None:
