@@ -25,7 +25,9 @@ each reset once, before its samples are taken).
   ``pipeline=True`` (each worker's group steps on its own, and resets on its own while the
   other group steps).
 - rlmesh with one worker process per lane (``workers=8``) against the same vector loop: like
-  for like, since the vector runs one process per env.
+  for like, since the vector runs one process per env; also with ``pipeline=True``, each
+  worker stepping on its own instead of in lockstep with the others (the vector's batches
+  step in lockstep).
 - One lane: ``rlmesh.run`` against the raw loop on the same env: rlmesh's own cost per step.
 - The time split of one step (physics, rendering, robosuite's and LIBERO's Python, the env
   wrapper) and of a reset (the build, the first reset, later resets with their 10 settle
@@ -243,9 +245,12 @@ WORKERS, IN_PROCESS, VECTOR, CEILING = (
     "AsyncVectorEnv loop",
     "ceiling",
 )
-PIPELINED = "rlmesh workers=2 pipeline"  # on the workers' envs
+PIPELINED = "rlmesh workers=2 pipeline"
 # One worker process per lane, as the vector has one process per env: like for like with it.
 PER_LANE = "rlmesh workers=lanes"
+PER_LANE_PIPELINED = "rlmesh workers=lanes pipeline"
+ENVS_OF = {PIPELINED: WORKERS, PER_LANE_PIPELINED: PER_LANE}
+"""The sides that run ``pipeline=True`` on another side's envs."""
 KINDS = ("even", "uneven")
 FIRST_ENV_GB, MORE_ENV_GB = 1.8, 0.8  # a process's first LIBERO env, and each one more
 MEMORY_MARGIN_GB, MEMORY_WAIT_S = 1.5, 1200.0
@@ -282,7 +287,7 @@ class LiberoLab:
 
     def only(self, *sides: str) -> None:
         """Close the envs of every side not in ``sides``, then build those of ``sides``."""
-        envs_of = {side: WORKERS if side == PIPELINED else side for side in sides}
+        envs_of = {side: ENVS_OF.get(side, side) for side in sides}
         for side in [side for side in self._built if side not in envs_of.values()]:
             _, stack = self._built.pop(side)
             stack.close()
@@ -303,7 +308,7 @@ class LiberoLab:
 
     def get(self, side: str) -> Any:
         """The built envs of ``side`` (built alone if they are not)."""
-        side = WORKERS if side == PIPELINED else side
+        side = ENVS_OF.get(side, side)
         if side not in self._built:
             self.only(side)
         return self._built[side][0]
@@ -363,7 +368,7 @@ class LiberoLab:
             return lambda: vector_batches(self.get(VECTOR), CONTROLLER.batch, seeds, cap)
         if side == CEILING:
             return lambda: self.get(CEILING).run(seeds, list(range(count)), cap)
-        options = {"pipeline": True} if side == PIPELINED else {}
+        options = {"pipeline": True} if side in ENVS_OF else {}
 
         def run() -> Sample:
             sample, result = run_rlmesh(self.model, self.get(side), seeds, cap, **options)
@@ -470,6 +475,10 @@ def test_libero_one_worker_per_lane(benchmark, lab):
     assert _measure(benchmark, lab, PER_LANE, "even").surplus_steps == 0
 
 
+def test_libero_one_worker_per_lane_pipelined(benchmark, lab):
+    assert _measure(benchmark, lab, PER_LANE_PIPELINED, "even").surplus_steps == 0
+
+
 @pytest.mark.parametrize("kind", ["even", "uneven"])
 def test_libero_async_vector_loop(benchmark, lab, kind):
     assert _measure(benchmark, lab, VECTOR, kind).surplus_steps >= 0
@@ -489,7 +498,8 @@ GROUPS = {
     "workers": ((WORKERS, CEILING), ((WORKERS, "even"), (CEILING, "even"), (WORKERS, "uneven"),
                                      (PIPELINED, "uneven"), (CEILING, "uneven"))),
     "vector": ((VECTOR,), ((VECTOR, "even"), (VECTOR, "uneven"))),
-    "per-lane": ((PER_LANE,), ((PER_LANE, "even"), (PER_LANE, "uneven"))),
+    "per-lane": ((PER_LANE,), ((PER_LANE, "even"), (PER_LANE_PIPELINED, "even"),
+                               (PER_LANE, "uneven"))),
     "in-process": ((IN_PROCESS,), ((IN_PROCESS, "even"),)),
 }  # fmt: skip
 
@@ -527,6 +537,11 @@ def lane_rows(samples: dict[tuple[str, str], list[Sample]], settings: Settings) 
                             PER_LANE, rate[(PER_LANE, kind)], target=1.0,
                             note=f"{spread((PER_LANE, kind), (VECTOR, kind))}; like for like: "
                             f"both run one process per lane"))  # fmt: skip
+        if (PER_LANE_PIPELINED, kind) in rate and (VECTOR, kind) in rate:
+            rows.append(Row(section, f"{kind}: workers={settings.lanes} pipeline=True vs "
+                            f"LeRobot's AsyncVectorEnv batches", VECTOR, rate[(VECTOR, kind)],
+                            PER_LANE_PIPELINED, rate[(PER_LANE_PIPELINED, kind)], target=1.0,
+                            note=spread((PER_LANE_PIPELINED, kind), (VECTOR, kind))))  # fmt: skip
         if ours is None:
             continue
         if ceiling is not None:

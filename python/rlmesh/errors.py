@@ -135,12 +135,17 @@ class RemoteError(RlmeshError):
         address: the server's address as the user gave it (``"tcp://127.0.0.1:50051"``).
         code: the wire's error code name (``"ENV_ERROR_CODE_TIMEOUT"``), or the gRPC status
             name (``"UNAVAILABLE"``), or None.
+        detail: the server's own message when it answered with an error (the message above
+            adds the address, the call and the code around it), else None.
     """
 
-    def __init__(self, message: str, *, address: str, code: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, address: str, code: str | None = None, detail: str | None = None
+    ) -> None:
         super().__init__(message)
         self.address = address
         self.code = code
+        self.detail = detail
 
 
 class ResultsFileError(RlmeshError):

@@ -249,6 +249,8 @@ def test_one_session_at_a_time_a_second_gets_busy(serve_env):
         with pytest.raises(rlmesh.RemoteError) as caught:
             rlmesh.RemoteEnv(server.address)
         assert caught.value.code == "ENV_ERROR_CODE_BUSY"
+        detail = caught.value.detail  # the server's own words, without the client's frame
+        assert detail and str(caught.value).endswith(detail) and "ENV_ERROR_CODE" not in detail
         first.close()
         rlmesh.RemoteEnv(server.address).close()
 

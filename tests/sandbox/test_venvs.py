@@ -13,7 +13,13 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 from rlmesh import benchmarks
-from rlmesh.sandbox import SandboxBuildError, cached_venv, extra_requirements, runtime_requirements
+from rlmesh.sandbox import (
+    SandboxBuildError,
+    cached_venv,
+    extra_requirements,
+    runtime_requirements,
+    venvs,
+)
 from rlmesh.sandbox.venvs import MARKER, interpreter_identity, venv_key
 from servers import read_line
 
@@ -56,6 +62,37 @@ def test_a_build_that_did_not_finish_is_built_again(tmp_path):
     cached_venv([], root=tmp_path, progress=told.append)
     assert not (target / "leftover").exists() and (target / MARKER).is_file()
     assert any("building" in line for line in told)
+
+
+def test_an_environment_of_an_older_layout_is_built_again(tmp_path):
+    python = cached_venv([], root=tmp_path, progress=lambda line: None)
+    (target_of(tmp_path) / MARKER).write_text('{"requirements": []}\n')  # layout 1's marker
+    told = []
+    assert cached_venv([], root=tmp_path, progress=told.append) == python
+    assert any("building" in line for line in told)
+    assert f'"layout": {venvs.LAYOUT}' in (target_of(tmp_path) / MARKER).read_text()
+
+
+@pytest.mark.parametrize("tool", ["uv", "pip"])
+def test_the_packages_bytecode_is_compiled_at_build_time(tmp_path, monkeypatch, tool):
+    # A sandboxed server cannot write .pyc files, so they must exist before it starts.
+    if tool == "pip":
+        monkeypatch.setattr(venvs, "find_uv", lambda: None)
+    elif venvs.find_uv() is None:
+        pytest.skip("uv is not installed (the test extra installs it)")
+    told = []
+    python = cached_venv(["six==1.16.0"], root=tmp_path, progress=told.append)
+    named = {"uv": "with uv", "pip": "with venv and pip"}[tool]
+    assert any(f"building a virtual environment {named}" in line for line in told)
+    site = subprocess.run(
+        [python, "-c", "import six, sys; print(six.__file__, sys.implementation.cache_tag)"],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+    ).stdout.split()
+    source, tag = Path(site[0]), site[1]
+    assert (source.parent / "__pycache__" / f"six.{tag}.pyc").is_file()
 
 
 def test_a_failed_build_says_why_and_leaves_nothing(tmp_path):

@@ -75,8 +75,10 @@ class SessionEndedError(LaneFailures, RemoteError):
     lost. A ``RemoteError`` as before (its address and code), and the ``LaneFailures`` that
     names every lane, for runs that record or retry env failures."""
 
-    def __init__(self, message: str, *, address: str, code: str, num_lanes: int) -> None:
-        RemoteError.__init__(self, message, address=address, code=code)
+    def __init__(
+        self, message: str, *, address: str, code: str, num_lanes: int, detail: str | None = None
+    ) -> None:
+        RemoteError.__init__(self, message, address=address, code=code, detail=detail)
         self.errors = dict.fromkeys(range(num_lanes), f"RemoteError: {message}")
         self.outcome: Any = None
 
@@ -409,11 +411,13 @@ class RemoteEnv:
                     address=self.address,
                     code=name,
                     num_lanes=self.num_lanes,
+                    detail=error.message,
                 )
             raise RemoteError(
                 f"{doing} at {self.address} failed with {name}: {error.message}",
                 address=self.address,
                 code=name,
+                detail=error.message,
             )
         if response.request_id != request_id or answered != kind:
             raise self._malformed(

@@ -252,7 +252,10 @@ def remote_failure(err: Exception, address: str, doing: str) -> RemoteError:
     elif name == "UNAVAILABLE":
         hint = ": the server went away or cannot be reached"
     return RemoteError(
-        f"{doing} at {address} failed with {name}: {details}{hint}", address=address, code=name
+        f"{doing} at {address} failed with {name}: {details}{hint}",
+        address=address,
+        code=name,
+        detail=details,
     )
 
 

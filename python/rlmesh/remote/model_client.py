@@ -600,6 +600,7 @@ class _JoinStream:
                     f"the model at {self.address} refused {doing} with {code}: {error.message}",
                     address=self.address,
                     code=code,
+                    detail=error.message,
                 )
             )
         return response

@@ -89,8 +89,8 @@ class ReplicaLostError(RemoteError):
 
     @classmethod
     def from_error(cls, error: RemoteError) -> ReplicaLostError:
-        """``error`` (message, address and code kept) as a loss."""
-        return cls(str(error), address=error.address, code=error.code)
+        """``error`` (message, address, code and detail kept) as a loss."""
+        return cls(str(error), address=error.address, code=error.code, detail=error.detail)
 
 
 class ReplicaSet:

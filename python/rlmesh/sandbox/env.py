@@ -258,8 +258,7 @@ class SandboxEnv(ServerFacts):
         except RemoteError as err:
             if err.code != RENDER_FAILED:
                 raise
-            said = str(err).partition(f"failed with {RENDER_FAILED}: ")[2] or str(err)
-            raise EnvError(said) from err
+            raise EnvError(err.detail or str(err)) from err
 
     def factory(self) -> SandboxEnvFactory:
         """This env as data that pickles: calling it starts another ``SandboxEnv`` like this

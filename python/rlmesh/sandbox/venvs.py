@@ -11,9 +11,12 @@ build that failed or was killed leaves no mark, and the next use builds it again
 The build uses ``uv`` (``uv venv`` then ``uv pip install``) when the ``uv`` package is
 importable or ``uv`` is on PATH, else the standard library's ``venv`` and pip. Its output is
 shown line by line (``progress``, default: stderr), since a first build downloads packages and
-takes minutes. Two processes that ask for the same environment at once do not both build it:
-a lock file beside it (``<key>.lock``, ``fcntl.flock``) makes the second wait for the first,
-then reuse what it built; the lock file is removed when its holder is done.
+takes minutes. Both compile every package's bytecode as they install it: a sandboxed server
+runs with ``PYTHONDONTWRITEBYTECODE`` over a read-only root, so an environment without its
+``.pyc`` files would compile numpy, grpc and gymnasium from source at every start and at every
+first use of a lazily imported module. Two processes that ask for the same environment at once
+do not both build it: a lock file beside it (``<key>.lock``, ``fcntl.flock``) makes the second
+wait for the first, then reuse what it built; the lock file is removed when its holder is done.
 
 Example:
     >>> key = venv_key(["numpy<2", "gymnasium"], ("CPython", "3.11.7", "/usr/bin/python3.11"))
@@ -51,6 +54,9 @@ BUILD_TIMEOUT_S = 1800.0
 """The longest a build of one environment may take (downloads included)."""
 MARKER = "rlmesh-sandbox.json"
 """Written into an environment once it holds every package: what it holds, how it was built."""
+LAYOUT = 2
+"""The marker's ``layout``: an environment built with another (1: without compiled bytecode,
+unmarked) is built again on its next use."""
 OUTPUT_KEPT = 40
 """How many of an installer's last lines of output a failed build reports."""
 
@@ -182,7 +188,13 @@ def sandbox_python(
 
 
 def _complete(target: Path) -> bool:
-    return (target / MARKER).is_file() and (target / "bin" / "python").exists()
+    """Whether ``target`` holds every package, built the way this version builds."""
+    try:
+        record = json.loads((target / MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    layout = record.get("layout") if isinstance(record, dict) else None
+    return layout == LAYOUT and (target / "bin" / "python").exists()
 
 
 def _build(
@@ -198,8 +210,9 @@ def _build(
     base = identity[2]
     if uv:
         create = [uv, "venv", "--python", base, str(target)]
-        install = [uv, "pip", "install", "--python", str(python), *requirements]
-    else:
+        install = [uv, "pip", "install", "--compile-bytecode", "--python", str(python)]
+        install += requirements
+    else:  # pip compiles bytecode by default
         create = [base, "-m", "venv", str(target)]
         install = [str(python), "-m", "pip", "install", "--progress-bar", "off", *requirements]
     deadline = started + BUILD_TIMEOUT_S
@@ -212,6 +225,7 @@ def _build(
         raise
     seconds = time.monotonic() - started
     record = {
+        "layout": LAYOUT,
         "requirements": requirements,
         "python": list(identity),
         "built_with": tool,
@@ -304,6 +318,7 @@ def _build_lock(path: Path, tell: Progress, target: Path) -> Iterator[None]:
 
 __all__ = [
     "BUILD_TIMEOUT_S",
+    "LAYOUT",
     "MARKER",
     "cached_venv",
     "find_uv",

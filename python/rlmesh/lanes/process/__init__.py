@@ -38,17 +38,13 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
 import os
 import pickle
-import select
-import signal
 import time
 import uuid
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from multiprocessing import connection, shared_memory
 from typing import Any
 
@@ -56,17 +52,23 @@ import numpy as np
 
 from ...errors import EnvError, LaneFailures
 from ..base import ResetBatch, StepBatch, checked_reset, reset_options
+from .handles import (
+    Resources,
+    Watch,
+    Worker,
+    WorkerDied,
+    WorkerTraceback,
+    exit_cause,
+    stop_process,
+)
 from .layout import SharedLayout, SharedViews
-from .worker import POLL_S, serve, yield_cpu
+from .worker import serve
 
 START_TIMEOUT_S = 300.0
 """How long a worker may take to build its envs before the lanes give up on it."""
 SPLITS_KEPT = 16
 """How many splits of lanes by worker ``_by_worker`` keeps (one per group pipelined, and a
 few for the lanes still running as episodes end)."""
-POLLERS_KEPT = 16
-"""How many sets of workers ``_Watch`` keeps a ``select.poll`` object for (all the workers, each
-one alone, and a few more as episodes end and workers restart)."""
 CLOSE_GRACE_S = 5.0
 """How long closing waits for a worker to close its envs and exit before killing it."""
 SHARED_MEMORY_PREFIX = "rlmesh-lanes-"
@@ -88,159 +90,6 @@ def start_context() -> Any:
         context.set_forkserver_preload(["__main__", "rlmesh.lanes.process.worker"])
         return context
     return multiprocessing.get_context("spawn")
-
-
-class WorkerTraceback(Exception):  # noqa: N818 - it carries a traceback, it is not raised alone
-    """The traceback of an exception raised in a worker process (the ``__cause__`` of the
-    ``EnvError`` the driver raises for it)."""
-
-
-class _WorkerDied(Exception):  # noqa: N818 - a signal inside this module, never raised out
-    """A worker died or did not answer while starting; the message says which and how."""
-
-
-@dataclass
-class _Worker:
-    """One worker process, its pipe, and its doorbell: a semaphore released once per request
-    sent after start-up, which the worker waits on before it reads the pipe.
-
-    Why a doorbell: a pipe write wakes its reader as a "sync" wake-up, a hint that the writer
-    is about to sleep, so the scheduler tends to run the woken worker on the driver's CPU,
-    ahead of the driver, and the driver's next write (to the next worker) waits behind it.
-    The semaphore's wake-up carries no such hint, so the driver sends every request of a
-    round, then rings every bell, and the workers start stepping together. A worker polls its
-    bell for a while after answering (``worker.POLL_S``), and a ring it finds that way wakes
-    no one: the driver's rings cost it nothing then. The driver likewise polls for the rest of
-    a round's answers once one has come (``_Watch.answered``).
-    """
-
-    index: int
-    lanes: list[int]
-    process: Any = None
-    conn: Any = None
-    bell: Any = None
-    restarts: int = 0
-
-    def describe(self) -> str:
-        pid = None if self.process is None else self.process.pid
-        return f"worker {self.index} (pid {pid}, lanes {_span(self.lanes)})"
-
-    def request(self, message: tuple[Any, ...]) -> None:
-        """Send ``message`` and ring the bell (``OSError`` if the worker is gone)."""
-        self.conn.send(message)
-        self.bell.release()
-
-
-@dataclass
-class _Resources:
-    """What must not outlive the lanes: the worker processes and the shared buffer. Released
-    by ``close``, or by a finalizer if the lanes are dropped (or the interpreter exits)
-    without it."""
-
-    processes: list[Any] = field(default_factory=list)
-    memory: shared_memory.SharedMemory | None = None
-
-    def release(self) -> None:
-        for process in self.processes:
-            _stop(process, grace_s=0.0)
-        self.processes.clear()
-        memory, self.memory = self.memory, None
-        if memory is not None:
-            with contextlib.suppress(BufferError):  # a view is still referenced: it keeps the map
-                memory.close()
-            with contextlib.suppress(FileNotFoundError):
-                memory.unlink()
-
-
-class _Watch:
-    """Which workers have something for the driver: an answer in their pipe, or the end of a
-    worker that died (its pipe closes, and its process sentinel is readable).
-
-    A driver waits on the same sets of workers round after round, so each set's
-    ``select.poll`` object is built once and kept: building a selector per wait, as
-    ``multiprocessing.connection.wait`` does, cost a 16-lane CartPole round 60 to 80 µs in
-    paired runs. Where ``select.poll`` is missing (Windows), every wait is
-    ``multiprocessing.connection.wait``.
-    """
-
-    def __init__(self) -> None:
-        self._pollers: dict[tuple[tuple[int, int, int], ...], tuple[Any, dict[int, _Worker]]] = {}
-
-    def ready(self, workers: list[_Worker], timeout_s: float | None) -> list[_Worker]:
-        """The workers of ``workers`` with something to read, waiting up to ``timeout_s``
-        (None: until one has; 0: not at all); empty if none by then."""
-        if not hasattr(select, "poll"):
-            waitables = [x for worker in workers for x in (worker.conn, worker.process.sentinel)]
-            found = connection.wait(waitables, timeout_s)
-            return [w for w in workers if w.conn in found or w.process.sentinel in found]
-        poller, owners = self._poller(workers)
-        timeout_ms = None if timeout_s is None else timeout_s * 1000.0
-        return _owners_of(poller.poll(timeout_ms), owners)
-
-    def answered(self, workers: list[_Worker]) -> list[_Worker]:
-        """``ready`` polled for up to ``POLL_S``, with the CPU yielded between polls."""
-        poller, owners = self._poller(workers) if hasattr(select, "poll") else (None, {})
-        until = time.perf_counter() + POLL_S
-        while True:
-            found = self.ready(workers, 0) if poller is None else _owners_of(poller.poll(0), owners)
-            if found or time.perf_counter() >= until:
-                return found
-            yield_cpu()
-
-    def _poller(self, workers: list[_Worker]) -> tuple[Any, dict[int, _Worker]]:
-        key = tuple((w.index, w.conn.fileno(), w.process.sentinel) for w in workers)
-        kept = self._pollers.get(key)
-        if kept is None:
-            if len(self._pollers) >= POLLERS_KEPT:
-                self._pollers.clear()
-            poller = select.poll()
-            owners = {}
-            for worker in workers:
-                for fd in (worker.conn.fileno(), worker.process.sentinel):
-                    poller.register(fd, select.POLLIN)
-                    owners[fd] = worker
-            kept = self._pollers[key] = (poller, owners)
-        return kept
-
-
-def _owners_of(events: list[tuple[int, int]], owners: dict[int, _Worker]) -> list[_Worker]:
-    """The workers of ``poll``'s ``events`` (a worker whose pipe and sentinel are both
-    readable, once)."""
-    if len(events) == 1:
-        return [owners[events[0][0]]]
-    return list({owners[fd].index: owners[fd] for fd, _ in events}.values())
-
-
-def _stop(process: Any, grace_s: float) -> None:
-    """Wait up to ``grace_s`` for ``process`` to exit, then terminate it, then kill it."""
-    if process.pid is None:
-        return
-    process.join(grace_s)
-    if process.is_alive():
-        process.terminate()
-        process.join(1.0)
-    if process.is_alive():
-        process.kill()
-        process.join(5.0)
-
-
-def _span(lanes: list[int]) -> str:
-    if len(lanes) > 1 and lanes == list(range(lanes[0], lanes[-1] + 1)):
-        return f"{lanes[0]}..{lanes[-1]}"
-    return ", ".join(map(str, lanes))
-
-
-def _exit_cause(process: Any) -> str:
-    process.join(1.0)
-    code = process.exitcode
-    if code is None:
-        return "its pipe closed"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with code {code}"
 
 
 def env_source(env: Any, env_kwargs: Mapping[str, Any] | None) -> tuple[str, Any, Any]:
@@ -327,18 +176,18 @@ class ProcessLanes:
         self.num_lanes = num_envs
         count = min(workers, num_envs)
         bounds = [w * num_envs // count for w in range(count + 1)]
-        self._workers = [_Worker(w, list(range(bounds[w], bounds[w + 1]))) for w in range(count)]
+        self._workers = [Worker(w, list(range(bounds[w], bounds[w + 1]))) for w in range(count)]
         self._owner = np.repeat(np.arange(count), np.diff(bounds))
         self._restart_workers = restart_workers
         self._record = record_latency
         self._context = start_context()
-        self._resources = _Resources()
+        self._resources = Resources()
         self._finalizer = weakref.finalize(self, self._resources.release)
         self._closed = False
         self.rebuild = self._rebuild
         self._broken: str | None = None
         self._in_flight: set[int] = set()  # workers with a request not yet answered
-        self._watch = _Watch()
+        self._watch = Watch()
         self._splits: dict[bytes, list[tuple[int, np.ndarray, list[int]]]] = {}  # _by_worker
         # Per worker with a request sent by send_step or send_reset and not yet received: its
         # rows, ("step", loose actions) or ("reset", what _reset_outcome reads), and request.
@@ -362,7 +211,7 @@ class ProcessLanes:
         deadline = time.monotonic() + START_TIMEOUT_S
         try:
             ready = {w.index: self._started(w, deadline) for w in self._workers}
-        except _WorkerDied as died:
+        except WorkerDied as died:
             raise EnvError(str(died)) from None
         first = ready[0]
         self.name: str = first["name"]
@@ -386,10 +235,10 @@ class ProcessLanes:
         try:
             for worker in self._workers:
                 self._attach(worker, deadline)
-        except _WorkerDied as died:
+        except WorkerDied as died:
             raise EnvError(str(died)) from None
 
-    def _launch(self, worker: _Worker) -> None:
+    def _launch(self, worker: Worker) -> None:
         ours, theirs = self._context.Pipe()
         bell = self._context.Semaphore(0)
         process = self._context.Process(
@@ -403,7 +252,7 @@ class ProcessLanes:
         worker.process, worker.conn, worker.bell = process, ours, bell
         self._resources.processes.append(process)
 
-    def _started(self, worker: _Worker, deadline: float) -> dict[str, Any]:
+    def _started(self, worker: Worker, deadline: float) -> dict[str, Any]:
         """Wait for ``worker``'s envs; raise what building them raised, as in-process."""
         reply = self._startup_reply(worker, deadline, "build its envs")
         if reply[0] == "failed":
@@ -416,12 +265,12 @@ class ProcessLanes:
             )
         return reply[1]
 
-    def _attach(self, worker: _Worker, deadline: float) -> None:
+    def _attach(self, worker: Worker, deadline: float) -> None:
         assert self._resources.memory is not None
         worker.conn.send(("attach", self._resources.memory.name, self._layout))
         self._startup_reply(worker, deadline, "map the shared buffer")
 
-    def _startup_reply(self, worker: _Worker, deadline: float, what: str) -> Any:
+    def _startup_reply(self, worker: Worker, deadline: float, what: str) -> Any:
         remaining = deadline - time.monotonic()
         ready = connection.wait([worker.conn, worker.process.sentinel], max(remaining, 0))
         if worker.conn in ready:
@@ -430,11 +279,11 @@ class ProcessLanes:
             except EOFError:
                 pass
         elif not ready:
-            raise _WorkerDied(
+            raise WorkerDied(
                 f"{worker.describe()} did not {what} within {START_TIMEOUT_S:g} s (START_TIMEOUT_S)"
             )
-        raise _WorkerDied(
-            f"{worker.describe()} {_exit_cause(worker.process)} before it could {what}; its "
+        raise WorkerDied(
+            f"{worker.describe()} {exit_cause(worker.process)} before it could {what}; its "
             f"error is on stderr above. A worker starts by importing the script that started "
             f"the run: a script that runs rlmesh at its top level must do so under "
             f'`if __name__ == "__main__":`'
@@ -480,7 +329,7 @@ class ProcessLanes:
                         failure = EnvError(f"{self.name} {reply[1]} (in {worker.describe()})")
             except (EOFError, OSError):
                 pass
-            _stop(worker.process, max(deadline - time.monotonic(), 0))
+            stop_process(worker.process, max(deadline - time.monotonic(), 0))
         self._views = None  # the buffer can only be closed once no view of it is left
         self._finalizer()
         for worker in self._workers:
@@ -532,7 +381,7 @@ class ProcessLanes:
         sent: tuple[Any, ...],
         infos: list[Any],
         loose: list[Any],
-        failed: dict[int, tuple[str, str, _Worker]],
+        failed: dict[int, tuple[str, str, Worker]],
     ) -> ResetBatch:
         """The ``ResetBatch`` of a reset of ``rows`` from the buffer and the replies; the
         lanes in ``failed`` leave it, raised as ``LaneFailures`` carrying ``(lanes,
@@ -651,7 +500,7 @@ class ProcessLanes:
         loose_actions: list[Any] | None,
         infos: list[Any],
         loose: list[Any],
-        failed: dict[int, tuple[str, str, _Worker]],
+        failed: dict[int, tuple[str, str, Worker]],
     ) -> StepBatch:
         """The ``StepBatch`` of stepped ``rows`` from the buffer and the replies; the lanes in
         ``failed`` leave it, raised as ``LaneFailures`` carrying it."""
@@ -689,7 +538,7 @@ class ProcessLanes:
         return np.flatnonzero(~np.isin(rows, list(failed)))
 
     def _lane_failures(
-        self, method: str, failed: dict[int, tuple[str, str, _Worker]], outcome: Any
+        self, method: str, failed: dict[int, tuple[str, str, Worker]], outcome: Any
     ) -> LaneFailures:
         """The ``LaneFailures`` of the lanes whose envs raised in their workers, worded and
         chained as the first one's ``EnvError``."""
@@ -750,7 +599,7 @@ class ProcessLanes:
 
     def _exchange(
         self, requests: dict[int, tuple[Any, ...]], rows: np.ndarray
-    ) -> tuple[list[Any], list[Any], dict[int, tuple[str, str, _Worker]]]:
+    ) -> tuple[list[Any], list[Any], dict[int, tuple[str, str, Worker]]]:
         """Send each worker its request, wait for every reply (restarting a dead worker where
         allowed), and return the infos and loose observations in the order of ``rows``, and
         the lanes whose env raised: ``{lane: (message, traceback, worker)}``.
@@ -766,7 +615,7 @@ class ProcessLanes:
         return self._read(replies, rows, next(iter(requests.values()))[0], waited)
 
     def _post(self, requests: dict[int, tuple[Any, ...]]) -> None:
-        """Send each worker its request, then ring their bells (see ``_Worker``)."""
+        """Send each worker its request, then ring their bells (see ``Worker``)."""
         posted = []
         for w, message in requests.items():
             self._in_flight.add(w)
@@ -797,13 +646,13 @@ class ProcessLanes:
 
     def _read(
         self, replies: dict[int, Any], rows: np.ndarray, kind: str, waited: int
-    ) -> tuple[list[Any], list[Any], dict[int, tuple[str, str, _Worker]]]:
+    ) -> tuple[list[Any], list[Any], dict[int, tuple[str, str, Worker]]]:
         """The infos and loose observations of ``replies`` in the order of ``rows``, and the
         lanes whose env raised; ``waited`` ns the driver waited, recorded for a step."""
         infos: list[Any] = [None] * len(rows)
         loose: list[Any] = [None] * len(rows)
         failure = None
-        failed: dict[int, tuple[str, str, _Worker]] = {}
+        failed: dict[int, tuple[str, str, Worker]] = {}
         positions_of = {w: positions for w, _, positions in self._by_worker(rows)}
         for w, reply in sorted(replies.items()):
             if reply[0] == "error":
@@ -827,7 +676,7 @@ class ProcessLanes:
             self._record("driver.wait", waited)
         return infos, loose, dict(sorted(failed.items()))
 
-    def _env_error(self, worker: _Worker, reply: tuple[Any, ...]) -> EnvError:
+    def _env_error(self, worker: Worker, reply: tuple[Any, ...]) -> EnvError:
         _, lane, method, description, remote_traceback = reply
         where = self.name if lane is None else f"lane {lane} ({self.name})"
         error = EnvError(f"{where}: {method}() raised {description} (in {worker.describe()})")
@@ -856,11 +705,11 @@ class ProcessLanes:
 
     # ---------------------------------------------------------------- faults
 
-    def _recover(self, worker: _Worker, message: tuple[Any, ...]) -> None:
+    def _recover(self, worker: Worker, message: tuple[Any, ...]) -> None:
         """``worker`` died with ``message`` unanswered: restart it, replay its episodes in
         flight and send ``message`` again, or raise the ``EnvError`` that names it."""
         while True:
-            cause = _exit_cause(worker.process)
+            cause = exit_cause(worker.process)
             if self._closed or worker.restarts >= self._restart_workers:
                 self._in_flight.discard(worker.index)
                 raise self._death_error(worker, message[0], cause)
@@ -885,10 +734,10 @@ class ProcessLanes:
                         raise self._env_error(worker, reply)
                 worker.request(message)
                 return
-            except (EOFError, OSError, _WorkerDied):
+            except (EOFError, OSError, WorkerDied):
                 continue  # it died again: another restart, if any is left
 
-    def _death_error(self, worker: _Worker, request: str, cause: str) -> EnvError:
+    def _death_error(self, worker: Worker, request: str, cause: str) -> EnvError:
         in_flight = [
             (lane, self._trials[lane]) for lane in worker.lanes if self._trials[lane] is not None
         ]
