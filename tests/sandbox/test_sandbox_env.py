@@ -223,6 +223,17 @@ def test_a_run_that_records_env_failures_goes_on_with_a_new_server():
     assert "SandboxCrashedError" in failed[0].error and len(result.episodes) == 5
 
 
+def test_a_closed_env_starts_no_new_server():
+    # A run whose lanes another thread closed (a Ray actor being ended) rebuilds them after
+    # the failure: that must not start a server the actor's end would leave behind.
+    env = SandboxEnv("CartPole-v1", num_envs=2)
+    env.reset(np.arange(2), seeds=[1, 2], trials=[0, 1])
+    env.close()
+    with pytest.raises(rlmesh.RemoteError, match="is closed: it starts no new server"):
+        env.rebuild(np.arange(2))
+    assert not env.running  # and the fixture checks that no run directory was made
+
+
 def test_a_server_that_cannot_start_is_a_typed_error_with_its_output():
     with pytest.raises(SandboxStartError) as caught:
         SandboxEnv("no_such_module_for_rlmesh_tests:Env-v0")

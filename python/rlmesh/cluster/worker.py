@@ -307,7 +307,12 @@ class HeldLanes:
         self.release()
 
     def release(self) -> None:
-        """Close the held lanes (their own ``close``), if any; closing again does nothing."""
+        """Close the held lanes (their own ``close``), if any; closing again does nothing.
+
+        The lanes close under the lock: a ``release`` or ``close`` from another thread returns
+        only once they are closed. Else the coordinator, told by ``close`` that the actor let
+        go of its lanes, could end the actor while a window's own ``release`` was still
+        stopping a sandbox, and leave its run directory behind."""
         with self._lock:
             lanes, self.lanes = self.lanes, None
             if lanes is None:
@@ -315,7 +320,7 @@ class HeldLanes:
             del lanes.close
             if self._own_close is not None:
                 lanes.close = self._own_close
-        lanes.close()
+            lanes.close()
 
 
 class WindowActor:

@@ -343,7 +343,15 @@ class SandboxEnv(ServerFacts):
                 replay = True
 
     def _replace_server(self) -> None:
-        """A new server and session in place of a dead one."""
+        """A new server and session in place of a dead one; none once the env is closed (a
+        run failing on a server that ``close`` stopped from another thread, as a Ray actor
+        being ended does, must not leave a new one behind)."""
+        if self._closed:
+            raise RemoteError(
+                f"{self!r} is closed: it starts no new server (its lanes were closed while "
+                f"they were in use)",
+                address=self.address,
+            )
         if self._client is not None:
             self._client.close()  # the dead server's session: nothing is sent
         self._server.stop(grace=0)  # it is dead: nothing to wait for
