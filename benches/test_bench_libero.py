@@ -40,13 +40,15 @@ one process per lane, needs about 15 GB. ``LiberoLab.only`` keeps one group of s
 time (waiting for the memory when other processes hold it).
 
 Run: ``python benches/test_bench_libero.py [--quick] [--json out.json]`` for every row: each
-repeat builds each group of sides anew (workers=2 and the ceiling; the vector; a worker a
-lane; this process's lanes) and takes one sample of each of its sides, and each figure is the
-median of its samples (about an hour and a half on 2 vCPUs; ``--quick`` runs the smoke
-sizes). ``pytest benches/test_bench_libero.py --benchmark-enable`` times each side once at
-full size; without ``--benchmark-enable`` (the default) each runs once on 2 lanes with a 3-step
-cap, as a smoke test (10 envs built in all, one side's at a time), and the file skips when
-LIBERO is not installed or its simulator cannot be built with the installed mujoco.
+repeat builds each group of sides anew (workers=2 and the ceiling; the vector; a worker a lane;
+this process's lanes) and takes one sample of each of its sides, the groups in the order given
+on even repeats and reversed on odd ones (a side always sampled last would carry alone the
+machine's drift within a repeat), and each figure is the median of its samples (about an hour
+and a half on 2 vCPUs; ``--quick`` runs the smoke sizes). ``pytest benches/test_bench_libero.py
+--benchmark-enable`` times each side once at full size; without ``--benchmark-enable`` (the
+default) each runs once on 2 lanes with a 3-step cap, as a smoke test (10 envs built in all, one
+side's at a time), and the file skips when LIBERO is not installed or its simulator cannot be
+built with the installed mujoco.
 """
 
 from __future__ import annotations
@@ -663,7 +665,7 @@ def main(argv: list[str] | None = None) -> int:
         figures["split"] = {"step": step, "reset": reset}
         log(describe_split(step, reset, lab.build_s))
         for repeat in range(settings.repeats):
-            for built, entries in groups:
+            for built, entries in groups if repeat % 2 == 0 else groups[::-1]:
                 try:
                     lab.only(*built)
                 except (MemoryError, RuntimeError) as error:  # others hold the memory, or so
