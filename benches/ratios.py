@@ -32,6 +32,19 @@ def format_time(seconds: float) -> str:
     return f"{seconds / 1e-9:.3g} ns"
 
 
+def format_ratio(ratio: float, target: float | None = None) -> str:
+    """``ratio`` to 2 decimals, or 3 where 2 would round a ratio short of ``target`` up to it.
+
+    Example:
+        >>> format_ratio(0.998, 1.0), format_ratio(1.03, 1.0), format_ratio(0.998)
+        ('0.998x', '1.03x', '1.00x')
+    """
+    shown = f"{ratio:.2f}"
+    if target is not None and ratio < target <= float(shown):
+        shown = f"{ratio:.3f}"
+    return f"{shown}x"
+
+
 def ratio_table(report: dict) -> str:
     medians: dict[str, dict[str, float]] = defaultdict(dict)
     for bench in report["benchmarks"]:

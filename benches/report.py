@@ -50,7 +50,7 @@ import host
 import numpy as np
 import rlmesh
 from cartpole import SEEDS, VECTOR_EPISODES
-from ratios import format_time
+from ratios import format_ratio, format_time
 from rlmesh.cluster.windows import window_sizes
 from rlmesh.core import load_core
 from test_bench_actions import actions_workload
@@ -259,7 +259,7 @@ def format_table(rows: list[Row]) -> str:
             row.workload,
             f"{row.baseline} {format_value(row.baseline_value, row.unit)}",
             f"{row.subject} {format_value(row.subject_value, row.unit)}",
-            f"{row.ratio:.2f}x" if row.ratio is not None else "n/a",
+            format_ratio(row.ratio, row.target) if row.ratio is not None else "n/a",
             f">= {row.target:g}x" if row.target is not None else "-",
             row.status,
         )

@@ -46,6 +46,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import rlmesh
+from ratios import format_ratio
 from rlmesh.lanes import InProcessLanes, ProcessLanes
 from rlmesh.lanes.base import TRIAL_INDEX_FLAG, TRIAL_INDEX_OPTION
 
@@ -550,21 +551,6 @@ class Row:
         return {**asdict(self), "ratio": self.ratio, "status": self.status}
 
 
-def format_ratio(row: Row) -> str:
-    """``row``'s ratio to 2 decimals, or 3 where 2 would round a miss up to its target.
-
-    Example:
-        >>> format_ratio(Row("s", "w", "base", 7.273, "ours", 7.258, target=1.0))
-        '0.998x'
-        >>> format_ratio(Row("s", "w", "base", 7.273, "ours", 7.5, target=1.0))
-        '1.03x'
-    """
-    shown = f"{row.ratio:.2f}"
-    if row.status == "MISSED" and float(shown) >= (row.target or 0):
-        shown = f"{row.ratio:.3f}"
-    return f"{shown}x"
-
-
 def format_rows(rows: Sequence[Row]) -> str:
     """The rows under their sections, a row's note on the line below it."""
     lines, section = [], None
@@ -575,8 +561,8 @@ def format_rows(rows: Sequence[Row]) -> str:
         target = f">= {row.target:g}x" if row.target is not None else "-"
         lines.append(
             f"{row.workload}: {row.baseline} {row.baseline_value:,.2f}, {row.subject} "
-            f"{row.subject_value:,.2f} {row.unit}, {format_ratio(row)} (target {target}) "
-            f"{row.status}"
+            f"{row.subject_value:,.2f} {row.unit}, {format_ratio(row.ratio, row.target)} "
+            f"(target {target}) {row.status}"
         )
         if row.note:
             lines.append(f"    {row.note}")
