@@ -297,6 +297,35 @@ def test_a_role_based_model_runs_on_the_tags_alone(shared_env, core):
                                seen.events[0].observation["gripper_qpos"], rtol=1e-6)  # fmt: skip
 
 
+def test_two_tasks_envs_in_one_process_each_draw_their_own_scene(shared_env):
+    # robosuite draws with whichever GL context was made last (each reset makes a new one),
+    # and frees a replaced or closed simulator's GL objects by number in whichever is current:
+    # without making its own current, one env would draw with the other's meshes and
+    # textures, or delete them.
+    other = rlmesh_libero.LiberoEnv(**TASK, image_size=SIZE, cameras=CAMERAS)
+    seed, action = episode_seed(SMOKE_RUN["seed"], 0), np.full(7, 0.3)
+
+    def assert_drawn(env, expected):
+        observation = env.step(action)[0]
+        for camera in CAMERAS:
+            assert np.array_equal(observation[camera], expected[camera]), camera
+
+    try:
+        alone = {}
+        for env in (shared_env, other):  # each drawn right after its own reset
+            env.reset(seed=seed, options={"trial_index": 0})
+            alone[env] = [env.step(action)[0] for _ in range(2)]
+        assert not np.array_equal(alone[shared_env][0]["agentview"], alone[other][0]["agentview"])
+        shared_env.reset(seed=seed, options={"trial_index": 0})
+        other.reset(seed=seed, options={"trial_index": 0})  # freed its old objects, made last
+        assert_drawn(other, alone[other][0])
+        assert_drawn(shared_env, alone[shared_env][0])
+        other.close()  # with the shared env's context current
+        assert_drawn(shared_env, alone[shared_env][1])
+    finally:
+        other.close()
+
+
 # ---------------------------------------------------------------------------- the full tests
 
 

@@ -10,6 +10,7 @@ import os
 os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering, before mujoco is imported
 
 import functools
+import gc
 import json
 import pickle
 import subprocess
@@ -306,6 +307,33 @@ def test_frames_stand_upright(cache, camera, turned):
     finally:
         env.close()
         raw.close()
+
+
+def test_two_tasks_envs_in_one_process_each_draw_their_own_scene(cache):
+    # Gymnasium's renderer draws with whichever GL context was made last: without making its
+    # own current, one env would draw its scene with the other's meshes and textures. Closing
+    # one leaves the other's objects alone.
+    reach, door = (
+        factory(cache, task=task, obs_type="pixels", width=32, height=32)()
+        for task in ("reach-v3", "door-open-v3")
+    )
+    action = np.zeros(4, np.float32)
+    try:
+        alone = {}
+        for env in (reach, door):  # each drawn right after its own reset
+            env.reset(seed=1)
+            alone[env] = [env.step(action)[0]["pixels"] for _ in range(2)]
+        assert not np.array_equal(alone[reach][0], alone[door][0])
+        reach.reset(seed=1)
+        door.reset(seed=1)  # its context made last
+        assert np.array_equal(reach.step(action)[0]["pixels"], alone[reach][0])
+        assert np.array_equal(door.step(action)[0]["pixels"], alone[door][0])
+        door.close()  # with reach's context current, and collected at once
+        gc.collect()
+        assert np.array_equal(reach.step(action)[0]["pixels"], alone[reach][1])
+    finally:
+        reach.close()
+        door.close()
 
 
 @pytest.mark.benchmarks

@@ -9,6 +9,11 @@ then reuses it for every later episode: a GL context must not cross a fork, and 
 in a driver only to read its spaces or tags (``rlmesh describe``, a worker pool's parent)
 should cost nothing.
 
+Several envs in one process (lanes, or tasks) each make their own GL context current before
+they draw or free anything: robosuite draws, and frees a replaced simulator's GL objects, in
+whichever context is current, so two tasks' envs would otherwise draw with each other's
+meshes and textures.
+
 The protocol (the community's, as openpi's LIBERO example runs it):
 
 - each task has 50 fixed initial states (``suite.get_task_init_states(task)``); episode k
@@ -445,6 +450,18 @@ class _LiberoTask:
 # The env
 
 
+def _own_context_current(sim: Any) -> None:
+    """Make ``sim``'s GL context the calling thread's current one, before it draws or frees.
+
+    robosuite draws with whichever context is current, and frees a replaced simulator's GL
+    objects (a hard reset, a close) in whichever is current too, by number: with two envs in
+    one process, one would draw with the other's meshes and textures, or delete them. An env
+    with no offscreen context (no camera) draws nothing."""
+    context = getattr(getattr(sim, "sim", None), "_render_context_offscreen", None)
+    if context is not None:
+        context.gl_ctx.make_current()
+
+
 def _checked_cameras(cameras: Any) -> tuple[str, ...]:
     names = [cameras] if isinstance(cameras, str) else cameras
     if (
@@ -609,7 +626,9 @@ class LiberoEnv(gym.Env[dict[str, Any], np.ndarray]):
         saved = np.random.get_state()
         try:
             sim.seed(sim_seed)
+            _own_context_current(sim)  # the hard reset frees the old simulator's GL objects
             sim.reset()
+            _own_context_current(sim)
             # Only the last settle step's cameras are read: the others skip rendering, most of
             # a step's time (the first observation is the library's own, to the byte).
             idle = self.settle_steps > 0
@@ -658,6 +677,7 @@ class LiberoEnv(gym.Env[dict[str, Any], np.ndarray]):
                 f"LiberoEnv: the action has shape {values.shape}; expected 7 values (delta "
                 "position 3, delta rotation 3, gripper 1)"
             )
+        _own_context_current(self._sim)
         raw, reward, _, _ = self._sim.step(values.reshape(7))
         success = bool(self._sim.check_success())
         return self._observation(raw), float(reward), success, False, {"is_success": success}
@@ -671,6 +691,7 @@ class LiberoEnv(gym.Env[dict[str, Any], np.ndarray]):
         if self._sim is None:
             raise RuntimeError("LiberoEnv: render() before the first reset()")
         # The agentview camera is not observed: draw it from the simulator as it is now.
+        _own_context_current(self._sim)
         frame = self._sim.sim.render(
             camera_name=CAMERAS["agentview"], width=self.image_size, height=self.image_size
         )
@@ -680,6 +701,7 @@ class LiberoEnv(gym.Env[dict[str, Any], np.ndarray]):
         sim, self._sim = self._sim, None
         self._frame = None
         if sim is not None:
+            _own_context_current(sim)
             sim.close()
 
 

@@ -482,6 +482,12 @@ class MetaWorldEnv(gymnasium.Env):
         if self._env is None:
             raise gymnasium.error.ResetNeeded("MetaWorldEnv.render before reset: call reset()")
         if self._frame is None:
+            # Gymnasium's renderer draws with whichever GL context is current (the one made
+            # last, by any env): with two tasks' envs in one process, one would draw its scene
+            # with the other's meshes and textures. Its own is made current first.
+            viewer = self._env.mujoco_renderer.viewer
+            if viewer is not None:
+                viewer.make_context_current()
             frame = self._env.render()
             if self._flip:
                 frame = frame[::-1, ::-1]
