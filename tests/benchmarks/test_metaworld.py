@@ -326,8 +326,8 @@ def test_two_tasks_envs_in_one_process_each_draw_their_own_scene(cache):
         assert not np.array_equal(alone[reach][0], alone[door][0])
         reach.reset(seed=1)
         door.reset(seed=1)  # its context made last
-        assert np.array_equal(reach.step(action)[0]["pixels"], alone[reach][0])
         assert np.array_equal(door.step(action)[0]["pixels"], alone[door][0])
+        assert np.array_equal(reach.step(action)[0]["pixels"], alone[reach][0])
         door.close()  # with reach's context current, and collected at once
         gc.collect()
         assert np.array_equal(reach.step(action)[0]["pixels"], alone[reach][1])
