@@ -626,9 +626,10 @@ class LiberoEnv(gym.Env[dict[str, Any], np.ndarray]):
         saved = np.random.get_state()
         try:
             sim.seed(sim_seed)
-            _own_context_current(sim)  # the hard reset frees the old simulator's GL objects
-            sim.reset()
+            # The hard reset frees the old simulator's GL objects, then makes its new context
+            # current.
             _own_context_current(sim)
+            sim.reset()
             # Only the last settle step's cameras are read: the others skip rendering, most of
             # a step's time (the first observation is the library's own, to the byte).
             idle = self.settle_steps > 0
